@@ -1,0 +1,166 @@
+"""Building a SparkSession with the settings the project relies on.
+
+The Dagster ``SparkResource`` is a thin configurable wrapper around
+:func:`build_spark_session`; plain PySpark programs can call it directly.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from dagster_sideinputs.errors import SparkStartupError
+
+MIN_JAVA_MAJOR = 17
+
+# Settings every session needs for the Delta bridge to be correct, not just fast:
+# Delta stores timestamps as microseconds in UTC, and Spark's default INT96
+# timestamps are not readable by delta-rs / pyarrow as such.
+REQUIRED_CONFIGS: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Output files are committed by the bridge, which wants no marker files.
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "spark.hadoop.parquet.enable.summary-metadata": "false",
+}
+
+_JAVA_INSTALL_HINT = (
+    "install a Java 17+ runtime (Debian/Ubuntu: `apt-get install -y openjdk-17-jre-headless`, "
+    "macOS: `brew install openjdk@17`) and make `java` available on PATH or set JAVA_HOME"
+)
+
+
+def find_java() -> str | None:
+    """Path of the ``java`` executable PySpark will launch, or None when there is none."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = os.path.join(java_home, "bin", "java")
+        return candidate if os.access(candidate, os.X_OK) else None
+    return shutil.which("java")
+
+
+def java_major_version(java: str, *, timeout_s: float = 30.0) -> int:
+    """Major version of a ``java`` executable (8 for ``1.8.0_x``, 17 for ``17.0.15``)."""
+    try:
+        proc = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SparkStartupError(
+            f"Could not run `{java} -version` ({exc}).", fix=_JAVA_INSTALL_HINT
+        ) from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr + proc.stdout)
+    if match is None:
+        raise SparkStartupError(
+            f"`{java} -version` printed no version: {proc.stderr.strip()[:200]!r}.",
+            fix=_JAVA_INSTALL_HINT,
+        )
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java(min_major: int = MIN_JAVA_MAJOR) -> int:
+    """Fail fast, with the install command, when no suitable Java is found.
+
+    PySpark itself would either hang waiting for the JVM gateway or print a long
+    stack trace; this check turns both into one clear :class:`SparkStartupError`.
+
+    Returns:
+        The major version of the Java that Spark will use.
+    """
+    java = find_java()
+    if java is None:
+        where = "JAVA_HOME/bin/java" if os.environ.get("JAVA_HOME") else "`java` on PATH"
+        raise SparkStartupError(
+            f"Spark needs Java {min_major}+ but no {where} was found.", fix=_JAVA_INSTALL_HINT
+        )
+    major = java_major_version(java)
+    if major < min_major:
+        raise SparkStartupError(
+            f"Spark 4 needs Java {min_major}+, but {java} is Java {major}.", fix=_JAVA_INSTALL_HINT
+        )
+    return major
+
+
+def default_shuffle_partitions(master: str) -> int | None:
+    """A shuffle partition count that suits a local master: two per core, at least 4."""
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master)
+    if match is None:
+        return None  # a cluster: keep Spark's default, AQE coalesces small partitions
+    cores = (os.cpu_count() or 2) if match.group(1) in (None, "*") else int(match.group(1))
+    return max(4, 2 * cores)
+
+
+def build_spark_session(
+    *,
+    master: str = "local[*]",
+    remote: str | None = None,
+    app_name: str = "dagster-sideinputs",
+    shuffle_partitions: int | None = None,
+    configs: Mapping[str, Any] | None = None,
+    ui_enabled: bool = True,
+    driver_memory: str | None = None,
+    log_level: str = "WARN",
+) -> SparkSession:
+    """Start (or reuse) a SparkSession configured for the Delta bridge.
+
+    Args:
+        master: Spark master URL: ``local[*]``, ``local[2]``, ``spark://host:7077``, ...
+        remote: a Spark Connect URL (``sc://host:15002``); replaces ``master``.
+        app_name: application name shown in the Spark UI.
+        shuffle_partitions: ``spark.sql.shuffle.partitions``; by default two per core for
+            local masters and Spark's default on a cluster.
+        configs: extra Spark configs; they win over the defaults, except the settings in
+            :data:`REQUIRED_CONFIGS`, which the bridge needs to be correct.
+        ui_enabled: whether to start the Spark UI.
+        driver_memory: ``spark.driver.memory`` (only effective when this call starts the JVM).
+        log_level: Spark log level once started.
+
+    Returns:
+        The active SparkSession.
+
+    Raises:
+        SparkStartupError: no Java 17+ (checked before launching, so it never hangs), or
+            the session could not start.
+
+    Examples:
+        >>> spark = build_spark_session(master="local[2]", ui_enabled=False)  # doctest: +SKIP
+    """
+    settings: dict[str, str] = {}
+    partitions = shuffle_partitions or default_shuffle_partitions(master)
+    if partitions is not None and remote is None:
+        settings["spark.sql.shuffle.partitions"] = str(partitions)
+    if remote is None:
+        settings["spark.ui.enabled"] = str(ui_enabled).lower()
+        if driver_memory:
+            settings["spark.driver.memory"] = driver_memory
+    settings.update({key: str(value) for key, value in (configs or {}).items()})
+    settings.update(REQUIRED_CONFIGS)
+
+    builder = SparkSession.builder.appName(app_name)
+    if remote is not None:
+        builder = builder.remote(remote)
+    else:
+        check_java()
+        builder = builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # py4j / grpc errors have no common base class
+        target = remote or master
+        raise SparkStartupError(
+            f"Could not start a Spark session on {target!r}: {exc}",
+            fix="check the master / remote URL and that the cluster is reachable",
+        ) from exc
+    if remote is None:
+        spark.sparkContext.setLogLevel(log_level)
+    return spark

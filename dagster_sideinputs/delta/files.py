@@ -1,0 +1,193 @@
+"""File operations under a table root, on a local path or through delta-rs's object store.
+
+The bridge lists the files Spark staged, moves them into the table, reads parquet
+footers and commit JSON. Local and shared filesystems use ``os`` directly (fast);
+other URIs go through ``deltalake.fs.DeltaStorageHandler`` so they use exactly the
+storage options delta-rs uses for the commit.
+"""
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake.fs import DeltaStorageHandler
+
+
+def is_local(uri: str) -> bool:
+    scheme = urlparse(uri).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def normalize_uri(uri: str) -> str:
+    """Local paths become absolute paths without a scheme; other URIs are kept."""
+    if is_local(uri):
+        path = urlparse(uri).path if uri.startswith("file:") else uri
+        return os.path.abspath(os.path.expanduser(path))
+    return uri.rstrip("/")
+
+
+def spark_uri(uri: str) -> str:
+    """The URI Spark's Hadoop filesystems understand for a delta-rs table URI."""
+    if is_local(uri):
+        return "file://" + normalize_uri(uri)
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://") :]
+    return uri
+
+
+def join_uri(root: str, *parts: str) -> str:
+    cleaned = [part.strip("/") for part in parts if part]
+    if is_local(root):
+        return os.path.join(normalize_uri(root), *cleaned)
+    return "/".join([root.rstrip("/"), *cleaned])
+
+
+def resolve_log_path(root: str, log_path: str) -> tuple[str, str]:
+    """(decoded path relative to the root, absolute location) of a Delta log path.
+
+    Paths in the Delta log are URI-encoded (a partition value ``a:b`` lives in the
+    folder ``k=a%3Ab``, logged as ``k=a%253Ab``).
+    """
+    path = unquote(log_path)
+    if "://" in path or path.startswith("/"):
+        return path, path
+    return path, join_uri(root, path)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file below a root: its path relative to the root and its size in bytes."""
+
+    path: str
+    size: int
+    modification_time_ms: int
+
+
+class TableFiles:
+    """File operations relative to one table root."""
+
+    def __init__(self, root: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.root = normalize_uri(root)
+        self._local = is_local(self.root)
+        self._fs: pafs.FileSystem | None = None
+        if not self._local:
+            handler = DeltaStorageHandler(self.root, dict(storage_options or {}))
+            self._fs = pafs.PyFileSystem(handler)
+
+    def _abs(self, relative: str) -> str:
+        return os.path.join(self.root, relative) if self._local else relative
+
+    def exists(self, relative: str = "") -> bool:
+        if self._local:
+            return os.path.exists(self._abs(relative))
+        assert self._fs is not None
+        info = self._fs.get_file_info(relative or ".")
+        return info.type != pafs.FileType.NotFound
+
+    def list_files(self, relative_dir: str) -> Iterator[FileEntry]:
+        """Every file below a directory, recursively, paths relative to the root."""
+        if self._local:
+            base = self._abs(relative_dir)
+            for directory, _, names in os.walk(base):
+                for name in names:
+                    full = os.path.join(directory, name)
+                    stat = os.stat(full)
+                    yield FileEntry(
+                        os.path.relpath(full, self.root), stat.st_size, int(stat.st_mtime * 1000)
+                    )
+            return
+        assert self._fs is not None
+        selector = pafs.FileSelector(relative_dir, recursive=True, allow_not_found=True)
+        for info in self._fs.get_file_info(selector):
+            if info.type == pafs.FileType.File:
+                mtime = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+                yield FileEntry(info.path, info.size or 0, mtime)
+
+    def has_entries(self, relative_dir: str = "") -> bool:
+        """Whether a directory exists and holds anything."""
+        if self._local:
+            path = self._abs(relative_dir)
+            return os.path.isdir(path) and any(os.scandir(path))
+        return next(self.list_files(relative_dir), None) is not None
+
+    def move(self, source: str, target: str) -> None:
+        if self._local:
+            destination = self._abs(target)
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            os.replace(self._abs(source), destination)
+            return
+        assert self._fs is not None
+        self._fs.move(source, target)
+
+    def delete_file(self, relative: str) -> None:
+        if self._local:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._abs(relative))
+            return
+        assert self._fs is not None
+        self._fs.delete_file(relative)
+
+    def delete_dir(self, relative: str) -> None:
+        if self._local:
+            shutil.rmtree(self._abs(relative), ignore_errors=True)
+            return
+        assert self._fs is not None
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_dir(relative)
+
+    def read_bytes(self, relative: str) -> bytes:
+        if self._local:
+            with open(self._abs(relative), "rb") as handle:
+                return handle.read()
+        assert self._fs is not None
+        with self._fs.open_input_stream(relative) as handle:
+            return handle.read()
+
+    def write_bytes_atomic(self, relative: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Write a whole file so readers see all of it or nothing.
+
+        Args:
+            exclusive: only create the file when it does not exist yet.
+
+        Returns:
+            False when ``exclusive`` and the file already existed (nothing written).
+        """
+        if self._local:
+            target = self._abs(relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            temp = f"{target}.{uuid.uuid4().hex}.tmp"
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                if exclusive:
+                    try:
+                        os.link(temp, target)  # atomic create-if-absent
+                    except FileExistsError:
+                        return False
+                else:
+                    os.replace(temp, target)
+            finally:
+                if os.path.exists(temp):
+                    os.remove(temp)
+            return True
+        assert self._fs is not None
+        if exclusive and self.exists(relative):
+            return False
+        with self._fs.open_output_stream(relative) as handle:
+            handle.write(data)
+        return True
+
+    def parquet_metadata(self, relative: str) -> pq.FileMetaData:
+        if self._local:
+            return pq.read_metadata(self._abs(relative))
+        assert self._fs is not None
+        with self._fs.open_input_file(relative) as handle:
+            return pq.read_metadata(handle)

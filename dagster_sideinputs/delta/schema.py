@@ -1,0 +1,230 @@
+"""Spark <-> Delta schemas, and the rules for appending a DataFrame to a table.
+
+Delta's schema JSON is Spark's ``StructType`` JSON (Delta inherited it), so the
+conversion is exact both ways: no type guessing through Arrow.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import deltalake
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.errors import SchemaMismatchError, did_you_mean
+
+# Column metadata that Spark adds for its own bookkeeping and Delta must not store.
+_SPARK_INTERNAL_METADATA_PREFIX = "__"
+
+# Types a Delta partition column may have here: their string form in the Delta log and
+# in Spark's partition directory names agree exactly (timestamps and floats do not).
+PARTITION_TYPES: tuple[type[T.DataType], ...] = (
+    T.StringType,
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.DateType,
+    T.BooleanType,
+)
+
+_INTEGRAL_RANK = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 3, T.LongType: 4}
+
+
+def as_nullable(data_type: T.DataType) -> T.DataType:
+    """Every field nullable at every depth, without Spark's internal column metadata.
+
+    Delta tables created from DataFrames are nullable throughout (delta-spark's
+    ``asNullable``): Spark's file readers report every column nullable anyway.
+    """
+    if isinstance(data_type, T.StructType):
+        return T.StructType(
+            [
+                T.StructField(
+                    f.name,
+                    as_nullable(f.dataType),
+                    True,
+                    {
+                        k: v
+                        for k, v in (f.metadata or {}).items()
+                        if not k.startswith(_SPARK_INTERNAL_METADATA_PREFIX)
+                    },
+                )
+                for f in data_type.fields
+            ]
+        )
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(as_nullable(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType), True)
+    return data_type
+
+
+def spark_to_delta_schema(schema: T.StructType) -> deltalake.Schema:
+    """The Delta schema of a Spark schema, every column nullable (as delta-spark does).
+
+    Raises:
+        SchemaMismatchError: a column has a type Delta cannot store (``void``, intervals).
+    """
+    for field in schema.fields:
+        if isinstance(field.dataType, T.NullType):
+            raise SchemaMismatchError(
+                f"Column {field.name!r} has type void (a bare `lit(None)`), which Delta "
+                "cannot store.",
+                fix=f'give it a type, e.g. F.lit(None).cast("string").alias("{field.name}")',
+            )
+    try:
+        return deltalake.Schema.from_json(as_nullable(schema).json())
+    except Exception as exc:  # delta-rs raises a generic exception for unknown types
+        raise SchemaMismatchError(
+            f"This schema cannot be stored in Delta: {exc}. Schema: {schema.simpleString()}",
+            fix="cast unsupported columns (intervals, variants, ...) to supported types",
+        ) from exc
+
+
+def delta_to_spark_schema(schema: deltalake.Schema) -> T.StructType:
+    """The Spark schema of a Delta schema."""
+    return T.StructType.fromJson(json.loads(schema.to_json()))
+
+
+def check_partition_columns(schema: T.StructType, partition_by: list[str], *, table: str) -> None:
+    """Fail clearly when partition columns are missing or of a type the bridge cannot encode."""
+    names = schema.fieldNames()
+    for column in partition_by:
+        if column not in names:
+            raise SchemaMismatchError(
+                f"Partition column {column!r} of table {table} is not in the data "
+                f"(columns: {names}).{did_you_mean(column, names)}",
+                fix="add the column to the DataFrame or change partition_by",
+            )
+        data_type = schema[column].dataType
+        if not isinstance(data_type, PARTITION_TYPES):
+            raise SchemaMismatchError(
+                f"Partition column {column!r} of table {table} has type "
+                f"{data_type.simpleString()}, which the bridge cannot use as a partition "
+                "value without losing precision.",
+                fix=f"partition by a string, integer, boolean or date column, e.g. "
+                f'F.date_format("{column}", "yyyy-MM-dd-HH").alias("{column}_hour")',
+            )
+
+
+def partition_string(value: Any) -> str | None:
+    """A partition value as Delta logs it and Spark names its ``col=value`` folder.
+
+    Delta and Spark both read an empty string partition value as null.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def _without_metadata(data_type: T.DataType) -> T.DataType:
+    if isinstance(data_type, T.StructType):
+        return T.StructType(
+            [T.StructField(f.name, _without_metadata(f.dataType), True) for f in data_type.fields]
+        )
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(_without_metadata(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(
+            _without_metadata(data_type.keyType), _without_metadata(data_type.valueType), True
+        )
+    return data_type
+
+
+def same_type(left: T.DataType, right: T.DataType) -> bool:
+    """Equal types, ignoring nullability and field metadata."""
+    return _without_metadata(as_nullable(left)) == _without_metadata(as_nullable(right))
+
+
+def is_safe_widening(source: T.DataType, target: T.DataType) -> bool:
+    """Whether values of ``source`` always fit ``target`` exactly (Delta's implicit upcasts)."""
+    if type(source) in _INTEGRAL_RANK and type(target) in _INTEGRAL_RANK:
+        return _INTEGRAL_RANK[type(source)] <= _INTEGRAL_RANK[type(target)]
+    if isinstance(source, T.FloatType) and isinstance(target, T.DoubleType):
+        return True
+    if isinstance(source, T.DecimalType) and isinstance(target, T.DecimalType):
+        return (
+            target.scale >= source.scale
+            and target.precision - target.scale >= source.precision - source.scale
+        )
+    return False
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """How to project a DataFrame onto an existing table for an append.
+
+    Attributes:
+        columns: expressions producing the table's columns in table order.
+        new_fields: columns to add to the table first (schema merge only).
+    """
+
+    columns: list[Column]
+    new_fields: list[T.StructField]
+
+
+def plan_append(
+    data: T.StructType, table_schema: T.StructType, *, table: str, merge: bool
+) -> AppendPlan:
+    """Match a DataFrame schema to a table schema, or explain precisely why it does not.
+
+    Rules (those of delta-spark): columns match by name; a type must be equal or a
+    safe widening (int -> long, float -> double, wider decimal); with ``merge`` new
+    columns are added to the table and missing ones are written as nulls.
+
+    Raises:
+        SchemaMismatchError: naming every offending column, with the fix.
+    """
+    data_fields = {field.name: field for field in data.fields}
+    table_names = table_schema.fieldNames()
+    problems: list[str] = []
+    columns: list[Column] = []
+    for field in table_schema.fields:
+        incoming = data_fields.get(field.name)
+        if incoming is None:
+            if merge:
+                columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+            else:
+                problems.append(
+                    f"column {field.name!r} ({field.dataType.simpleString()}) is missing"
+                    f"{did_you_mean(field.name, data_fields)}"
+                )
+            continue
+        if same_type(incoming.dataType, field.dataType):
+            columns.append(F.col(f"`{field.name}`"))
+        elif is_safe_widening(incoming.dataType, field.dataType):
+            columns.append(F.col(f"`{field.name}`").cast(field.dataType).alias(field.name))
+        else:
+            problems.append(
+                f"column {field.name!r} is {incoming.dataType.simpleString()} in the data "
+                f"but {field.dataType.simpleString()} in the table"
+            )
+    extra = [field for name, field in data_fields.items() if name not in table_names]
+    if extra and not merge:
+        problems.extend(
+            f"column {field.name!r} ({field.dataType.simpleString()}) is not in the table"
+            f"{did_you_mean(field.name, table_names)}"
+            for field in extra
+        )
+    if problems:
+        raise SchemaMismatchError(
+            f"Cannot append to table {table}: " + "; ".join(problems) + ". The table is unchanged.",
+            fix="cast or rename the columns to match the table, or pass "
+            'schema_mode="merge" to add new columns and write missing ones as nulls',
+        )
+    columns.extend(F.col(f"`{field.name}`") for field in extra)
+    return AppendPlan(columns=columns, new_fields=extra)
+
+
+def delta_field(field: T.StructField) -> deltalake.Field:
+    """One Spark field as a nullable Delta field (for schema evolution)."""
+    nullable = as_nullable(T.StructType([field]))
+    assert isinstance(nullable, T.StructType)
+    return deltalake.Field.from_json(nullable.fields[0].json())

@@ -1,0 +1,145 @@
+"""Delta file statistics from parquet footers.
+
+Spark writes the data files; the driver then reads only their footers (a few KB
+each) and turns the row-group statistics into the ``stats`` JSON of Delta add
+actions: ``numRecords``, ``minValues``, ``maxValues`` and ``nullCount``. Readers use
+them to skip files; the operator uses them to check pre-keyed inputs and to size its
+buffer without running a Spark job.
+
+Bounds must stay valid bounds after encoding, so timestamps are rounded outward to
+milliseconds (the precision delta-spark reads), long strings keep only a 32-character
+prefix as minimum and drop their maximum, and values JSON cannot hold exactly (NaN,
+wide decimals) are left out.
+"""
+
+import datetime as dt
+import decimal
+import math
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import types as T
+
+STRING_PREFIX_LENGTH = 32
+_MAX_EXACT_DECIMAL_DIGITS = 15
+_Missing = object()
+
+
+def _floor_ms(value: dt.datetime) -> dt.datetime:
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _ceil_ms(value: dt.datetime) -> dt.datetime:
+    floored = _floor_ms(value)
+    return floored if floored == value else floored + dt.timedelta(milliseconds=1)
+
+
+def _encode_timestamp(value: dt.datetime, *, upper: bool, utc: bool) -> str:
+    rounded = _ceil_ms(value) if upper else _floor_ms(value)
+    if utc:
+        if rounded.tzinfo is not None:
+            rounded = rounded.astimezone(dt.timezone.utc)
+        return rounded.strftime("%Y-%m-%dT%H:%M:%S.") + f"{rounded.microsecond // 1000:03d}Z"
+    return rounded.strftime("%Y-%m-%d %H:%M:%S.") + f"{rounded.microsecond // 1000:03d}"
+
+
+def encode_bound(value: Any, data_type: T.DataType, *, upper: bool) -> Any:
+    """A parquet min/max value as a Delta stats JSON value, or ``_Missing`` if unsafe."""
+    if value is None:
+        return _Missing
+    if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
+        if isinstance(value, int):  # pyarrow may hand back raw microseconds
+            value = dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=value)
+        return _encode_timestamp(value, upper=upper, utc=isinstance(data_type, T.TimestampType))
+    if isinstance(data_type, T.DateType):
+        return value.isoformat() if isinstance(value, dt.date) else _Missing
+    if isinstance(data_type, T.StringType):
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if len(value) <= STRING_PREFIX_LENGTH:
+            return value
+        return _Missing if upper else value[:STRING_PREFIX_LENGTH]
+    if isinstance(data_type, T.DecimalType):
+        if data_type.precision > _MAX_EXACT_DECIMAL_DIGITS:
+            return _Missing
+        return float(decimal.Decimal(value))
+    if isinstance(data_type, T.FloatType | T.DoubleType):
+        return float(value) if math.isfinite(value) else _Missing
+    if isinstance(data_type, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+        return int(value)
+    if isinstance(data_type, T.BooleanType):
+        return bool(value)
+    return _Missing  # binary, arrays, maps: no min/max in Delta stats
+
+
+def _leaf_type(schema: T.StructType, path: list[str]) -> T.DataType | None:
+    """The Spark type of a parquet leaf column, if the path runs through structs only."""
+    current: T.DataType = schema
+    for name in path:
+        if not isinstance(current, T.StructType) or name not in current.fieldNames():
+            return None
+        current = current[name].dataType
+    return None if isinstance(current, T.StructType) else current
+
+
+def _put(tree: dict, path: list[str], value: Any) -> None:
+    for name in path[:-1]:
+        tree = tree.setdefault(name, {})
+    tree[path[-1]] = value
+
+
+def _combine(current: Any, new: Any, *, upper: bool) -> Any:
+    if current is _Missing or new is _Missing:
+        return _Missing
+    if current is None:
+        return new
+    return max(current, new) if upper else min(current, new)
+
+
+def file_stats(metadata: pq.FileMetaData, schema: T.StructType) -> dict[str, Any]:
+    """Delta ``stats`` for one parquet file, from its footer.
+
+    Args:
+        metadata: the parquet footer (``pyarrow.parquet.read_metadata``).
+        schema: the Spark schema of the data columns in the file (no partition columns).
+
+    Returns:
+        A dict ready for ``json.dumps``: numRecords, minValues, maxValues, nullCount.
+    """
+    mins: dict[tuple[str, ...], Any] = {}
+    maxs: dict[tuple[str, ...], Any] = {}
+    nulls: dict[tuple[str, ...], Any] = {}
+    types: dict[tuple[str, ...], T.DataType] = {}
+    for row_group in range(metadata.num_row_groups):
+        group = metadata.row_group(row_group)
+        for index in range(group.num_columns):
+            chunk = group.column(index)
+            path = tuple(chunk.path_in_schema.split("."))
+            data_type = types.get(path) or _leaf_type(schema, list(path))
+            if data_type is None:
+                continue
+            types[path] = data_type
+            stats = chunk.statistics
+            if stats is None or not stats.has_min_max:
+                low = high = _Missing
+            else:
+                low = encode_bound(stats.min, data_type, upper=False)
+                high = encode_bound(stats.max, data_type, upper=True)
+            mins[path] = _combine(mins.get(path), low, upper=False)
+            maxs[path] = _combine(maxs.get(path), high, upper=True)
+            null_count = stats.null_count if stats is not None and stats.has_null_count else None
+            previous = nulls.get(path, 0)
+            nulls[path] = (
+                _Missing if null_count is None or previous is _Missing else previous + null_count
+            )
+    result: dict[str, Any] = {
+        "numRecords": metadata.num_rows,
+        "minValues": {},
+        "maxValues": {},
+        "nullCount": {},
+    }
+    for key, values in (("minValues", mins), ("maxValues", maxs), ("nullCount", nulls)):
+        for path, value in values.items():
+            if value is not _Missing and value is not None:
+                _put(result[key], list(path), value)
+    return result

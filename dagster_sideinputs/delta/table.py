@@ -1,0 +1,235 @@
+"""Opening Delta tables with delta-rs, and what the bridge may rely on about them.
+
+A :class:`TableSnapshot` is everything the bridge and the operator need to know
+about one version of a table without reading data: schema, partition columns, the
+live data files with their partition values and statistics, and the commit time.
+"""
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.files import TableFiles, normalize_uri, resolve_log_path
+from dagster_sideinputs.delta.schema import delta_to_spark_schema
+from dagster_sideinputs.errors import (
+    NotADeltaTableError,
+    TableNotFoundError,
+    UnsupportedTableFeatureError,
+)
+
+# Reader features whose tables the bridge reads correctly: these change the log, not
+# how data files map to rows. ``deletionVectors`` is accepted only while no file of
+# the snapshot carries one (checked per snapshot).
+SUPPORTED_READER_FEATURES = frozenset(
+    {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "deletionVectors"}
+)
+
+_FIXES = {
+    "columnMapping": "rewrite the table without column mapping (delta-spark: "
+    "`REORG TABLE ... APPLY (UPGRADE UNIFORM ...)` or copy it to a new table)",
+    "deletionVectors": "purge deletion vectors first (delta-spark: "
+    "`REORG TABLE t APPLY (PURGE)`), or copy the table",
+    "typeWidening": "rewrite the files with the widened type (delta-spark: "
+    "`REORG TABLE t APPLY (UPGRADE ...)`) or copy the table",
+}
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live data file of a table version.
+
+    Attributes:
+        path: path relative to the table root, as in the Delta log (decoded).
+        uri: absolute location, as delta-rs resolves it.
+        size: bytes.
+        partition_values: partition column -> typed value (None for null).
+        num_records: rows in the file, when the writer recorded statistics.
+        min_values / max_values / null_count: column statistics (typed), possibly empty.
+        version: the commit that added the file, when known (incremental reads).
+    """
+
+    path: str
+    uri: str
+    size: int
+    partition_values: Mapping[str, Any] = field(default_factory=dict)
+    num_records: int | None = None
+    min_values: Mapping[str, Any] = field(default_factory=dict)
+    max_values: Mapping[str, Any] = field(default_factory=dict)
+    null_count: Mapping[str, Any] = field(default_factory=dict)
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """Metadata of one version of a Delta table (no data read)."""
+
+    uri: str
+    version: int
+    schema: T.StructType
+    partition_columns: tuple[str, ...]
+    files: tuple[DataFile, ...]
+    commit_timestamp: dt.datetime
+    configuration: Mapping[str, str | None]
+
+    @property
+    def num_records(self) -> int | None:
+        """Total rows, or None when some file has no statistics."""
+        counts = [f.num_records for f in self.files]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c)
+
+    @property
+    def data_schema(self) -> T.StructType:
+        """The schema of the columns stored in the data files (no partition columns)."""
+        return T.StructType([f for f in self.schema.fields if f.name not in self.partition_columns])
+
+
+def open_table(
+    uri: str,
+    *,
+    version: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> deltalake.DeltaTable:
+    """Open a Delta table, turning delta-rs's errors into clear ones.
+
+    Args:
+        uri: table location.
+        version: a version to time-travel to; latest when None.
+        storage_options: delta-rs object store options.
+        name: the asset / table name to use in error messages (defaults to the URI).
+
+    Raises:
+        TableNotFoundError: nothing at ``uri``, or the version does not exist.
+        NotADeltaTableError: ``uri`` holds files but no ``_delta_log``.
+    """
+    uri = normalize_uri(uri)
+    label = name or uri
+    options = dict(storage_options or {})
+    try:
+        return deltalake.DeltaTable(uri, version=version, storage_options=options or None)
+    except _DeltaRsTableNotFound as exc:
+        files = TableFiles(uri, options)
+        if files.has_entries() and not files.exists("_delta_log"):
+            raise NotADeltaTableError(
+                f"{label} holds files but is not a Delta table (no _delta_log folder).",
+                fix="point the asset at a Delta table, or convert the parquet folder with "
+                "`deltalake.convert_to_deltalake(uri)`",
+            ) from exc
+        raise TableNotFoundError(
+            f"No Delta table at {label}"
+            + (f" (version {version})." if version is not None else "."),
+            fix="materialize the upstream asset first, or check the storage root and path",
+        ) from exc
+    except Exception as exc:
+        if version is not None and "version" in str(exc).lower():
+            raise TableNotFoundError(
+                f"Table {label} has no version {version}: {exc}",
+                fix="ask for an existing version (see DeltaTable(uri).history())",
+            ) from exc
+        raise
+
+
+def check_readable(table: deltalake.DeltaTable, *, name: str) -> None:
+    """Refuse tables whose data the bridge would read wrongly.
+
+    Raises:
+        UnsupportedTableFeatureError: naming the feature and the fix.
+    """
+    protocol = table.protocol()
+    features = set(protocol.reader_features or [])
+    mapping_mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode")
+    if mapping_mode not in (None, "none"):
+        features.add("columnMapping")
+    unsupported = sorted(features - SUPPORTED_READER_FEATURES)
+    if unsupported:
+        feature = unsupported[0]
+        raise UnsupportedTableFeatureError(
+            f"Table {name} uses the Delta feature(s) {unsupported}, which the delta-rs "
+            "bridge cannot read correctly; refusing to return possibly wrong data.",
+            fix=_FIXES.get(feature, "rewrite the table without this feature"),
+        )
+    if "deletionVectors" in features:
+        vectors = pa.table(table.deletion_vectors())
+        if vectors.num_rows:
+            raise UnsupportedTableFeatureError(
+                f"Table {name} has {vectors.num_rows} file(s) with deletion vectors; the "
+                "bridge reads parquet files natively and would return deleted rows.",
+                fix=_FIXES["deletionVectors"],
+            )
+
+
+def _commit_timestamp(files: TableFiles, version: int) -> dt.datetime:
+    relative = f"_delta_log/{version:020d}.json"
+    try:
+        for line in files.read_bytes(relative).splitlines():
+            action = json.loads(line)
+            info = action.get("commitInfo")
+            if info and "inCommitTimestamp" in info:
+                return _from_ms(info["inCommitTimestamp"])
+            if info and "timestamp" in info:
+                return _from_ms(info["timestamp"])
+    except FileNotFoundError:
+        pass
+    entries = list(files.list_files("_delta_log"))
+    stamps = [e.modification_time_ms for e in entries if e.path.endswith(f"{version:020d}.json")]
+    return _from_ms(stamps[0] if stamps else 0)
+
+
+def _from_ms(millis: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(millis / 1000, tz=dt.timezone.utc)
+
+
+def _data_files(table: deltalake.DeltaTable, root: str) -> tuple[DataFile, ...]:
+    actions = pa.table(table.get_add_actions(flatten=False)).to_pylist()
+    resolved = [resolve_log_path(root, row["path"]) for row in actions]
+    return tuple(
+        DataFile(
+            path=path,
+            uri=location,
+            size=row["size_bytes"],
+            partition_values=row.get("partition") or {},
+            num_records=row.get("num_records"),
+            min_values=row.get("min") or {},
+            max_values=row.get("max") or {},
+            null_count=row.get("null_count") or {},
+        )
+        for row, (path, location) in zip(actions, resolved, strict=True)
+    )
+
+
+def load_snapshot(
+    uri: str,
+    *,
+    version: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+    check_features: bool = True,
+) -> TableSnapshot:
+    """Read the metadata of one version of a table (latest by default).
+
+    Raises:
+        TableNotFoundError, NotADeltaTableError, UnsupportedTableFeatureError
+    """
+    uri = normalize_uri(uri)
+    label = name or uri
+    table = open_table(uri, version=version, storage_options=storage_options, name=label)
+    if check_features:
+        check_readable(table, name=label)
+    files = TableFiles(uri, storage_options)
+    metadata = table.metadata()
+    return TableSnapshot(
+        uri=uri,
+        version=table.version(),
+        schema=delta_to_spark_schema(table.schema()),
+        partition_columns=tuple(metadata.partition_columns),
+        files=_data_files(table, uri),
+        commit_timestamp=_commit_timestamp(files, table.version()),
+        configuration=dict(metadata.configuration or {}),
+    )
