@@ -108,7 +108,8 @@ def test_incremental_reads_across_many_versions_return_each_row_once(spark, tmp_
         start = end
     assert seen == list(range(250))
     latest, reached = read_changes(spark, uri, start_version=24)
-    assert reached == 24 and latest.count() == 0
+    assert reached == 24
+    assert latest.count() == 0
 
 
 def test_incremental_read_skips_compaction_commits(spark, tmp_path):

@@ -220,7 +220,8 @@ def test_add_actions_carry_statistics_readers_can_skip_files_with(spark, tmp_pat
     assert result.num_files == len(actions) == 4
     assert sum(a["num_records"] for a in actions) == 1000
     first = min(actions, key=lambda a: a["min"]["id"])
-    assert first["min"]["id"] == 0 and first["max"]["id"] == 249
+    assert first["min"]["id"] == 0
+    assert first["max"]["id"] == 249
     assert first["null_count"]["s"] == 25
     assert first["max"]["st"]["twice"] == 498
     assert first["min"]["ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
@@ -287,13 +288,16 @@ def test_write_with_an_already_committed_app_transaction_writes_nothing(spark, t
     files_after_first = table_files(uri)
     again = write_dataframe(spark.range(5), uri, app_transaction=AppTransaction("op", 3))
     older = write_dataframe(spark.range(5), uri, app_transaction=AppTransaction("op", 2))
-    assert not first.skipped and again.skipped and older.skipped
+    assert not first.skipped
+    assert again.skipped
+    assert older.skipped
     assert DeltaTable(uri).version() == 0
     assert table_files(uri) == files_after_first
     assert read_table(spark, uri).count() == 5
     other_app = write_dataframe(spark.range(5), uri, app_transaction=AppTransaction("other", 3))
     newer = write_dataframe(spark.range(5), uri, app_transaction=AppTransaction("op", 4))
-    assert not other_app.skipped and not newer.skipped
+    assert not other_app.skipped
+    assert not newer.skipped
     assert DeltaTable(uri).transaction_version("op") == 4
     assert read_table(spark, uri).count() == 15
 
@@ -301,7 +305,8 @@ def test_write_with_an_already_committed_app_transaction_writes_nothing(spark, t
 def test_empty_write_still_commits_its_transaction(spark, tmp_path):
     uri = str(tmp_path / "empty")
     result = write_dataframe(spark.range(0), uri, app_transaction=AppTransaction("op", 0))
-    assert result.num_rows == 0 and result.version == 0
+    assert result.num_rows == 0
+    assert result.version == 0
     assert DeltaTable(uri).transaction_version("op") == 0
     assert read_table(spark, uri).count() == 0
 
