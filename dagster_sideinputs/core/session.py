@@ -140,6 +140,8 @@ def build_spark_session(
         settings["spark.sql.shuffle.partitions"] = str(partitions)
     if remote is None:
         settings["spark.ui.enabled"] = str(ui_enabled).lower()
+        # The operator reports its own progress; Spark's console bar garbles logs.
+        settings["spark.ui.showConsoleProgress"] = "false"
         if driver_memory:
             settings["spark.driver.memory"] = driver_memory
     settings.update({key: str(value) for key, value in (configs or {}).items()})

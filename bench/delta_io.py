@@ -1,0 +1,161 @@
+"""Benchmark: the Delta bridge against Spark's plain parquet I/O, measured in one run.
+
+    python bench/delta_io.py --rows 4000000 --repeats 5
+
+Writes: the same DataFrame (a parquet scan) written with ``df.write.parquet`` and with
+the bridge (native Spark write + footer statistics + delta-rs commit).
+Reads: a full scan (``format("noop")`` sink) of a plain parquet folder, of the same
+data as a Delta table through the bridge, and through the ``dsi_delta`` Python data
+source (Arrow batches from a Python worker).
+
+Prints records/second, medians over ``--repeats`` runs, and ratios to the baseline.
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.source import register_delta_source
+from dagster_sideinputs.delta.writer import write_dataframe
+
+
+def make_source(spark: SparkSession, rows: int, path: str) -> DataFrame:
+    data = spark.range(rows).select(
+        F.col("id").alias("tx_id"),
+        (F.col("id") % 200_000).alias("customer_id"),
+        (F.rand(7) * 1000).alias("amount"),
+        F.expr("element_at(array('USD','EUR','GBP','JPY'), cast(id % 4 as int) + 1)").alias(
+            "currency"
+        ),
+        F.expr("timestamp_seconds(1700000000 + id)").alias("ts"),
+        F.expr("date_add(date'2024-01-01', cast(id % 30 as int))").alias("day"),
+    )
+    data.write.mode("overwrite").parquet(path)
+    return spark.read.parquet(path)
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def interleaved_rates(
+    rows: int, actions: dict[str, Callable[[int], object]], repeats: int
+) -> dict[str, float]:
+    """Median records/s of each action, running them in turn so drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in actions}
+    for i in range(repeats):
+        for name, action in actions.items():
+            times[name].append(timed(lambda action=action, i=i: action(i)))
+    return {name: rows / statistics.median(values) for name, values in times.items()}
+
+
+def scan(df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    spark = build_spark_session(master=args.master, ui_enabled=False, log_level="ERROR")
+    register_delta_source(spark)
+    work = Path(tempfile.mkdtemp(prefix="dsi-bench-io-"))
+    try:
+        source = make_source(spark, args.rows, str(work / "source"))
+        rows = args.rows
+
+        def plain_write(i: int) -> None:
+            source.write.mode("overwrite").parquet(str(work / f"plain_{i}"))
+
+        def bridge_write(i: int) -> None:
+            write_dataframe(source, str(work / f"delta_{i}"))
+
+        def bridge_partitioned_write(i: int) -> None:
+            write_dataframe(source, str(work / f"delta_part_{i}"), partition_by=["day"])
+
+        def plain_partitioned_write(i: int) -> None:
+            source.write.mode("overwrite").partitionBy("day").parquet(str(work / f"plain_part_{i}"))
+
+        # Warm up the JVM and the Python workers once, then alternate baseline / bridge.
+        plain_write(99)
+        bridge_write(99)
+        figures: dict[str, float] = {}
+        figures.update(
+            interleaved_rates(
+                rows,
+                {"write_plain_parquet": plain_write, "write_bridge": bridge_write},
+                args.repeats,
+            )
+        )
+        figures.update(
+            interleaved_rates(
+                rows,
+                {
+                    "write_plain_parquet_partitioned": plain_partitioned_write,
+                    "write_bridge_partitioned": bridge_partitioned_write,
+                },
+                args.repeats,
+            )
+        )
+        plain_dir, delta_dir = str(work / "plain_0"), str(work / "delta_0")
+        plain_part, delta_part = str(work / "plain_part_0"), str(work / "delta_part_0")
+        figures.update(
+            interleaved_rates(
+                rows,
+                {
+                    "read_plain_parquet": lambda _: scan(spark.read.parquet(plain_dir)),
+                    "read_bridge": lambda _: scan(read_table(spark, delta_dir)),
+                    "read_plain_parquet_partitioned": lambda _: scan(
+                        spark.read.parquet(plain_part)
+                    ),
+                    "read_bridge_partitioned": lambda _: scan(read_table(spark, delta_part)),
+                    "read_python_data_source": lambda _: scan(
+                        spark.read.format("dsi_delta").load(delta_dir)
+                    ),
+                },
+                args.repeats,
+            )
+        )
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    ratios = {
+        "write bridge / plain parquet": figures["write_bridge"] / figures["write_plain_parquet"],
+        "partitioned write bridge / plain parquet": figures["write_bridge_partitioned"]
+        / figures["write_plain_parquet_partitioned"],
+        "read bridge / plain parquet": figures["read_bridge"] / figures["read_plain_parquet"],
+        "partitioned read bridge / plain parquet": figures["read_bridge_partitioned"]
+        / figures["read_plain_parquet_partitioned"],
+        "read python data source / plain parquet": figures["read_python_data_source"]
+        / figures["read_plain_parquet"],
+    }
+    print(f"rows={args.rows} repeats={args.repeats} master={args.master}")
+    for name, rate in figures.items():
+        print(f"  {name:<36} {rate / 1e6:6.2f} M rec/s")
+    for name, ratio in ratios.items():
+        print(f"  {name:<44} {ratio:5.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": figures, "ratios": ratios}, indent=2))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
