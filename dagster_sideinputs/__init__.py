@@ -1,0 +1,106 @@
+"""dagster-sideinputs: side inputs, side outputs and pre-keyed streams for PySpark.
+
+Orchestrated by Dagster, stored in Delta Lake. The core (declarations, the operator,
+the Delta bridge) imports no Dagster; the Dagster layer builds on it.
+
+Examples:
+    >>> import dagster_sideinputs as dsi
+    >>> dsi.SideInput.map("customer_profiles", key="customer_id")
+    SideInput.map('customer_profiles', key='customer_id')
+"""
+
+from dagster_sideinputs.core.declarations import (
+    MAIN,
+    BufferLimits,
+    KeyGroups,
+    MainInput,
+    OutputTag,
+    SideInput,
+    Window,
+)
+from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
+from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.outputs import Outputs, SideInputs
+from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
+from dagster_sideinputs.core.rows import Record, RowContext
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.reader import read_changes, read_table
+from dagster_sideinputs.delta.source import register_delta_source
+from dagster_sideinputs.delta.storage import DeltaEngine, DeltaRsEngine, DeltaStorage
+from dagster_sideinputs.delta.writer import AppTransaction, WriteResult, write_dataframe
+from dagster_sideinputs.errors import (
+    BufferLimitExceededError,
+    ConcurrentWriteError,
+    CorruptDataFileError,
+    DeclarationError,
+    DeltaTableError,
+    DuplicateKeyError,
+    EmptySingletonError,
+    MainInputDataError,
+    NonAppendOnlyChangeError,
+    NotADeltaTableError,
+    OperatorBusyError,
+    OperatorStateError,
+    PreKeyedViolationError,
+    SchemaMismatchError,
+    SideInputDataError,
+    SideInputError,
+    SingletonCardinalityError,
+    SparkStartupError,
+    TableNotFoundError,
+    UndeclaredOutputTagError,
+    UnsupportedTableFeatureError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAIN",
+    "AppTransaction",
+    "BatchMetrics",
+    "BufferLimitExceededError",
+    "BufferLimits",
+    "ConcurrentWriteError",
+    "CorruptDataFileError",
+    "Decision",
+    "DeclarationError",
+    "DeltaEngine",
+    "DeltaReadiness",
+    "DeltaRsEngine",
+    "DeltaStorage",
+    "DeltaTableError",
+    "DuplicateKeyError",
+    "EmptySingletonError",
+    "KeyGroups",
+    "MainInput",
+    "MainInputDataError",
+    "NonAppendOnlyChangeError",
+    "NotADeltaTableError",
+    "OperatorBusyError",
+    "OperatorStateError",
+    "OutputTag",
+    "Outputs",
+    "PreKeyedViolationError",
+    "ReadinessProvider",
+    "Record",
+    "RowContext",
+    "RunResult",
+    "SchemaMismatchError",
+    "SideInput",
+    "SideInputDataError",
+    "SideInputError",
+    "SideInputOperator",
+    "SideInputs",
+    "SingletonCardinalityError",
+    "SparkStartupError",
+    "TableNotFoundError",
+    "UndeclaredOutputTagError",
+    "UnsupportedTableFeatureError",
+    "Window",
+    "WriteResult",
+    "build_spark_session",
+    "read_changes",
+    "read_table",
+    "register_delta_source",
+    "write_dataframe",
+]

@@ -4,6 +4,7 @@ The Dagster ``SparkResource`` is a thin configurable wrapper around
 :func:`build_spark_session`; plain PySpark programs can call it directly.
 """
 
+import importlib
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.errors import SparkStartupError
@@ -78,7 +80,12 @@ def check_java(min_major: int = MIN_JAVA_MAJOR) -> int:
     """
     java = find_java()
     if java is None:
-        where = "JAVA_HOME/bin/java" if os.environ.get("JAVA_HOME") else "`java` on PATH"
+        java_home = os.environ.get("JAVA_HOME")
+        where = (
+            f"executable {os.path.join(java_home, 'bin', 'java')} (from JAVA_HOME)"
+            if java_home
+            else "`java` on PATH"
+        )
         raise SparkStartupError(
             f"Spark needs Java {min_major}+ but no {where} was found.", fix=_JAVA_INSTALL_HINT
         )
@@ -92,11 +99,31 @@ def check_java(min_major: int = MIN_JAVA_MAJOR) -> int:
 
 def default_shuffle_partitions(master: str) -> int | None:
     """A shuffle partition count that suits a local master: two per core, at least 4."""
-    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master)
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
     if match is None:
         return None  # a cluster: keep Spark's default, AQE coalesces small partitions
-    cores = (os.cpu_count() or 2) if match.group(1) in (None, "*") else int(match.group(1))
+    threads = match.group(1)
+    if threads is None:
+        cores = 1  # plain "local" runs a single worker thread
+    elif threads == "*":
+        cores = os.cpu_count() or 2
+    else:
+        cores = int(threads)
     return max(4, 2 * cores)
+
+
+def _require_connect_client(remote: str) -> None:
+    """Fail with the pip command when the Spark Connect client's packages are missing."""
+    try:
+        # Importing it checks grpcio, grpcio-status, googleapis-common-protos, ...
+        importlib.import_module("pyspark.sql.connect.session")
+    except ImportError as exc:
+        version = ".".join(pyspark.__version__.split(".")[:2])
+        raise SparkStartupError(
+            f"Spark Connect URL {remote!r} needs the Spark Connect client, whose "
+            f"packages are not installed: {exc}",
+            fix=f'pip install "pyspark[connect]=={version}.*"',
+        ) from exc
 
 
 def build_spark_session(
@@ -128,8 +155,9 @@ def build_spark_session(
         The active SparkSession.
 
     Raises:
-        SparkStartupError: no Java 17+ (checked before launching, so it never hangs), or
-            the session could not start.
+        SparkStartupError: no Java 17+ (checked before launching, so it never hangs), a
+            ``remote`` URL without the Spark Connect client installed, or the session could
+            not start.
 
     Examples:
         >>> spark = build_spark_session(master="local[2]", ui_enabled=False)  # doctest: +SKIP
@@ -149,6 +177,7 @@ def build_spark_session(
 
     builder = SparkSession.builder.appName(app_name)
     if remote is not None:
+        _require_connect_client(remote)
         builder = builder.remote(remote)
     else:
         check_java()

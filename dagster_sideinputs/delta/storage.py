@@ -43,6 +43,7 @@ class DeltaEngine(Protocol):
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
         commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
     ) -> WriteResult: ...
 
     def snapshot(
@@ -97,6 +98,7 @@ class DeltaRsEngine:
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
         commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
     ) -> WriteResult:
         return write_dataframe(
             df,
@@ -110,6 +112,7 @@ class DeltaRsEngine:
             storage_options=self.storage_options,
             name=name,
             commit_metadata=commit_metadata,
+            skip_empty_commit=skip_empty_commit,
         )
 
     def snapshot(

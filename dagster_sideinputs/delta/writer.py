@@ -115,19 +115,29 @@ def _partition_values(relative_dir: str, partition_by: list[str]) -> dict[str, s
     return values
 
 
+def _allowed_values(replace: Mapping[str, Any]) -> dict[str, set[str | None]]:
+    """Partition values to replace, per column (a scalar or a collection of values)."""
+    allowed: dict[str, set[str | None]] = {}
+    for column, value in replace.items():
+        values = value if isinstance(value, list | tuple | set | frozenset) else [value]
+        allowed[column] = {partition_string(v) for v in values}
+    return allowed
+
+
 def _check_partition(
     staged: list[_StagedFile], replace: Mapping[str, Any] | None, *, table: str
 ) -> None:
     if not replace:
         return
-    expected = {column: partition_string(value) for column, value in replace.items()}
+    allowed = _allowed_values(replace)
     for file in staged:
-        found = {column: file.partition_values.get(column) for column in expected}
-        if found != expected:
+        found = {column: file.partition_values.get(column) for column in allowed}
+        if any(found[column] not in values for column, values in allowed.items()):
+            shown = {c: sorted(v, key=str) for c, v in allowed.items()}
             raise SchemaMismatchError(
-                f"Overwriting partition {expected} of table {table}, but the DataFrame also "
+                f"Overwriting partition(s) {shown} of table {table}, but the DataFrame also "
                 f"holds rows of partition {found}. The table is unchanged.",
-                fix="filter the DataFrame to the partition being replaced",
+                fix="filter the DataFrame to the partitions being replaced",
             )
 
 
@@ -232,6 +242,7 @@ def write_dataframe(
     name: str | None = None,
     commit_metadata: Mapping[str, Any] | None = None,
     table_description: str | None = None,
+    skip_empty_commit: bool = False,
 ) -> WriteResult:
     """Write a DataFrame to a Delta table through native Spark writes and a delta-rs commit.
 
@@ -241,8 +252,9 @@ def write_dataframe(
         mode: ``append`` adds rows; ``overwrite`` replaces the table, or only the
             partition given by ``replace_partition``.
         partition_by: partition columns of a new table (must match an existing table's).
-        replace_partition: with ``mode="overwrite"``, the partition values to replace,
-            e.g. ``{"partition": "2024-05-01"}``; other partitions are kept.
+        replace_partition: with ``mode="overwrite"``, the partition to replace, e.g.
+            ``{"partition": "2024-05-01"}`` (a list of values replaces several); other
+            partitions are kept.
         remove_files: with ``mode="append"``, live files of the table to remove in the
             same commit (the operator's buffer releases records this way).
         app_transaction: make the write idempotent: skipped when the table already
@@ -253,6 +265,8 @@ def write_dataframe(
         name: asset / table name for error messages.
         commit_metadata: extra ``commitInfo`` entries.
         table_description: description of a new table.
+        skip_empty_commit: when the DataFrame is empty, the table exists and nothing is
+            removed, commit nothing (not even the application transaction).
 
     Returns:
         A :class:`WriteResult`.
@@ -313,6 +327,9 @@ def write_dataframe(
         staged = staging.collect(data_schema, partition_by)
         _check_partition(staged, replace_partition if mode == "overwrite" else None, table=label)
         _check_not_null(staged, target_schema, table=label)
+        if skip_empty_commit and table is not None and not staged and not remove_files:
+            committed_ok = True
+            return WriteResult(uri, table.version(), 0, 0, 0, False, time.perf_counter() - started)
         staging.publish(staged)
         version = _commit(
             table,
@@ -454,7 +471,10 @@ def _commit(
             if new_fields:
                 table.alter.add_columns([delta_field(field) for field in new_fields])
             filters = (
-                [(c, "=", partition_string(v)) for c, v in replace_partition.items()]
+                [
+                    (c, "in", sorted(v, key=str))
+                    for c, v in _allowed_values(replace_partition).items()
+                ]
                 if replace_partition
                 else None
             )
@@ -480,3 +500,23 @@ def _commit(
             ) from exc
         raise
     return open_table(uri, storage_options=storage_options, name=label).version()
+
+
+def validate_append(
+    schema: T.StructType,
+    uri: str,
+    *,
+    schema_mode: SchemaMode | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> None:
+    """Check, without writing or running Spark, that an append of ``schema`` would be accepted.
+
+    Raises:
+        SchemaMismatchError: as :func:`write_dataframe` would.
+    """
+    uri = normalize_uri(uri)
+    if not deltalake.DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None):
+        return
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=name)
+    plan_append(schema, snapshot.schema, table=name or uri, merge=schema_mode == "merge")

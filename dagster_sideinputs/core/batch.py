@@ -1,0 +1,905 @@
+"""Executing one planned micro-batch.
+
+1. Read the new main records of the plan's range and the buffered records of the
+   slots the plan releases; attach the keyed views; give every record a route:
+   released, buffered (namespace not ready), key_wait, late, unmatched, invalid.
+2. Persist that classification and count the routes in one Spark job: the counts
+   are the batch's metrics, and they are checked (invalid records without a tag,
+   buffer limits) before anything is written.
+3. Run the user function on the released records; validate every output against
+   its table.
+4. Write the outputs, then the buffer (removing the released slots' files in the
+   same commit), each with the Delta application transaction (operator, batch), and
+   finally the commit record.
+"""
+
+import datetime as dt
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake.transaction import CommitProperties
+from pyspark import StorageLevel
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Window as SparkWindow
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.buffer import (
+    BATCH,
+    FINGERPRINT,
+    FIRST_SEEN,
+    KEY_GROUP,
+    KEYWAIT_SLOT,
+    REASON,
+    SLOT,
+    BufferState,
+    fingerprint,
+    to_buffer_rows,
+)
+from dagster_sideinputs.core.declarations import OutputTag
+from dagster_sideinputs.core.keyed import (
+    bucketed_scan,
+    check_pre_keyed,
+    drop_bucketed_scan,
+    key_group,
+)
+from dagster_sideinputs.core.metrics import BatchMetrics, TableWrite
+from dagster_sideinputs.core.outputs import SideInputs, normalize_outputs
+from dagster_sideinputs.core.plan import BatchPlan, MainRange, PlanLog
+from dagster_sideinputs.core.planner import Planned
+from dagster_sideinputs.core.rows import Record, run_row_function, split_tagged
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.views import (
+    SIDE_NS,
+    BoundSide,
+    JoinSpec,
+    SideData,
+    apply_join,
+    build_join,
+    duplicate_checker,
+)
+from dagster_sideinputs.core.windows import (
+    GLOBAL,
+    NS_END,
+    NS_ID,
+    NS_START,
+    as_utc,
+    assign_global,
+    assign_windows,
+    map_to_side_window,
+    namespace_id_column,
+)
+from dagster_sideinputs.delta.files import TableFiles, join_uri, normalize_uri, spark_uri
+from dagster_sideinputs.delta.log import added_files
+from dagster_sideinputs.delta.table import TableSnapshot
+from dagster_sideinputs.delta.writer import AppTransaction, validate_append
+from dagster_sideinputs.errors import (
+    BufferLimitExceededError,
+    CorruptDataFileError,
+    DeclarationError,
+    MainInputDataError,
+    PreKeyedViolationError,
+    SideInputError,
+    UndeclaredOutputTagError,
+    preview,
+)
+
+ROUTE = "_dsi_route"
+ORIGIN = "_dsi_origin"
+CORRUPT = "_dsi_corrupt_record"
+ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
+BUFFER_ROUTES = ("buffered", "key_wait")
+DEFAULT_KEY_GROUPS = 128
+VACUUM_EVERY = 25
+_PRE_KEYED_MARK = "dsi-pre-keyed-violation"
+
+
+@dataclass
+class _Views:
+    """Side data and joins of one batch."""
+
+    data: dict[str, SideData] = field(default_factory=dict)
+    joins: dict[str, JoinSpec] = field(default_factory=dict)
+
+
+class BatchRunner:
+    """Runs planned batches of one operator; keeps per-side-version caches between them."""
+
+    def __init__(self, spec: OperatorSpec, spark: SparkSession, plans: PlanLog) -> None:
+        self.spec = spec
+        self.spark = spark
+        self.plans = plans
+        self.engine = spec.storage.delta
+        self._checked: set[tuple[str, int | None, tuple[str, ...]]] = set()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def main_files(self, main: MainRange) -> tuple[list[Any], TableSnapshot | None]:
+        """The files of a plan's main range (recomputed identically on replay)."""
+        if main.kind == "files" or main.is_empty:
+            return [], None
+        snapshot = self.engine.snapshot(
+            self.spec.main_uri, version=main.end_version, name=self.spec.main.asset
+        )
+        if main.start_version < 0:
+            return list(snapshot.files), snapshot
+        files = added_files(
+            TableFiles(self.spec.main_uri, self.spec.storage.storage_options),
+            main.start_version,
+            main.end_version,
+            table=self.spec.main.asset,
+        )
+        return files, snapshot
+
+    def raw_main(
+        self, main: MainRange, files: list[Any], snapshot: TableSnapshot | None
+    ) -> DataFrame:
+        """New main records, exactly as stored (no bookkeeping columns)."""
+        spec = self.spec
+        if main.kind == "files":
+            return self._read_landed(main)
+        if main.is_empty or snapshot is None:
+            schema = snapshot.schema if snapshot is not None else T.StructType([])
+            return self.spark.createDataFrame([], schema)
+        return self.engine.read_snapshot(self.spark, snapshot, files=files, name=spec.main.asset)
+
+    def _landing_schema(self) -> T.StructType:
+        schema = self.spec.main.schema
+        if isinstance(schema, str):
+            schema = T.StructType.fromDDL(schema)
+        assert isinstance(schema, T.StructType)
+        return schema
+
+    def _read_landed(self, main: MainRange) -> DataFrame:
+        folder = self.spec.main.path
+        assert folder is not None
+        schema = self._landing_schema()
+        if not main.files:
+            return self.spark.createDataFrame([], schema)
+        reader = self.spark.read.format(self.spec.main.format).options(
+            **dict(self.spec.main.read_options)
+        )
+        uris = [spark_uri(join_uri(folder, f["path"])) for f in main.files if f["size"] > 0]
+        if not uris:
+            return self.spark.createDataFrame([], schema)
+        if self.spec.main.format in ("json", "csv"):
+            with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
+            return (
+                reader.schema(with_corrupt)
+                .option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", CORRUPT)
+                .load(uris)
+            )
+        return reader.schema(schema).load(uris)
+
+    def _bookkeeping(self, raw: DataFrame, plan: BatchPlan, main_columns: list[str]) -> DataFrame:
+        spec = self.spec
+        df = raw
+        if spec.window is not None:
+            assert spec.window.time_column is not None
+            df = assign_windows(df, spec.window, spec.window.time_column)
+        else:
+            df = assign_global(df)
+        groups = spec.main.pre_keyed.max_key_groups if spec.main.pre_keyed else DEFAULT_KEY_GROUPS
+        key = spec.main.key
+        df = df.withColumn(KEY_GROUP, key_group(key, groups) if key else F.lit(None).cast("int"))
+        if spec.main.pre_keyed is not None and key is not None:
+            column = spec.main.pre_keyed.column
+            if column in raw.columns:
+                df = df.withColumn(
+                    KEY_GROUP,
+                    F.when(
+                        F.col(f"`{column}`") != F.col(KEY_GROUP),
+                        F.raise_error(
+                            F.concat(
+                                F.lit(f"{_PRE_KEYED_MARK}: a row of key "),
+                                F.col(f"`{key}`").cast("string"),
+                                F.lit(" is in key group "),
+                                F.col(f"`{column}`").cast("string"),
+                                F.lit(" but hashes to "),
+                                F.col(KEY_GROUP).cast("string"),
+                            )
+                        ),
+                    ).otherwise(F.col(KEY_GROUP)),
+                )
+        return (
+            df.withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
+            .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))
+            .withColumn(FINGERPRINT, fingerprint(main_columns))
+            .withColumn(ORIGIN, F.lit("new"))
+        )
+
+    def _buffered(self, plan: BatchPlan) -> tuple[DataFrame | None, BufferState]:
+        spec = self.spec
+        if plan.buffer_version < 0:
+            return None, BufferState(None)
+        snapshot = self.engine.snapshot(spec.buffer_uri, version=plan.buffer_version, name="buffer")
+        state = BufferState(snapshot)
+        if not plan.read_slots:
+            return None, state
+        files = state.files(plan.read_slots)
+        if not files:
+            return None, state
+        rows = self.engine.read_snapshot(self.spark, snapshot, files=files, name="buffer")
+        return rows.drop(SLOT, REASON).withColumn(ORIGIN, F.lit("buffer")), state
+
+    # --- views -------------------------------------------------------------------------------
+
+    def _side_snapshot(
+        self, bound: BoundSide, plan: BatchPlan, planned: Planned | None
+    ) -> TableSnapshot | None:
+        if planned is not None and bound.name in planned.side_snapshots:
+            return planned.side_snapshots[bound.name]
+        version = plan.side_versions.get(bound.name)
+        if version is None:
+            return None
+        return self.engine.snapshot(bound.uri, version=version, name=bound.side.asset)
+
+    def _side_windows(
+        self, bound: BoundSide, plan: BatchPlan
+    ) -> list[tuple[dt.datetime, dt.datetime]] | None:
+        """The side windows that released records of this batch read."""
+        if bound.side.window is None:
+            return None
+        return sorted(
+            {
+                map_to_side_window(bound.side, p.start, p.end)
+                for p in plan.namespaces.values()
+                if p.ready and p.start is not None and p.end is not None
+            }
+        )
+
+    def _views(self, plan: BatchPlan, planned: Planned | None, sample: DataFrame) -> _Views:
+        views = _Views()
+        spec = self.spec
+        for bound in spec.sides:
+            snapshot = self._side_snapshot(bound, plan, planned)
+            data = SideData(bound, snapshot, self.spark, self.engine)
+            views.data[bound.name] = data
+            if snapshot is None:
+                continue
+            windows = self._side_windows(bound, plan)
+            mapping = {ns: p.side_namespaces[bound.name] for ns, p in plan.namespaces.items()}
+            main_side_ns = (
+                _lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
+            )
+            key = (bound.name, snapshot.version, tuple(str(w) for w in windows or []))
+            checker = duplicate_checker(
+                bound, snapshot.version, singleton=bound.side.view == "singleton"
+            )
+            spec_ = build_join(
+                data,
+                sample,
+                main_key=spec.main.key,
+                windows=windows,
+                main_side_ns=main_side_ns,
+                check_duplicates=(lambda df, keys: None) if key in self._checked else checker,
+            )
+            self._checked.add(key)
+            if spec_ is not None:
+                views.joins[bound.name] = spec_
+        return views
+
+    # --- classification ----------------------------------------------------------------------
+
+    def _route(self, df: DataFrame, plan: BatchPlan, views: _Views) -> DataFrame:
+        spec = self.spec
+        invalid, reason = self._invalid(df)
+        route = F.when(invalid, F.lit("invalid"))
+        late = plan.late_namespaces
+        if spec.routes.late is not None and late:
+            route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
+        ready = F.col(NS_ID).isin(plan.ready_namespaces)
+        route = route.when(~ready, F.lit("buffered"))
+        missing_reasons = []
+        for bound in spec.sides:
+            join = views.joins.get(bound.name)
+            if join is None or bound.side.missing == "null":
+                continue
+            unmatched = ~F.col(join.matched)
+            missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
+            if bound.side.missing == "wait":
+                assert bound.side.timeout is not None
+                deadline = F.lit(plan.now - bound.side.timeout).cast("timestamp")
+                timed_out = F.col(FIRST_SEEN) <= deadline
+                if bound.side.on_timeout == "unmatched":
+                    route = route.when(unmatched & timed_out, F.lit("unmatched"))
+                route = route.when(unmatched & ~timed_out, F.lit("key_wait"))
+            else:
+                route = route.when(unmatched, F.lit("unmatched"))
+        route = route.otherwise(F.lit("released"))
+        not_ready = {
+            ns: _not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready
+        }
+        missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
+        why = (
+            F.when(F.col(ROUTE) == "invalid", reason)
+            .when(F.col(ROUTE) == "buffered", _lookup(not_ready, F.col(NS_ID)))
+            .when(
+                F.col(ROUTE) == "key_wait",
+                F.concat(F.lit("waiting for the side row of: "), missing),
+            )
+            .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
+        )
+        return df.withColumn(ROUTE, route).withColumn(REASON, why)
+
+    def _invalid(self, df: DataFrame) -> tuple[Column, Column]:
+        spec = self.spec
+        checks: list[tuple[Column, str]] = []
+        if CORRUPT in df.columns:
+            checks.append((F.col(CORRUPT).isNotNull(), "corrupt record"))
+        if spec.main.key is not None:
+            checks.append((F.col(f"`{spec.main.key}`").isNull(), f"null key {spec.main.key!r}"))
+        if spec.window is not None:
+            checks.append(
+                (F.col(NS_START).isNull(), f"null event time {spec.window.time_column!r}")
+            )
+        if not checks:
+            return F.lit(False), F.lit(None).cast("string")
+        invalid = checks[0][0]
+        for condition, _ in checks[1:]:
+            invalid = invalid | condition
+        reason = F.concat_ws("; ", *[F.when(c, F.lit(text)) for c, text in checks])
+        if CORRUPT in df.columns:
+            reason = F.when(
+                F.col(CORRUPT).isNotNull(),
+                F.concat(F.lit("corrupt record: "), F.substring(F.col(CORRUPT), 1, 200)),
+            ).otherwise(reason)
+        return invalid, reason
+
+    def classify(
+        self, plan: BatchPlan, planned: Planned | None
+    ) -> tuple[DataFrame, list[str], _Views, BufferState, list[str]]:
+        """Every record looked at, with its route (persisted)."""
+        if planned is not None:
+            files, snapshot = planned.main_files, planned.main_snapshot
+        else:
+            files, snapshot = self.main_files(plan.main)
+        notes: list[str] = []
+        temp_tables: list[str] = []
+        raw = self.raw_main(plan.main, files, snapshot)
+        if self.spec.main.pre_keyed is not None and files:
+            raw, note, temp = self._pre_keyed(raw, files, snapshot)
+            notes.append(note)
+            if temp:
+                temp_tables.append(temp)
+        main_columns = [c for c in raw.columns if c != CORRUPT]
+        new = self._bookkeeping(raw, plan, main_columns)
+        buffered, state = self._buffered(plan)
+        views = self._views(plan, planned, new.withColumn(NS_ID, F.lit(GLOBAL)))
+        parts = [new] + ([buffered] if buffered is not None else [])
+        enriched = []
+        for part in parts:
+            part = part.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
+            for name, join in views.joins.items():
+                part = apply_join(part, join, name)
+            enriched.append(part)
+        classified = enriched[0]
+        for part in enriched[1:]:
+            classified = classified.unionByName(part, allowMissingColumns=True)
+        classified = self._route(classified, plan, views)
+        self._temp_tables = temp_tables
+        return classified, main_columns, views, state, notes
+
+    def _pre_keyed(
+        self, raw: DataFrame, files: list[Any], snapshot: TableSnapshot | None
+    ) -> tuple[DataFrame, str, str | None]:
+        spec = self.spec
+        keyed = spec.main.pre_keyed
+        assert keyed is not None
+        assert spec.main.key is not None
+        assert snapshot is not None
+        splits = check_pre_keyed(files, keyed, key=spec.main.key, table=spec.main.asset)
+        partition_columns = set(snapshot.partition_columns)
+        if partition_columns - {keyed.column}:
+            return (
+                raw,
+                "pre-keyed: partition columns besides the key group; read with a shuffle",
+                None,
+            )
+        scan = bucketed_scan(
+            self.spark,
+            splits,
+            schema=snapshot.data_schema,
+            key=spec.main.key,
+            max_key_groups=keyed.max_key_groups,
+            scratch_dir=join_uri(spec.state_uri, "prekeyed"),
+            label=spec.operator_id,
+        )
+        if scan is None:
+            return raw, "pre-keyed: files are not on a local filesystem; read with a shuffle", None
+        frame, table = scan
+        if keyed.column in partition_columns:
+            frame = frame.withColumn(
+                keyed.column,
+                key_group(spec.main.key, keyed.max_key_groups).cast(
+                    snapshot.schema[keyed.column].dataType
+                ),
+            )
+        return (
+            frame.select(*snapshot.schema.fieldNames()),
+            "pre-keyed: main files read as buckets (no shuffle)",
+            table,
+        )
+
+    # --- limits ---------------------------------------------------------------------------------
+
+    def _counts(self, classified: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
+        time_column = (
+            self.spec.window.time_column if self.spec.window else self.spec.main.event_time
+        )
+        aggregates = [F.count(F.lit(1)).alias("n"), F.min(FIRST_SEEN).alias("oldest")]
+        if time_column is not None and time_column in classified.columns:
+            aggregates.append(
+                F.max(F.when(F.col(ORIGIN) == "new", F.col(f"`{time_column}`"))).alias("max_time")
+            )
+        rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
+        return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
+
+    def _check_invalid(self, classified: DataFrame, counts: Mapping[tuple[str, str], Any]) -> None:
+        invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")
+        if invalid and self.spec.routes.invalid is None:
+            samples = [
+                r[0]
+                for r in classified.filter(F.col(ROUTE) == "invalid")
+                .select(REASON)
+                .limit(3)
+                .collect()
+            ]
+            raise MainInputDataError(
+                f"{invalid} record(s) of main input {self.spec.main.asset!r} cannot be processed: "
+                f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
+                fix='fix the records at the source, or declare invalid=dsi.OutputTag("...") '
+                "to route such records to their own table",
+            )
+
+    def _limits(
+        self,
+        plan: BatchPlan,
+        classified: DataFrame,
+        counts: Mapping[tuple[str, str], Any],
+        state: BufferState,
+    ) -> tuple[DataFrame, dict[tuple[str, str], Any]]:
+        limits = self.spec.buffer
+        incoming = sum(v["n"] for (route, _), v in counts.items() if route in BUFFER_ROUTES)
+        unread = [s for s in state.slots() if s not in plan.read_slots]
+        after = state.rows(unread) + incoming
+        stamps = [
+            v["oldest"]
+            for (route, _), v in counts.items()
+            if route in BUFFER_ROUTES and v["oldest"]
+        ]
+        unread_oldest = state.oldest(unread)
+        if unread_oldest is not None:
+            stamps.append(unread_oldest)
+        oldest = min((as_utc(s) for s in stamps), default=None)
+        too_many = limits.max_rows is not None and after > limits.max_rows
+        too_old = (
+            limits.max_age is not None
+            and oldest is not None
+            and oldest < as_utc(plan.now) - limits.max_age
+        )
+        if not (too_many or too_old):
+            return classified, dict(counts)
+        problem = (
+            f"{after} rows (limit {limits.max_rows})"
+            if too_many
+            else f"a record first seen {oldest.isoformat() if oldest else '?'} "
+            f"(max age {limits.max_age})"
+        )
+        if limits.on_exceed == "fail" or unread:
+            raise BufferLimitExceededError(
+                f"The buffer of operator {self.spec.operator_id!r} would hold {problem} after "
+                f"batch {plan.batch_id}. Nothing was written; buffered records are intact.",
+                fix="make the side inputs ready (see the readiness reasons in the run metrics), "
+                "raise BufferLimits(max_rows=..., max_age=...), or use on_exceed='overflow' with "
+                "an overflow tag",
+            )
+        excess = max(0, after - (limits.max_rows or after))
+        order = SparkWindow.orderBy(F.col(FIRST_SEEN), F.col(BATCH), F.col(FINGERPRINT))
+        waiting = F.col(ROUTE).isin(*BUFFER_ROUTES)
+        rank = F.when(waiting, F.row_number().over(order.partitionBy(waiting)))
+        cutoff = F.lit(plan.now - limits.max_age).cast("timestamp") if limits.max_age else None
+        overflow = waiting & (rank <= F.lit(excess))
+        if cutoff is not None:
+            overflow = overflow | (waiting & (F.col(FIRST_SEEN) < cutoff))
+        reclassified = (
+            classified.withColumn(
+                ROUTE, F.when(overflow, F.lit("overflow")).otherwise(F.col(ROUTE))
+            )
+            .withColumn(
+                REASON, F.when(overflow, F.lit(f"buffer limit: {problem}")).otherwise(F.col(REASON))
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        classified.unpersist()
+        return reclassified, self._counts(reclassified)
+
+    # --- outputs -------------------------------------------------------------------------------
+
+    def _function_input(
+        self, classified: DataFrame, main_columns: list[str], views: _Views
+    ) -> DataFrame:
+        released = classified.filter(F.col(ROUTE) == "released")
+        columns = [F.col(f"`{c}`") for c in main_columns]
+        columns += [F.col(f"`{name}`") for name in views.joins]
+        if self.spec.window is not None:
+            if "window" in main_columns:
+                raise DeclarationError(
+                    f"Main input {self.spec.main.asset!r} has a column named 'window', which "
+                    "the operator uses for the main window of each released record.",
+                    fix="rename that column upstream",
+                )
+            columns.append(
+                F.struct(F.col(NS_START).alias("start"), F.col(NS_END).alias("end")).alias("window")
+            )
+        return released.select(*columns)
+
+    def _side_inputs(self, plan: BatchPlan, views: _Views) -> SideInputs:
+        getters: dict[str, Callable[[], Any]] = {}
+        for bound in self.spec.sides:
+            data = views.data[bound.name]
+            windows = self._side_windows(bound, plan)
+            if bound.side.view == "singleton" and bound.side.window is None:
+                getters[bound.name] = data.singleton_value
+            else:
+
+                def frame(
+                    data: SideData = data, windows: Any = windows, bound: BoundSide = bound
+                ) -> DataFrame:
+                    rows = data.rows(windows)
+                    if bound.side.window is None:
+                        rows = rows.drop(SIDE_NS)
+                    return F.broadcast(rows) if bound.side.distribution == "broadcast" else rows
+
+                getters[bound.name] = frame
+        return SideInputs(getters)
+
+    def _row_broadcasts(self, plan: BatchPlan, views: _Views) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for bound in self.spec.sides:
+            if bound.name in views.joins:
+                continue
+            if bound.side.window is not None:
+                raise DeclarationError(
+                    f"Row mode cannot hand {bound.label} to functions as a whole: it is windowed "
+                    "and not joined by key.",
+                    fix="use mode='frames', or give it a key relation to the main records",
+                )
+            data = views.data[bound.name]
+            if bound.side.view == "singleton":
+                row = data.singleton_value()
+                values[bound.name] = (
+                    Record(row.asDict(recursive=True)) if hasattr(row, "asDict") else row
+                )
+                continue
+            rows = [
+                Record(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()
+            ]
+            if bound.side.view == "list":
+                values[bound.name] = rows
+            elif bound.side.view == "map":
+                values[bound.name] = {r[bound.side.key]: r for r in rows}
+            else:
+                grouped: dict[Any, list[Record]] = {}
+                for r in rows:
+                    grouped.setdefault(r[bound.side.key], []).append(r)
+                values[bound.name] = grouped
+        return values
+
+    def outputs(
+        self,
+        plan: BatchPlan,
+        classified: DataFrame,
+        main_columns: list[str],
+        views: _Views,
+        released: int,
+    ) -> tuple[dict[OutputTag, DataFrame], list[DataFrame]]:
+        """The function's outputs and the operator's own routes; the function runs only
+        when the batch releases records (so side inputs it reads are ready)."""
+        spec = self.spec
+        function_input = self._function_input(classified, main_columns, views)
+        persisted: list[DataFrame] = []
+        outputs: dict[OutputTag, DataFrame] = {}
+        if not released:
+            pass
+        elif spec.mode == "frames":
+            result = spec.fn(function_input, self._side_inputs(plan, views))
+            outputs = normalize_outputs(result, spec.declared)
+        else:
+            user_tags = [
+                t for t in spec.all_tags if t not in spec.routes.declared() or t.schema is not None
+            ]
+            tagged = run_row_function(
+                function_input,
+                spec.fn,
+                tags=user_tags,
+                broadcast_values=self._row_broadcasts(plan, views),
+                joined_columns=list(views.joins),
+                record_columns=[c for c in function_input.columns if c not in views.joins],
+            ).persist(StorageLevel.MEMORY_AND_DISK)
+            tagged.count()  # run the function once, before anything is written
+            persisted.append(tagged)
+            outputs = split_tagged(tagged, user_tags)
+        for route, tag in (
+            ("late", spec.routes.late),
+            ("unmatched", spec.routes.unmatched),
+            ("overflow", spec.routes.overflow),
+            ("invalid", spec.routes.invalid),
+        ):
+            if tag is None:
+                continue
+            columns = [F.col(f"`{c}`") for c in main_columns]
+            if route != "late":
+                columns.append(F.col(REASON).alias("reason"))
+            routed = classified.filter(F.col(ROUTE) == route).select(*columns)
+            outputs[tag] = (
+                outputs[tag].unionByName(routed, allowMissingColumns=True)
+                if tag in outputs
+                else routed
+            )
+        for tag, frame in outputs.items():
+            validate_append(
+                frame.schema,
+                spec.table_uri(tag),
+                schema_mode=spec.schema_mode,
+                storage_options=spec.storage.storage_options,
+                name=tag.name,
+            )
+        return outputs, persisted
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def write(
+        self,
+        plan: BatchPlan,
+        outputs: Mapping[OutputTag, DataFrame],
+        classified: DataFrame,
+        main_columns: list[str],
+        state: BufferState,
+        to_buffer: int,
+    ) -> dict[str, TableWrite]:
+        spec = self.spec
+        txn = AppTransaction(spec.operator_id, plan.batch_id)
+        meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
+        writes: dict[str, TableWrite] = {}
+        for tag in spec.all_tags:
+            frame = outputs.get(tag)
+            if frame is None:
+                continue
+            result = self.engine.write(
+                frame,
+                spec.table_uri(tag),
+                mode="append",
+                app_transaction=txn,
+                schema_mode=spec.schema_mode,
+                name=tag.name,
+                commit_metadata=meta,
+                skip_empty_commit=True,
+            )
+            writes[tag.name] = TableWrite(
+                tag.name,
+                result.uri,
+                result.version,
+                result.num_rows,
+                result.skipped,
+                result.duration_s,
+            )
+        waiting = classified.filter(F.col(ROUTE).isin(*BUFFER_ROUTES)).withColumn(
+            SLOT,
+            F.when(F.col(ROUTE) == "key_wait", F.lit(KEYWAIT_SLOT)).otherwise(
+                F.concat(F.lit("ns="), F.col(NS_ID))
+            ),
+        )
+        removed = state.files(plan.read_slots)
+        if removed or to_buffer:
+            result = self.engine.write(
+                to_buffer_rows(waiting, main_columns, F.col(REASON)),
+                spec.buffer_uri,
+                mode="append",
+                partition_by=[SLOT],
+                remove_files=removed,
+                app_transaction=txn,
+                schema_mode="merge",
+                name=f"{spec.operator_id} buffer",
+                commit_metadata=meta,
+                skip_empty_commit=True,
+            )
+            writes["buffer"] = TableWrite(
+                "buffer",
+                result.uri,
+                result.version,
+                result.num_rows,
+                result.skipped,
+                result.duration_s,
+            )
+        if plan.main.kind == "files" and plan.main.files:
+            self._record_files(plan, txn)
+        return writes
+
+    def _record_files(self, plan: BatchPlan, txn: AppTransaction) -> None:
+        uri = normalize_uri(self.spec.files_seen_uri)
+        options = dict(self.spec.storage.storage_options) or None
+        if DeltaTable.is_deltatable(uri, options):
+            done = DeltaTable(uri, storage_options=options).transaction_version(txn.app_id)
+            if done is not None and done >= txn.version:
+                return
+        table = pa.table(
+            {
+                "path": [f["path"] for f in plan.main.files],
+                "size": pa.array([f["size"] for f in plan.main.files], pa.int64()),
+                "batch_id": pa.array([plan.batch_id] * len(plan.main.files), pa.int64()),
+            }
+        )
+        write_deltalake(
+            uri,
+            table,
+            mode="append",
+            storage_options=options,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(txn.app_id, txn.version)]
+            ),
+        )
+
+    # --- the whole batch ---------------------------------------------------------------------
+
+    def execute(self, plan: BatchPlan, planned: Planned | None, *, replayed: bool) -> BatchMetrics:
+        started = time.perf_counter()
+        durations: dict[str, float] = {}
+        persisted: list[DataFrame] = []
+        self._temp_tables = []
+        try:
+            classified, main_columns, views, state, notes = self.classify(plan, planned)
+            classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(classified)
+            counts = self._translate(lambda: self._counts(classified))
+            durations["classify"] = time.perf_counter() - started
+            self._check_invalid(classified, counts)
+            classified, counts = self._limits(plan, classified, counts, state)
+            persisted.append(classified)
+            mark = time.perf_counter()
+            released = sum(v["n"] for (r, _), v in counts.items() if r == "released")
+            outputs, extra = self._translate(
+                lambda: self.outputs(plan, classified, main_columns, views, released)
+            )
+            persisted.extend(extra)
+            durations["function"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            to_buffer = sum(v["n"] for (r, _), v in counts.items() if r in BUFFER_ROUTES)
+            writes = self._translate(
+                lambda: self.write(plan, outputs, classified, main_columns, state, to_buffer)
+            )
+            durations["write"] = time.perf_counter() - mark
+        finally:
+            for frame in persisted:
+                frame.unpersist()
+            for table in self._temp_tables:
+                drop_bucketed_scan(self.spark, table)
+        durations["total"] = time.perf_counter() - started
+        metrics = self._metrics(plan, counts, writes, state, durations, replayed, notes)
+        max_seen = [t for t in (plan.max_event_time, _max_time(counts)) if t is not None]
+        self.plans.commit(
+            plan.batch_id,
+            {
+                **metrics.as_dict(),
+                "max_event_time": max(max_seen).isoformat() if max_seen else None,
+            },
+        )
+        if plan.batch_id % VACUUM_EVERY == VACUUM_EVERY - 1 and self.engine.exists(
+            self.spec.buffer_uri
+        ):
+            DeltaTable(normalize_uri(self.spec.buffer_uri)).vacuum(
+                retention_hours=0, enforce_retention_duration=False, dry_run=False
+            )
+        return metrics
+
+    def _translate(self, action: Callable[[], Any]) -> Any:
+        """Spark errors caused by user data or code, as the project's clear errors."""
+        try:
+            return action()
+        except SideInputError:
+            raise
+        except PySparkException as exc:
+            text = str(exc)
+            if "UndeclaredOutputTagError" in text:
+                raise UndeclaredOutputTagError(_extract(text, "UndeclaredOutputTagError:")) from exc
+            if _PRE_KEYED_MARK in text:
+                raise PreKeyedViolationError(
+                    f"Main input {self.spec.main.asset!r} is declared pre-keyed, but "
+                    f"{_extract(text, _PRE_KEYED_MARK + ':')}. Nothing was written.",
+                    fix="fix the key-group column at the source, or drop pre_keyed=",
+                ) from exc
+            if "not a Parquet file" in text or "FileNotFoundException" in text:
+                raise CorruptDataFileError(
+                    f"A data file read by operator {self.spec.operator_id!r} is unreadable: "
+                    f"{_extract(text, '')}. Nothing was written.",
+                    fix="move the file out of the landing folder / repair the table, then rerun",
+                ) from exc
+            raise
+
+    def _metrics(
+        self,
+        plan: BatchPlan,
+        counts: Mapping[tuple[str, str], Any],
+        writes: dict[str, TableWrite],
+        state: BufferState,
+        durations: dict[str, float],
+        replayed: bool,
+        notes: list[str],
+    ) -> BatchMetrics:
+        routes = {route: 0 for route in ROUTES}
+        rows_in = from_buffer = 0
+        for (route, origin), values in counts.items():
+            routes[route] = routes.get(route, 0) + values["n"]
+            if origin == "new":
+                rows_in += values["n"]
+            else:
+                from_buffer += values["n"]
+        unread = [s for s in state.slots() if s not in plan.read_slots]
+        buffer_rows = state.rows(unread) + routes["buffered"] + routes["key_wait"]
+        stamps = [
+            v["oldest"]
+            for (route, _), v in counts.items()
+            if route in BUFFER_ROUTES and v["oldest"]
+        ]
+        if state.oldest(unread) is not None:
+            stamps.append(state.oldest(unread))
+        oldest = min((as_utc(s) for s in stamps), default=None)
+        return BatchMetrics(
+            operator_id=self.spec.operator_id,
+            batch_id=plan.batch_id,
+            replayed=replayed,
+            main_range=plan.main.describe(),
+            rows_in=rows_in,
+            released_from_buffer=from_buffer,
+            routes=routes,
+            writes=writes,
+            side_versions=dict(plan.side_versions),
+            readiness={
+                side: {ns: {"ready": d.ready, "reason": d.reason} for ns, d in per_ns.items()}
+                for side, per_ns in plan.decisions.items()
+            },
+            buffer_rows=buffer_rows,
+            buffer_oldest_age_s=None
+            if oldest is None
+            else (as_utc(plan.now) - oldest).total_seconds(),
+            watermark=plan.watermark,
+            max_event_time=_max_time(counts),
+            durations={k: round(v, 4) for k, v in durations.items()},
+            notes=notes,
+        )
+
+
+def _max_time(counts: Mapping[tuple[str, str], Any]) -> dt.datetime | None:
+    values = [as_utc(v["max_time"]) for v in counts.values() if v.get("max_time") is not None]
+    return max(values) if values else None
+
+
+def _lookup(mapping: Mapping[str, str], key: Column) -> Column:
+    """``mapping[key]`` as a Spark expression over a small literal map."""
+    if not mapping:
+        return F.lit(None).cast("string")
+    pairs: list[Column] = []
+    for k, v in sorted(mapping.items()):
+        pairs.extend([F.lit(k), F.lit(v)])
+    return F.element_at(F.create_map(*pairs), key)
+
+
+def _not_ready_reason(plan: BatchPlan, ns: str) -> str:
+    waiting = []
+    for side, side_ns in plan.namespaces[ns].side_namespaces.items():
+        decision = plan.decisions[side].get(side_ns)
+        if decision is not None and not decision.ready:
+            waiting.append(f"{side}: {decision.reason}")
+    return "waiting for " + "; ".join(waiting) if waiting else "waiting"
+
+
+def _extract(text: str, marker: str) -> str:
+    start = text.find(marker)
+    line = text[start + len(marker) :] if start >= 0 else text
+    return line.strip().splitlines()[0][:500] if line.strip() else text[:500]

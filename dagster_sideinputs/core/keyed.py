@@ -1,0 +1,160 @@
+"""Key groups and pre-keyed main inputs (Flink's reinterpretAsKeyedStream on Spark).
+
+The key group of a key is ``pmod(hash(key), max_key_groups)`` with Spark's Murmur3
+``hash``: the same function Spark uses for bucketing and hash partitioning, so any
+Spark job can compute it and Spark itself can rely on it.
+
+A pre-keyed main input promises that each data file holds one key group. The
+operator checks that promise from the Delta log (partition values or min/max
+statistics of the key-group column) before it writes anything. It then reads the
+batch's files as a *bucketed* table (bucket = key group): Spark knows the main side
+is already hash-partitioned by key, so a keyed join shuffles only the side input and
+the main side's plan has no Exchange.
+
+Spark reads a file's bucket id from its name. The operator therefore exposes the
+batch's files to Spark through symbolic links named by key group, which needs a
+local or shared filesystem; on object stores the operator reads normally (with a
+shuffle) and says so in the batch metrics.
+"""
+
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.declarations import KeyGroups
+from dagster_sideinputs.delta.files import is_local, normalize_uri
+from dagster_sideinputs.errors import PreKeyedViolationError, preview
+
+
+class _Split(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def partition_values(self) -> Mapping[str, Any]: ...
+
+
+def key_group(key: str, max_key_groups: int) -> Column:
+    """Spark expression of a key's key group."""
+    return F.expr(f"pmod(hash(`{key}`), {max_key_groups})")
+
+
+def _stat(file: Any, kind: str, column: str) -> Any:
+    typed = getattr(file, f"{kind}_values", None)
+    if typed is not None:
+        return typed.get(column)
+    raw = getattr(file, "stats", {}) or {}
+    return (raw.get("minValues" if kind == "min" else "maxValues") or {}).get(column)
+
+
+@dataclass(frozen=True)
+class KeyedSplit:
+    """A main-input file and the key group all its rows belong to."""
+
+    uri: str
+    key_group: int
+
+
+def check_pre_keyed(
+    files: Sequence[_Split], groups: KeyGroups, *, key: str, table: str
+) -> list[KeyedSplit]:
+    """Verify the pre-keyed promise from metadata and give each file its key group.
+
+    Raises:
+        PreKeyedViolationError: naming the offending split(s) and their keys; raised
+            before the batch writes anything.
+    """
+    splits: list[KeyedSplit] = []
+    problems: list[str] = []
+    for file in files:
+        column = groups.column
+        if column in file.partition_values:
+            raw = file.partition_values[column]
+            low = high = None if raw is None else int(raw)
+        else:
+            low, high = _stat(file, "min", column), _stat(file, "max", column)
+        keys = f"keys {_stat(file, 'min', key)!r}..{_stat(file, 'max', key)!r}"
+        if low is None or high is None:
+            problems.append(f"{file.path} has no key-group statistics for {column!r} ({keys})")
+        elif low != high:
+            problems.append(f"{file.path} holds key groups {low}..{high} ({keys})")
+        elif not 0 <= int(low) < groups.max_key_groups:
+            problems.append(
+                f"{file.path} is in key group {low}, outside 0..{groups.max_key_groups - 1}"
+            )
+        else:
+            splits.append(KeyedSplit(file.uri, int(low)))
+    if problems:
+        raise PreKeyedViolationError(
+            f"Main input {table} is declared pre-keyed (KeyGroups(max_key_groups="
+            f"{groups.max_key_groups}, column={groups.column!r})), but {len(problems)} "
+            f"split(s) break the promise that each holds exactly one key group: "
+            f"{preview(problems, 3)}. Nothing was written.",
+            fix=f"write the table partitioned by {groups.column!r} with "
+            f"{groups.column} = pmod(hash({key}), {groups.max_key_groups}), or drop pre_keyed= "
+            "to let the operator shuffle",
+        )
+    return splits
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _ddl(schema: T.StructType) -> str:
+    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+
+
+def bucketed_scan(
+    spark: SparkSession,
+    splits: Sequence[KeyedSplit],
+    *,
+    schema: T.StructType,
+    key: str,
+    max_key_groups: int,
+    scratch_dir: str,
+    label: str,
+) -> tuple[DataFrame, str] | None:
+    """The batch's main files as a bucketed table, or None when the files are not local.
+
+    Returns:
+        (DataFrame, catalog table name to drop after the batch).
+    """
+    if not splits or not all(is_local(split.uri) for split in splits):
+        return None
+    folder = os.path.join(normalize_uri(scratch_dir), uuid.uuid4().hex)
+    os.makedirs(folder)
+    for index, split in enumerate(splits):
+        # Spark parses the bucket id from the digits after the last underscore.
+        os.symlink(
+            normalize_uri(split.uri),
+            os.path.join(folder, f"f{index:07d}_{split.key_group:05d}.parquet"),
+        )
+    name = f"dsi_prekeyed_{_SAFE_NAME.sub('_', label)}_{uuid.uuid4().hex[:12]}"
+    spark.sql(
+        f"CREATE TABLE `{name}` ({_ddl(schema)}) USING parquet "
+        f"CLUSTERED BY (`{key}`) INTO {max_key_groups} BUCKETS LOCATION 'file://{folder}'"
+    )
+    return spark.table(f"`{name}`"), name
+
+
+def drop_bucketed_scan(spark: SparkSession, name: str) -> None:
+    """Forget the temporary table (external: the data files are untouched)."""
+    location = None
+    try:
+        rows = spark.sql(f"DESCRIBE TABLE EXTENDED `{name}`").collect()
+        location = next((r.data_type for r in rows if r.col_name == "Location"), None)
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS `{name}`")
+    if location:
+        folder = normalize_uri(location)
+        for entry in os.scandir(folder):
+            os.remove(entry.path)
+        os.rmdir(folder)

@@ -1,0 +1,119 @@
+"""Metrics of micro-batches and runs: what came in, where every record went, how long it took.
+
+Accounting: every record a batch looks at (``rows_in`` new records, counted once per
+window they belong to, plus ``released_from_buffer`` records read back from the
+buffer) goes to exactly one route: released to the function, buffered, late,
+unmatched, overflow or invalid. ``accounted`` checks that the routes add up.
+"""
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TableWrite:
+    """One table written by a batch."""
+
+    table: str
+    uri: str
+    version: int
+    rows: int
+    skipped: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BatchMetrics:
+    """Everything a micro-batch did.
+
+    Attributes:
+        operator_id / batch_id: which batch.
+        replayed: the batch was planned by an earlier, interrupted run.
+        main_range: the slice of the main input read.
+        rows_in: new main records (one per window they belong to).
+        released_from_buffer: buffered records read back because they may be released.
+        routes: records per route: ``released``, ``buffered``, ``key_wait``, ``late``,
+            ``unmatched``, ``overflow``, ``invalid``.
+        writes: per output table (tag name, or ``buffer``), rows and Delta version.
+        side_versions: the pinned version of each side table.
+        readiness: per side input and namespace, ``{"ready": bool, "reason": str}``.
+        buffer_rows / buffer_oldest_age_s: the buffer after the batch.
+        watermark / max_event_time: event-time progress.
+        durations: seconds per phase and in total.
+    """
+
+    operator_id: str
+    batch_id: int
+    replayed: bool
+    main_range: str
+    rows_in: int
+    released_from_buffer: int
+    routes: dict[str, int]
+    writes: dict[str, TableWrite]
+    side_versions: dict[str, int | None]
+    readiness: dict[str, dict[str, dict[str, Any]]]
+    buffer_rows: int
+    buffer_oldest_age_s: float | None
+    watermark: dt.datetime | None
+    max_event_time: dt.datetime | None
+    durations: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def released(self) -> int:
+        return self.routes.get("released", 0)
+
+    @property
+    def newly_buffered(self) -> int:
+        return self.routes.get("buffered", 0) + self.routes.get("key_wait", 0)
+
+    @property
+    def accounted(self) -> bool:
+        """Every record looked at went to exactly one route."""
+        return sum(self.routes.values()) == self.rows_in + self.released_from_buffer
+
+    @property
+    def records_per_second(self) -> float:
+        total = self.durations.get("total", 0.0)
+        return self.rows_in / total if total > 0 else 0.0
+
+    def emitted(self, table: str) -> int:
+        write = self.writes.get(table)
+        return 0 if write is None else write.rows
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["released"] = self.released
+        data["newly_buffered"] = self.newly_buffered
+        data["records_per_second"] = round(self.records_per_second, 1)
+        data["accounted"] = self.accounted
+        return data
+
+    def summary(self) -> str:
+        routes = ", ".join(f"{k}={v}" for k, v in sorted(self.routes.items()) if v)
+        return (
+            f"batch {self.batch_id}{' (replay)' if self.replayed else ''}: {self.main_range}, "
+            f"{self.rows_in} new + {self.released_from_buffer} from buffer -> "
+            f"{routes or 'nothing'}; "
+            f"buffer {self.buffer_rows} rows; {self.durations.get('total', 0):.2f}s"
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The batches one ``run`` processed, and why it stopped."""
+
+    batches: list[BatchMetrics]
+    stopped: str
+
+    @property
+    def rows_in(self) -> int:
+        return sum(b.rows_in for b in self.batches)
+
+    def emitted(self, table: str) -> int:
+        return sum(b.emitted(table) for b in self.batches)
+
+    @property
+    def last(self) -> BatchMetrics | None:
+        return self.batches[-1] if self.batches else None

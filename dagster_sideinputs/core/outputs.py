@@ -1,0 +1,93 @@
+"""What the user function receives (side input views) and returns (tagged outputs)."""
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from pyspark.sql import DataFrame
+
+from dagster_sideinputs.core.declarations import MAIN, OutputTag
+from dagster_sideinputs.errors import DeclarationError, UndeclaredOutputTagError, did_you_mean
+
+Outputs: TypeAlias = DataFrame | Mapping[OutputTag | str, DataFrame]
+"""A frames-mode function returns the main output, or ``{MAIN: df, tag: df, ...}``."""
+
+
+class SideInputs(Mapping[str, Any]):
+    """The side inputs of a micro-batch, by name, as the function sees them.
+
+    ``sides["rules"]`` is a singleton's row (or its default); any other view is a
+    DataFrame of the side rows at the batch's pinned version (with a ``_dsi_side_ns``
+    column for windowed side inputs). Keyed views are also already joined to the main
+    records as a column named after the side input. Values are computed on first use.
+    """
+
+    def __init__(self, getters: Mapping[str, Callable[[], Any]]) -> None:
+        self._getters = dict(getters)
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._getters:
+            raise DeclarationError(
+                f"No side input named {name!r}; declared: {sorted(self._getters)}."
+                + did_you_mean(name, self._getters),
+                fix="use one of the names given in side_inputs={...}",
+            )
+        if name not in self._values:
+            self._values[name] = self._getters[name]()
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._getters)
+
+    def __len__(self) -> int:
+        return len(self._getters)
+
+    def __repr__(self) -> str:
+        return f"SideInputs({sorted(self._getters)})"
+
+
+def undeclared_tag_error(name: str, declared: Sequence[str]) -> UndeclaredOutputTagError:
+    shown = sorted(n for n in declared if n != MAIN.name)
+    return UndeclaredOutputTagError(
+        f"The function emitted to output tag {name!r}, which is not declared. Declared side "
+        f"outputs: {shown} (and MAIN).{did_you_mean(name, shown)} Nothing was written.",
+        fix=f'add dsi.OutputTag("{name}") to side_outputs=[...], or emit to a declared tag',
+    )
+
+
+def resolve_tag(key: Any, declared: Mapping[str, OutputTag]) -> OutputTag:
+    """The declared tag a mapping key refers to (a tag, MAIN, or a tag name)."""
+    if isinstance(key, OutputTag):
+        name = key.name
+    elif isinstance(key, str):
+        name = key
+    else:
+        raise DeclarationError(
+            f"Output keys must be OutputTag objects or tag names, got {key!r}.",
+            fix="return {dsi.MAIN: df, my_tag: other_df}",
+        )
+    if name not in declared:
+        raise undeclared_tag_error(name, list(declared))
+    return declared[name]
+
+
+def normalize_outputs(result: Any, declared: Mapping[str, OutputTag]) -> dict[OutputTag, DataFrame]:
+    """A function's return value as ``{tag: DataFrame}``, validated against the declared tags."""
+    if isinstance(result, DataFrame):
+        return {MAIN: result}
+    if not isinstance(result, Mapping):
+        raise DeclarationError(
+            f"The function returned {type(result).__name__}; expected a DataFrame (the main "
+            "output) or a mapping {dsi.MAIN: df, tag: df}.",
+            fix="return the main output DataFrame, or a dict keyed by output tags",
+        )
+    outputs: dict[OutputTag, DataFrame] = {}
+    for key, value in result.items():
+        tag = resolve_tag(key, declared)
+        if not isinstance(value, DataFrame):
+            raise DeclarationError(
+                f"Output {tag!r} is a {type(value).__name__}, not a Spark DataFrame.",
+                fix="return Spark DataFrames for every tag",
+            )
+        outputs[tag] = value
+    return outputs

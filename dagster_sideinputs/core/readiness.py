@@ -1,0 +1,149 @@
+"""Readiness: when a side input may be used for a namespace.
+
+The operator asks a :class:`ReadinessProvider` once per micro-batch, for every side
+input and every side namespace in play, and records the answers in the batch plan
+(so a replay decides exactly the same). Without Dagster, :class:`DeltaReadiness`
+decides from the side Delta tables themselves; the Dagster layer supplies a provider
+that reads materializations, partitions and freshness policies from the instance.
+"""
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dagster_sideinputs.core.declarations import Readiness, SideInput
+from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
+from dagster_sideinputs.delta.table import TableSnapshot
+
+WindowSpan = tuple[dt.datetime, dt.datetime]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether one side input is ready for one namespace, and why (shown to users)."""
+
+    ready: bool
+    reason: str
+
+
+@dataclass
+class SideFacts:
+    """What a provider may look at for one side input at the batch's pinned version.
+
+    Attributes:
+        name: the side input's name in the operator.
+        side: its declaration.
+        snapshot: the pinned table version, or None when the table does not exist.
+        window_row_counts: rows per side window for the given windows (a small Spark
+            job on the side table); only for windowed side inputs.
+        max_event_time: largest value of the side's time column (from file stats).
+    """
+
+    name: str
+    side: SideInput
+    snapshot: TableSnapshot | None
+    window_row_counts: Callable[[Sequence[WindowSpan]], Mapping[str, int]] = field(
+        default=lambda windows: {}
+    )
+    max_event_time: Callable[[], dt.datetime | None] = field(default=lambda: None)
+
+
+def effective_readiness(side: SideInput, *, has_freshness_policy: bool = False) -> Readiness:
+    """The rule a side input follows when it does not name one."""
+    if side.readiness is not None:
+        return side.readiness
+    if side.window is not None:
+        return "complete"
+    if side.max_age is not None or has_freshness_policy:
+        return "fresh"
+    return "present"
+
+
+class ReadinessProvider(Protocol):
+    """Decides readiness of one side input for the side namespaces a batch needs.
+
+    ``windows`` is None for a non-windowed side input (decide for ``global``);
+    otherwise the side windows in play. Returns a decision per namespace id.
+    """
+
+    def decide(
+        self, facts: SideFacts, windows: Sequence[WindowSpan] | None, now: dt.datetime
+    ) -> dict[str, Decision]: ...
+
+
+def _age(now: dt.datetime, then: dt.datetime) -> str:
+    seconds = int((as_utc(now) - as_utc(then)).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+class DeltaReadiness:
+    """Readiness from the side Delta tables alone (no orchestrator).
+
+    - ``present``: the table (or the window) holds at least one row.
+    - ``complete``: non-windowed: the table exists (one committed version);
+      windowed: the side table holds data at or after the window's end, i.e. a
+      later window has started, so this one will not change.
+    - ``fresh``: the table's last commit is at most ``max_age`` old.
+    """
+
+    def decide(
+        self, facts: SideFacts, windows: Sequence[WindowSpan] | None, now: dt.datetime
+    ) -> dict[str, Decision]:
+        snapshot = facts.snapshot
+        keys = [GLOBAL] if windows is None else [namespace_id(start) for start, _ in windows]
+        if snapshot is None:
+            reason = f"side table {facts.side.asset!r} does not exist yet"
+            return {key: Decision(False, reason) for key in keys}
+        rule = effective_readiness(facts.side)
+        if rule == "fresh":
+            return {key: self._fresh(facts, snapshot, now) for key in keys}
+        if windows is None:
+            return {GLOBAL: self._global(rule, snapshot)}
+        if rule == "present":
+            counts = facts.window_row_counts(windows)
+            return {
+                namespace_id(start): Decision(
+                    counts.get(namespace_id(start), 0) > 0,
+                    f"{counts.get(namespace_id(start), 0)} row(s) in the window",
+                )
+                for start, _ in windows
+            }
+        latest = facts.max_event_time()
+        return {
+            namespace_id(start): Decision(
+                latest is not None and as_utc(latest) >= as_utc(end),
+                f"side data reaches {latest.isoformat() if latest else 'nothing'}; "
+                f"window ends {as_utc(end).isoformat()}",
+            )
+            for start, end in windows
+        }
+
+    @staticmethod
+    def _global(rule: Readiness, snapshot: TableSnapshot) -> Decision:
+        if rule == "complete":
+            return Decision(True, f"materialized (version {snapshot.version})")
+        rows = snapshot.num_records
+        has_rows = bool(snapshot.files) if rows is None else rows > 0
+        return Decision(
+            has_rows,
+            f"{rows if rows is not None else 'some'} row(s) at version {snapshot.version}"
+            if has_rows
+            else f"no rows yet (version {snapshot.version})",
+        )
+
+    @staticmethod
+    def _fresh(facts: SideFacts, snapshot: TableSnapshot, now: dt.datetime) -> Decision:
+        max_age = facts.side.max_age
+        assert max_age is not None  # the operator checks this at construction
+        age = as_utc(now) - as_utc(snapshot.commit_timestamp)
+        verdict = "fresh" if age <= max_age else "stale"
+        return Decision(
+            age <= max_age,
+            f"{verdict}: last commit {_age(now, snapshot.commit_timestamp)} ago "
+            f"(version {snapshot.version}), max age {max_age}",
+        )

@@ -1,0 +1,175 @@
+"""Row mode: Flink-style per-record functions, ``fn(record, ctx)``.
+
+The released records (with keyed side inputs already joined) go through
+``mapInArrow``: on each executor, records are handed to the function one at a time
+as :class:`Record` dicts; the function yields main-output records and emits side
+outputs with ``ctx.output(tag, record)``. Broadcast views (singletons, lists, maps
+without a key relation) are computed on the driver once per batch and shipped with
+the function, so ``ctx.side_input(name)`` is a local lookup.
+
+Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
+records come back as one DataFrame with a struct column per tag, which the operator
+persists and splits, so the Python function runs once per record.
+"""
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from dagster_sideinputs.core.declarations import MAIN, OutputTag
+from dagster_sideinputs.core.outputs import undeclared_tag_error
+from dagster_sideinputs.errors import DeclarationError
+
+TAG_COLUMN = "_dsi_tag"
+
+RowFunction = Callable[["Record", "RowContext"], Iterable[Any] | None]
+
+
+class Record(dict):
+    """One record: a dict that also allows attribute access (``record.amount``)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _wrap(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Record({k: _wrap(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+class RowContext:
+    """What a row function may ask while processing one record (executor side)."""
+
+    def __init__(
+        self,
+        tags: Mapping[str, OutputTag],
+        broadcast_values: Mapping[str, Any],
+        joined: Sequence[str],
+    ) -> None:
+        self._tags = tags
+        self._broadcast = broadcast_values
+        self._joined = set(joined)
+        self._record: dict[str, Any] = {}
+        self.emitted: dict[str, list[Any]] = {name: [] for name in tags}
+
+    def side_input(self, name: str) -> Any:
+        """A side input as this record sees it.
+
+        Keyed map / multimap views give the row (list of rows) for the record's key;
+        singletons give their value; other views give the whole view (a list of rows,
+        or a dict key -> row for maps without a key relation).
+        """
+        if name in self._joined:
+            return _wrap(self._record.get(name))
+        if name in self._broadcast:
+            return self._broadcast[name]
+        known = sorted(self._joined | set(self._broadcast))
+        raise DeclarationError(f"No side input named {name!r}; declared: {known}.")
+
+    def output(self, tag: OutputTag | str, record: Any) -> None:
+        """Emit a record to a declared side output."""
+        name = tag.name if isinstance(tag, OutputTag) else tag
+        if name not in self.emitted or name == MAIN.name:
+            raise undeclared_tag_error(name, list(self._tags))
+        self.emitted[name].append(record)
+
+
+def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
+    if isinstance(record, Row):
+        return record.asDict(recursive=True)
+    if isinstance(record, dict):
+        return record
+    if isinstance(record, tuple | list):
+        return dict(zip(schema.fieldNames(), record, strict=False))
+    raise DeclarationError(
+        f"Row functions must yield dicts, Rows or tuples; got {type(record).__name__}."
+    )
+
+
+def tagged_schema(tags: Sequence[OutputTag]) -> T.StructType:
+    """One tag column and one struct column per output tag."""
+    fields = [T.StructField(TAG_COLUMN, T.StringType())]
+    for index, tag in enumerate(tags):
+        assert tag.schema is not None
+        fields.append(T.StructField(f"_dsi_out_{index}", tag.schema))
+    return T.StructType(fields)
+
+
+def run_row_function(
+    released: DataFrame,
+    fn: RowFunction,
+    *,
+    tags: Sequence[OutputTag],
+    broadcast_values: Mapping[str, Any],
+    joined_columns: Sequence[str],
+    record_columns: Sequence[str],
+) -> DataFrame:
+    """Apply a row function to every released record; returns the tagged DataFrame.
+
+    ``tags[0]`` is the main output. Each tag must carry a schema.
+    """
+    missing = [tag for tag in tags if tag.schema is None]
+    if missing:
+        raise DeclarationError(
+            f"Row mode needs a schema for every output; missing for {missing}.",
+            fix='declare OutputTag("name", schema=T.StructType([...])) (and main_output= '
+            "an OutputTag with a schema)",
+        )
+    schema = tagged_schema(tags)
+    arrow_schema = to_arrow_schema(schema)
+    tag_names = [tag.name for tag in tags]
+    declared = {tag.name: tag for tag in tags}
+    record_fields = list(record_columns)
+    joined = list(joined_columns)
+
+    def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = RowContext(declared, broadcast_values, joined)
+        struct_types = [arrow_schema.field(f"_dsi_out_{i}").type for i in range(len(tags))]
+        for batch in batches:
+            columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+            main_out: list[Any] = []
+            for row_index in range(batch.num_rows):
+                record = Record({name: columns[name][row_index] for name in record_fields})
+                ctx._record = {name: columns[name][row_index] for name in joined}
+                produced = fn(record, ctx)
+                if produced is not None:
+                    main_out.extend(produced)
+            ctx.emitted[tag_names[0]] = main_out
+            for index, name in enumerate(tag_names):
+                items = ctx.emitted[name]
+                if not items:
+                    continue
+                tag_schema = declared[name].schema
+                assert tag_schema is not None
+                values = [_as_dict(item, tag_schema) for item in items]
+                arrays = [pa.array([name] * len(values), pa.string())]
+                for other, struct_type in enumerate(struct_types):
+                    if other == index:
+                        arrays.append(pa.array(values, type=struct_type))
+                    else:
+                        arrays.append(pa.nulls(len(values), struct_type))
+                yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+                ctx.emitted[name] = []
+
+    return released.mapInArrow(process, schema)
+
+
+def split_tagged(tagged: DataFrame, tags: Sequence[OutputTag]) -> dict[OutputTag, DataFrame]:
+    """The per-tag DataFrames of a tagged result."""
+    return {
+        tag: tagged.filter(F.col(TAG_COLUMN) == tag.name).select(f"_dsi_out_{index}.*")
+        for index, tag in enumerate(tags)
+    }

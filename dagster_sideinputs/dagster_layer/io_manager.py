@@ -1,0 +1,167 @@
+"""Spark DataFrames stored as Delta tables, one table per asset."""
+
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.writer import WriteResult
+from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError
+
+DEFAULT_PARTITION_COLUMN = "partition"
+_WRITE_MODES = ("overwrite", "append")
+_SCHEMA_MODES = ("merge", "overwrite")
+
+
+def table_schema_metadata(schema: T.StructType) -> dg.TableSchema:
+    """A Spark schema as Dagster column-schema metadata (the UI's Columns tab)."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name=f.name, type=f.dataType.simpleString()) for f in schema.fields]
+    )
+
+
+def write_metadata(result: WriteResult, schema: T.StructType) -> dict[str, Any]:
+    """Materialization metadata of one Delta write."""
+    return {
+        "dagster/uri": dg.MetadataValue.path(result.uri),
+        "dagster/row_count": result.num_rows,
+        "dagster/column_schema": table_schema_metadata(schema),
+        "delta_version": result.version,
+        "files_added": result.num_files,
+        "bytes_added": result.num_bytes,
+        "write_seconds": round(result.duration_s, 3),
+    }
+
+
+class DeltaIOManager(dg.ConfigurableIOManager):
+    """Stores asset outputs that are Spark DataFrames as Delta tables, and loads them back.
+
+    The table of asset ``["payments", "fx_rates"]`` lives at ``<root>/payments/fx_rates``.
+    Writes go through the delta-rs bridge (Spark writes the files; nothing is collected).
+
+    Asset metadata it reads:
+
+    - ``write_mode``: ``"overwrite"`` (default) or ``"append"``.
+    - ``schema_mode``: ``"merge"`` to add new columns on append, ``"overwrite"`` to
+      replace the schema on overwrite.
+    - ``partition_by``: partition columns of an unpartitioned asset's table.
+    - ``partition_column``: for partitioned assets, the Delta partition column that
+      holds the Dagster partition key (default ``"partition"``). A run writes only its
+      partition(s); loading a partitioned input reads only the mapped partitions.
+
+    Each materialization reports the Delta version, rows written, files, path and the
+    column schema.
+
+    Examples:
+        .. code-block:: python
+
+            spark = SparkResource()
+            defs = dg.Definitions(
+                assets=[orders, daily_totals],
+                resources={"spark": spark,
+                           "io_manager": DeltaIOManager(root="/data/lake", spark=spark)},
+            )
+    """
+
+    root: str = Field(description="Folder or object store URI under which tables live.")
+    storage_options: dict[str, str] = Field(
+        default_factory=dict, description="delta-rs object store options (credentials, ...)."
+    )
+    spark: dg.ResourceDependency[SparkResource]
+
+    @property
+    def storage(self) -> DeltaStorage:
+        """Where tables live, as the core layer sees it."""
+        return DeltaStorage(root=self.root, storage_options=dict(self.storage_options))
+
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        if obj is None:
+            return
+        asset = context.asset_key.to_user_string()
+        if not isinstance(obj, DataFrame):
+            raise DeclarationError(
+                f"Asset {asset} returned a {type(obj).__name__}; DeltaIOManager stores Spark "
+                "DataFrames.",
+                fix="return a pyspark.sql.DataFrame, or give this asset another io_manager_key",
+            )
+        metadata: Mapping[str, Any] = context.definition_metadata or {}
+        mode = metadata.get("write_mode", "overwrite")
+        if mode not in _WRITE_MODES:
+            raise DeclarationError(
+                f"Asset {asset} has write_mode={mode!r}; expected one of {_WRITE_MODES}.",
+                fix='set metadata={"write_mode": "append"} or "overwrite"',
+            )
+        schema_mode = metadata.get("schema_mode")
+        if schema_mode is not None and schema_mode not in _SCHEMA_MODES:
+            # The writer treats an unknown mode like none, which would hide the typo.
+            raise DeclarationError(
+                f"Asset {asset} has schema_mode={schema_mode!r}; expected one of {_SCHEMA_MODES}.",
+                fix='set metadata={"schema_mode": "merge"} or "overwrite", or leave it out',
+            )
+        uri = self.storage.table_uri(context.asset_key.path)
+        data, partition_by, replace = self._partitioning(context, obj, metadata, asset)
+        result = self.storage.delta.write(
+            data,
+            uri,
+            mode=mode,
+            partition_by=partition_by,
+            replace_partition=replace if mode == "overwrite" else None,
+            schema_mode=schema_mode,
+            name=asset,
+            commit_metadata={"dagster.run_id": context.run_id, "dagster.asset": asset},
+        )
+        context.add_output_metadata(write_metadata(result, data.schema))
+
+    def _partitioning(
+        self, context: dg.OutputContext, df: DataFrame, metadata: Mapping[str, Any], asset: str
+    ) -> tuple[DataFrame, list[str] | None, dict[str, Any] | None]:
+        if not context.has_asset_partitions:
+            partition_by = metadata.get("partition_by")
+            # A bare string would otherwise be split into one column per character.
+            return df, [partition_by] if isinstance(partition_by, str) else partition_by, None
+        column = metadata.get("partition_column", DEFAULT_PARTITION_COLUMN)
+        keys = list(context.asset_partition_keys)
+        if len(keys) == 1:
+            if column in df.columns:
+                raise SchemaMismatchError(
+                    f"Asset {asset} already has a column {column!r}, which DeltaIOManager "
+                    "uses for the partition key.",
+                    fix=f'set metadata={{"partition_column": "<another name>"}} or drop {column!r}',
+                )
+            return df.withColumn(column, F.lit(keys[0])), [column], {column: keys[0]}
+        if column not in df.columns:
+            raise SchemaMismatchError(
+                f"Asset {asset} materializes {len(keys)} partitions in one run, so its "
+                f"DataFrame must say which partition each row belongs to in column {column!r}.",
+                fix=f'add F.lit(<partition key>).alias("{column}") per row, or run one '
+                "partition per run",
+            )
+        return df, [column], {column: keys}
+
+    def load_input(self, context: dg.InputContext) -> DataFrame:
+        asset_key = context.asset_key
+        asset = asset_key.to_user_string()
+        uri = self.storage.table_uri(asset_key.path)
+        snapshot = self.storage.delta.snapshot(uri, name=asset)
+        partition_filter = None
+        keys: list[str] = []
+        if context.has_asset_partitions:
+            upstream = context.upstream_output
+            upstream_metadata = (upstream.definition_metadata if upstream else None) or {}
+            column = upstream_metadata.get("partition_column", DEFAULT_PARTITION_COLUMN)
+            keys = list(context.asset_partition_keys)
+            partition_filter = {column: keys}
+        frame = self.storage.delta.read_snapshot(
+            self.spark.spark_session, snapshot, partition_filter=partition_filter, name=asset
+        )
+        # Dagster records input metadata as an observation of one partition, and refuses
+        # it when the input spans several (e.g. an unpartitioned downstream asset).
+        if partition_filter is None or len(keys) == 1:
+            context.add_input_metadata({"delta_version": snapshot.version})
+        return frame
