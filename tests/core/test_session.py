@@ -1,0 +1,221 @@
+"""Building the SparkSession: the Java check, shuffle partitions, required settings.
+
+The Java tests point JAVA_HOME / PATH at tiny fake ``java`` scripts, so they check our
+parsing without starting a JVM. Everything else uses the one shared test session.
+"""
+
+import datetime as dt
+import os
+import stat
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from dagster_sideinputs.core.session import (
+    MIN_JAVA_MAJOR,
+    REQUIRED_CONFIGS,
+    build_spark_session,
+    check_java,
+    default_shuffle_partitions,
+    find_java,
+    java_major_version,
+)
+from dagster_sideinputs.errors import SparkStartupError
+
+INSTALL_HINT = "openjdk-17-jre-headless"
+
+
+def fake_java(home: Path, script: str) -> Path:
+    """A ``<home>/bin/java`` shell script; returns its path."""
+    java = home / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f"#!/bin/sh\n{script}\n")
+    java.chmod(java.stat().st_mode | stat.S_IXUSR)
+    return java
+
+
+def banner(version: str) -> str:
+    """What ``java -version`` prints (to stderr), e.g. for ``1.8.0_392``."""
+    return f"echo 'openjdk version \"{version}\" 2024-01-16' >&2\necho 'OpenJDK Runtime' >&2"
+
+
+def connect_client_installed() -> bool:
+    try:
+        import pyspark.sql.connect.session  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --- the Java check --------------------------------------------------------------------
+
+
+def test_java_home_without_java_raises_with_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(SparkStartupError, match=r"Java 17\+ but no executable") as info:
+        check_java()
+    assert str(tmp_path / "bin" / "java") in info.value.message
+    assert INSTALL_HINT in str(info.value.fix)
+
+
+def test_no_java_on_path_raises_with_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SparkStartupError, match=r"no `java` on PATH was found") as info:
+        check_java()
+    assert INSTALL_HINT in str(info.value.fix)
+
+
+def test_java_8_is_rejected_with_the_install_hint(monkeypatch, tmp_path):
+    java = fake_java(tmp_path / "jdk8", banner("1.8.0_392"))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk8"))
+    with pytest.raises(SparkStartupError, match=r"needs Java 17\+, but .* is Java 8\.") as info:
+        check_java()
+    assert str(java) in info.value.message
+    assert INSTALL_HINT in str(info.value.fix)
+
+
+def test_java_11_is_rejected(monkeypatch, tmp_path):
+    fake_java(tmp_path / "jdk11", banner("11.0.22"))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk11"))
+    with pytest.raises(SparkStartupError, match=r"is Java 11\."):
+        check_java()
+
+
+@pytest.mark.parametrize(
+    ("version", "major"),
+    [("1.8.0_392", 8), ("9.0.4", 9), ("17.0.15", 17), ("21", 21), ("25-ea", 25)],
+)
+def test_java_version_banner_gives_the_major_version(tmp_path, version, major):
+    java = fake_java(tmp_path, banner(version))
+    assert java_major_version(str(java)) == major
+
+
+def test_java_17_from_java_home_passes(monkeypatch, tmp_path):
+    fake_java(tmp_path, banner("17.0.15"))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    assert check_java() == 17
+
+
+def test_java_on_path_is_used_when_java_home_is_unset(monkeypatch, tmp_path):
+    java = fake_java(tmp_path, banner("21.0.2"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(java.parent))
+    assert find_java() == str(java)
+    assert check_java() == 21
+
+
+def test_java_home_wins_over_java_on_path(monkeypatch, tmp_path):
+    on_path = fake_java(tmp_path / "path", banner("21.0.2"))
+    fake_java(tmp_path / "home", banner("1.8.0_392"))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "home"))
+    with pytest.raises(SparkStartupError, match="is Java 8"):
+        check_java()
+
+
+def test_java_that_prints_no_version_raises_what_it_printed(tmp_path):
+    java = fake_java(tmp_path, "echo 'Error: could not open jvm.cfg' >&2\nexit 1")
+    with pytest.raises(SparkStartupError, match="printed no version: 'Error: could not open"):
+        java_major_version(str(java))
+
+
+def test_java_that_hangs_times_out_instead_of_hanging(tmp_path):
+    java = fake_java(tmp_path, "exec sleep 30")
+    with pytest.raises(SparkStartupError, match="Could not run") as info:
+        java_major_version(str(java), timeout_s=0.5)
+    assert INSTALL_HINT in str(info.value.fix)
+
+
+def test_installed_java_is_recent_enough():
+    assert check_java() >= MIN_JAVA_MAJOR
+
+
+def test_missing_java_fails_before_any_session_is_built(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(SparkStartupError, match="Java 17"):
+        build_spark_session(master="local[2]", ui_enabled=False)
+
+
+# --- shuffle partitions -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("master", "partitions"),
+    [
+        ("local[2]", 4),
+        ("local[1]", 4),
+        ("local[8]", 16),
+        ("local[3,2]", 6),
+        ("local", 4),
+        ("local[*]", 32),
+        ("local[*,4]", 32),
+        ("spark://x:7077", None),
+        ("yarn", None),
+        ("local-cluster[2,1,1024]", None),
+    ],
+)
+def test_default_shuffle_partitions_are_two_per_local_core(monkeypatch, master, partitions):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_shuffle_partitions(master) == partitions
+
+
+# --- the session ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(REQUIRED_CONFIGS.items()))
+def test_running_session_has_the_required_config(spark, key, value):
+    assert spark.conf.get(key) == value
+
+
+def test_session_time_zone_is_utc(spark):
+    assert spark.sql("select current_timezone() as tz").first().tz == "UTC"
+
+
+def test_timestamps_are_written_as_utc_microseconds(spark, tmp_path):
+    at = dt.datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=dt.timezone.utc)
+    spark.createDataFrame([(at,)], "at timestamp").coalesce(1).write.parquet(str(tmp_path / "t"))
+    [written] = (tmp_path / "t").glob("*.parquet")
+    table = pq.read_table(written)
+    assert str(table.schema.field("at").type) == "timestamp[us, tz=UTC]"
+    assert table.column("at")[0].as_py() == at
+
+
+def test_spark_writes_no_success_marker_files(spark, tmp_path):
+    spark.range(3).write.parquet(str(tmp_path / "t"))
+    assert not (tmp_path / "t" / "_SUCCESS").exists()
+
+
+def test_building_again_returns_the_running_session(spark):
+    again = build_spark_session(
+        master="local[2]", ui_enabled=False, shuffle_partitions=4, log_level="ERROR"
+    )
+    assert again is spark
+
+
+def test_master_ui_and_shuffle_options_reach_the_session(spark):
+    assert spark.sparkContext.master == "local[2]"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
+    assert spark.sparkContext.getConf().get("spark.ui.enabled") == "false"
+
+
+# --- Spark Connect -----------------------------------------------------------------------
+
+
+def test_remote_url_fails_fast_with_startup_error_and_keeps_the_classic_session(spark):
+    # Without the Connect client this fails on import; with it, pyspark refuses to mix
+    # a remote session with the running classic one. Neither contacts the URL.
+    with pytest.raises(SparkStartupError, match=r"sc://127\.0\.0\.1:1"):
+        build_spark_session(remote="sc://127.0.0.1:1")
+    assert SparkSession.getActiveSession() is spark
+    assert spark.range(3).count() == 3
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+@pytest.mark.skipif(connect_client_installed(), reason="the Spark Connect client is installed")
+def test_remote_url_without_connect_client_says_what_to_install():
+    with pytest.raises(SparkStartupError, match="needs the Spark Connect client") as info:
+        build_spark_session(remote="sc://127.0.0.1:1")
+    assert 'pip install "pyspark[connect]==4.1.*"' in str(info.value.fix)
