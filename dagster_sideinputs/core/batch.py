@@ -34,7 +34,6 @@ from dagster_sideinputs.core.buffer import (
     FINGERPRINT,
     FIRST_SEEN,
     KEY_GROUP,
-    KEYWAIT_SLOT,
     REASON,
     SLOT,
     BufferState,
@@ -692,8 +691,9 @@ class BatchRunner:
             )
         waiting = classified.filter(F.col(ROUTE).isin(*BUFFER_ROUTES)).withColumn(
             SLOT,
-            F.when(F.col(ROUTE) == "key_wait", F.lit(KEYWAIT_SLOT)).otherwise(
-                F.concat(F.lit("ns="), F.col(NS_ID))
+            F.concat(
+                F.when(F.col(ROUTE) == "key_wait", F.lit("key=")).otherwise(F.lit("ns=")),
+                F.col(NS_ID),
             ),
         )
         removed = state.files(plan.read_slots)

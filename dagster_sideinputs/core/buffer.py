@@ -1,8 +1,8 @@
 """The buffer: main records waiting for readiness, stored durably in a Delta table.
 
 The table is partitioned by *slot*: one slot per main namespace whose side inputs
-are not ready (``ns=<namespace>``) and one slot, ``keywait``, for records waiting for
-the side row of their key. A namespace becomes ready as a whole, so releasing it
+are not ready (``ns=<namespace>``) and one per namespace for records waiting for the
+side row of their key (``key=<namespace>``). A namespace becomes ready as a whole, so releasing it
 removes its slot's files in the same commit that adds the batch's newly buffered
 records: the cost is that of the released records, not of the whole buffer.
 Key-waiting records are re-checked together and rewritten when a keyed side input
@@ -29,17 +29,26 @@ FIRST_SEEN = "_dsi_first_seen"
 BATCH = "_dsi_batch"
 FINGERPRINT = "_dsi_fingerprint"
 REASON = "_dsi_reason"
-KEYWAIT_SLOT = "keywait"
 
 BOOKKEEPING = (NS_START, NS_END, KEY_GROUP, FIRST_SEEN, BATCH, FINGERPRINT, REASON, SLOT)
 
 
 def namespace_slot(namespace: str) -> str:
+    """The slot of records waiting for their namespace to become ready."""
     return f"ns={namespace}"
 
 
-def slot_namespace(slot: str) -> str | None:
-    return slot[3:] if slot.startswith("ns=") else None
+def keywait_slot(namespace: str) -> str:
+    """The slot of records of a ready namespace waiting for the side row of their key."""
+    return f"key={namespace}"
+
+
+def slot_namespace(slot: str) -> str:
+    return slot.split("=", 1)[1]
+
+
+def is_keywait(slot: str) -> bool:
+    return slot.startswith("key=")
 
 
 def fingerprint(columns: Sequence[str]) -> Column:
@@ -82,10 +91,11 @@ class BufferState:
         return min(present) if present else None
 
     def namespaces(self) -> list[str]:
-        return sorted(ns for slot in self.slots() if (ns := slot_namespace(slot)) is not None)
+        """Every namespace with buffered records."""
+        return sorted({slot_namespace(slot) for slot in self.slots()})
 
-    def has_keywait(self) -> bool:
-        return KEYWAIT_SLOT in self.slots()
+    def keywait_slots(self) -> list[str]:
+        return [slot for slot in self.slots() if is_keywait(slot)]
 
 
 def to_buffer_rows(df: DataFrame, main_columns: Sequence[str], reason: Column) -> DataFrame:

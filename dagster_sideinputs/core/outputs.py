@@ -74,7 +74,7 @@ def resolve_tag(key: Any, declared: Mapping[str, OutputTag]) -> OutputTag:
 def normalize_outputs(result: Any, declared: Mapping[str, OutputTag]) -> dict[OutputTag, DataFrame]:
     """A function's return value as ``{tag: DataFrame}``, validated against the declared tags."""
     if isinstance(result, DataFrame):
-        return {MAIN: result}
+        return {declared[MAIN.name]: result}
     if not isinstance(result, Mapping):
         raise DeclarationError(
             f"The function returned {type(result).__name__}; expected a DataFrame (the main "

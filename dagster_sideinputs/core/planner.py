@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.buffer import KEYWAIT_SLOT, BufferState, namespace_slot
+from dagster_sideinputs.core.buffer import BufferState, keywait_slot, namespace_slot
 from dagster_sideinputs.core.keyed import check_pre_keyed
 from dagster_sideinputs.core.plan import BatchPlan, MainRange, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision, SideFacts
@@ -191,7 +191,7 @@ class Planner:
 
         namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
         if spec.window is None:
-            if not main_range.is_empty or namespace_slot(GLOBAL) in buffer.slots():
+            if not main_range.is_empty or GLOBAL in buffer.namespaces():
                 namespaces[GLOBAL] = (None, None)
         else:
             if not main_range.is_empty:
@@ -340,11 +340,11 @@ class Planner:
             return []
         if self._overflow_due(buffer, main_files, now):
             return slots
-        chosen = [
-            namespace_slot(ns) for ns in buffer.namespaces() if plans.get(ns) and plans[ns].ready
-        ]
-        if KEYWAIT_SLOT in slots and self._recheck_keys(buffer, side_snapshots, previous, now):
-            chosen.append(KEYWAIT_SLOT)
+        ready = {ns for ns, plan in plans.items() if plan.ready}
+        chosen = [namespace_slot(ns) for ns in ready if namespace_slot(ns) in slots]
+        waiting = [keywait_slot(ns) for ns in ready if keywait_slot(ns) in slots]
+        if waiting and self._recheck_keys(buffer, side_snapshots, previous, now):
+            chosen.extend(waiting)
         return sorted(chosen)
 
     def _recheck_keys(
@@ -362,7 +362,7 @@ class Planner:
             before = previous.side_versions.get(bound.name) if previous else None
             if snapshot is not None and snapshot.version != before:
                 return True
-        oldest = buffer.oldest([KEYWAIT_SLOT])
+        oldest = buffer.oldest(buffer.keywait_slots())
         shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
         return oldest is None or as_utc(oldest) + shortest <= as_utc(now)
 

@@ -61,7 +61,12 @@ class Lake:
         kwargs.setdefault("storage", self.storage)
         return dsi.SideInputOperator(**kwargs)
 
-    def run(self, op: dsi.SideInputOperator, clock: Callable[[], dt.datetime] | None = None, **kwargs: Any) -> dsi.RunResult:
+    def run(
+        self,
+        op: dsi.SideInputOperator,
+        clock: Callable[[], dt.datetime] | None = None,
+        **kwargs: Any,
+    ) -> dsi.RunResult:
         if clock is not None:
             kwargs["clock"] = clock
         return op.run(self.spark, **kwargs)

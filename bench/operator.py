@@ -1,0 +1,938 @@
+"""Benchmark: the side-input operator against hand-written Spark jobs, measured in one run.
+
+    python bench/operator.py --rows 4000000 --side-rows 200000 --repeats 3
+
+Sections (``--only`` runs one):
+
+- ``frames``: ``SideInputOperator`` in frames mode (a broadcast map side input joined by
+  key, a singleton threshold, a main output and a ``suspicious`` side output), against
+  the Structured Streaming ``foreachBatch`` job an engineer would write by hand
+  (``readStream.parquet`` over the Delta table's folder, ``availableNow``, broadcast
+  join, persist, two parquet appends).
+- ``rows``: the operator in rows mode (``fn(record, ctx)``) against ``mapInPandas`` with a
+  broadcast dict looked up per record, both emitting the same two outputs.
+- ``buffer``: the cost of one batch that releases B buffered rows of a windowed
+  operator, for several buffer sizes at fixed B and several B at a fixed buffer size.
+- ``prekeyed``: a keyed (shuffled) map side input over a main table partitioned by key
+  group, read as pre-keyed (``KeyGroups``) against the same operator without it; speed,
+  shuffle bytes and Exchange counts from Spark's REST API.
+
+Every comparison runs its variants in turn within each repeat, on the same data, and
+prints medians and ratios against the baseline measured in the same run.
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Keep Spark (and its UI, read below over the REST API) on the loopback interface.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+import dagster_sideinputs as dsi
+
+MAIN_COLUMNS = ["tx_id", "customer_id", "amount", "currency", "ts"]
+THRESHOLD = 950.0  # about 5% of the amounts (uniform in [0, 1000))
+KEY_GROUPS = 16
+BASE_EPOCH = 1_704_067_200  # 2024-01-01T00:00:00Z
+HOUR = dt.timedelta(hours=1)
+CURRENCIES = ("USD", "EUR", "GBP", "JPY")
+
+SUSPICIOUS = dsi.OutputTag("suspicious")
+ENRICHED_SCHEMA = T.StructType(
+    [
+        T.StructField("tx_id", T.LongType()),
+        T.StructField("customer_id", T.LongType()),
+        T.StructField("amount", T.DoubleType()),
+        T.StructField("currency", T.StringType()),
+        T.StructField("ts", T.TimestampType()),
+        T.StructField("name", T.StringType()),
+    ]
+)
+ROWS_MAIN = dsi.OutputTag("enriched", schema=ENRICHED_SCHEMA)
+ROWS_SUSPICIOUS = dsi.OutputTag("suspicious", schema=ENRICHED_SCHEMA)
+FLAGGED_SCHEMA = T.StructType(
+    [*ENRICHED_SCHEMA.fields, T.StructField("is_suspicious", T.BooleanType())]
+)
+
+
+# --- user functions (the same logic for the operator and the baselines) -----------------------
+
+
+def enrich_frames(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
+    threshold = sides["rules"].threshold
+    enriched = main.select(
+        *[F.col(c) for c in MAIN_COLUMNS],
+        F.col("profile.name").alias("name"),
+        F.col("profile.segment").alias("segment"),
+        F.col("profile.risk_score").alias("risk_score"),
+    )
+    return {dsi.MAIN: enriched, SUSPICIOUS: enriched.filter(F.col("amount") > F.lit(threshold))}
+
+
+def enrich_row(record: dsi.Record, ctx: dsi.RowContext) -> Iterator[dict[str, Any]]:
+    profile = ctx.side_input("profile")
+    out = {
+        "tx_id": record["tx_id"],
+        "customer_id": record["customer_id"],
+        "amount": record["amount"],
+        "currency": record["currency"],
+        "ts": record["ts"],
+        "name": None if profile is None else profile["name"],
+    }
+    if record["amount"] > ctx.side_input("rules")["threshold"]:
+        ctx.output(ROWS_SUSPICIOUS, out)
+    yield out
+
+
+def convert_fx(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
+    return main.select(
+        *[F.col(c) for c in MAIN_COLUMNS],
+        F.col("fx.rate").alias("rate"),
+        (F.col("amount") * F.col("fx.rate")).alias("amount_eur"),
+    )
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def timed(action: Callable[[], object]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+def interleaved(
+    actions: dict[str, Callable[[int], Any]], repeats: int
+) -> tuple[dict[str, float], dict[str, list[Any]]]:
+    """Median seconds of each action, run in turn so drift hits all alike; and results."""
+    times: dict[str, list[float]] = {name: [] for name in actions}
+    results: dict[str, list[Any]] = {name: [] for name in actions}
+    for i in range(repeats):
+        for name, action in actions.items():
+            seconds, result = timed(lambda action=action, i=i: action(i))
+            times[name].append(seconds)
+            results[name].append(result)
+    return {name: statistics.median(values) for name, values in times.items()}, results
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+class SparkRest:
+    """Stage, job and SQL metrics of this application from the Spark UI's REST API."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        url = spark.sparkContext.uiWebUrl
+        if not url:
+            raise RuntimeError("the Spark UI is off; its REST API is needed for shuffle bytes")
+        port = url.rstrip("/").rsplit(":", 1)[-1]
+        app = spark.sparkContext.applicationId
+        self.base = f"http://127.0.0.1:{port}/api/v1/applications/{app}"
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.base + path, timeout=60) as response:
+            return json.loads(response.read())
+
+    def mark(self) -> dict[str, int]:
+        """The highest stage, job and SQL execution ids so far."""
+        stages = self._get("/stages")
+        jobs = self._get("/jobs")
+        sql = self._get("/sql?details=false&offset=0&length=100000")
+        return {
+            "stage": max((s["stageId"] for s in stages), default=-1),
+            "job": max((j["jobId"] for j in jobs), default=-1),
+            "sql": max((q["id"] for q in sql), default=-1),
+        }
+
+    def since(self, mark: dict[str, int]) -> dict[str, Any]:
+        """Shuffle bytes, Exchange nodes and jobs of everything run after ``mark``."""
+        stages = [s for s in self._get("/stages?status=complete") if s["stageId"] > mark["stage"]]
+        sql = [
+            q
+            for q in self._get("/sql?details=true&planDescription=false&offset=0&length=100000")
+            if q["id"] > mark["sql"]
+        ]
+        nodes = [n["nodeName"] for q in sql for n in q.get("nodes", [])]
+        jobs = [j for j in self._get("/jobs") if j["jobId"] > mark["job"]]
+        return {
+            "shuffle_write_bytes": sum(s.get("shuffleWriteBytes", 0) for s in stages),
+            "shuffle_read_bytes": sum(s.get("shuffleReadBytes", 0) for s in stages),
+            "shuffle_exchanges": sum(1 for n in nodes if n == "Exchange"),
+            "broadcast_exchanges": sum(1 for n in nodes if n == "BroadcastExchange"),
+            "jobs": [
+                {
+                    "id": j["jobId"],
+                    "name": j.get("name", ""),
+                    "seconds": _job_seconds(j),
+                    "stages": len(j.get("stageIds", [])),
+                }
+                for j in jobs
+            ],
+        }
+
+
+def _job_seconds(job: dict[str, Any]) -> float:
+    start, end = job.get("submissionTime"), job.get("completionTime")
+    if not start or not end:
+        return float("nan")
+    fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
+    parse = lambda s: dt.datetime.strptime(s.replace("GMT", "UTC"), fmt)  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+def transactions(spark: SparkSession, rows: int, customers: int) -> DataFrame:
+    return spark.range(rows).select(
+        F.col("id").alias("tx_id"),
+        ((F.col("id") * 7919) % customers).alias("customer_id"),
+        (F.rand(7) * 1000).alias("amount"),
+        F.expr("element_at(array('USD','EUR','GBP','JPY'), cast(id % 4 as int) + 1)").alias(
+            "currency"
+        ),
+        F.expr(f"timestamp_seconds({BASE_EPOCH} + id % 86400)").alias("ts"),
+    )
+
+
+def profiles(spark: SparkSession, rows: int) -> DataFrame:
+    return spark.range(rows).select(
+        F.col("id").alias("customer_id"),
+        F.concat(F.lit("customer_"), F.col("id").cast("string")).alias("name"),
+        F.expr(
+            "element_at(array('retail','business','private','vip'), cast(id % 4 as int) + 1)"
+        ).alias("segment"),
+        F.rand(3).alias("risk_score"),
+        F.expr("element_at(array('DE','FR','GB','US','JP'), cast(id % 5 as int) + 1)").alias(
+            "country"
+        ),
+    )
+
+
+def hourly_transactions(spark: SparkSession, sizes: list[int]) -> DataFrame:
+    """``sizes[h]`` records in hour ``h`` after BASE_EPOCH."""
+    bounds = [sum(sizes[: h + 1]) for h in range(len(sizes))]
+    hour = f"size(filter(array({', '.join(map(str, bounds))}), b -> b <= id))"
+    return spark.range(sum(sizes)).select(
+        F.col("id").alias("tx_id"),
+        (F.col("id") % 50_000).alias("customer_id"),
+        (F.rand(11) * 1000).alias("amount"),
+        F.expr("element_at(array('USD','EUR','GBP','JPY'), cast(id % 4 as int) + 1)").alias(
+            "currency"
+        ),
+        F.expr(f"timestamp_seconds({BASE_EPOCH} + ({hour}) * 3600 + id % 3600)").alias("ts"),
+    )
+
+
+def fx_rates(spark: SparkSession, hours: range) -> DataFrame:
+    """The rates of some hours, each stamped at its hour's start: once the rates of hour
+    ``h`` exist, the side data reaches the end of hour ``h - 1``, which is then complete."""
+    base = dt.datetime.fromtimestamp(BASE_EPOCH, dt.timezone.utc)
+    return spark.createDataFrame(
+        [
+            (c, 1.0 + 0.01 * i + 0.001 * hour, base + hour * HOUR)
+            for hour in hours
+            for i, c in enumerate(CURRENCIES)
+        ],
+        "currency string, rate double, ts timestamp",
+    )
+
+
+@dataclass
+class Lake:
+    """Input tables shared by all repeats; each operator run writes under its own root."""
+
+    work: Path
+    spark: SparkSession
+    args: argparse.Namespace
+    tables: dict[str, str] = field(default_factory=dict)
+    runs: int = 0
+
+    def fresh_root(self, label: str) -> Path:
+        self.runs += 1
+        return self.work / "runs" / f"{label}_{self.runs}"
+
+    def table(self, name: str, make: Callable[[], DataFrame], **options: Any) -> str:
+        if name not in self.tables:
+            uri = str(self.work / "data" / name)
+            dsi.write_dataframe(make(), uri, **options)
+            self.tables[name] = uri
+        return self.tables[name]
+
+    def main_table(self, rows: int) -> str:
+        files = max(2, rows // 500_000)
+        return self.table(
+            f"transactions_{rows}",
+            lambda: transactions(self.spark, rows, self.args.side_rows).repartition(files),
+        )
+
+    def profiles(self) -> str:
+        return self.table("customer_profiles", lambda: profiles(self.spark, self.args.side_rows))
+
+    def rules(self) -> str:
+        return self.table(
+            "fraud_rules",
+            lambda: self.spark.createDataFrame([(THRESHOLD, 1)], "threshold double, version int"),
+        )
+
+
+def parquet_rows(spark: SparkSession, path: Path) -> int:
+    return spark.read.parquet(str(path)).count() if path.exists() else 0
+
+
+# --- 1. frames mode vs foreachBatch ---------------------------------------------------------
+
+
+def frames_operator(
+    main_uri: str, lake: Lake, root: Path, *, pre_keyed: bool = False, keyed: bool = False
+) -> dsi.SideInputOperator:
+    return dsi.SideInputOperator(
+        main=dsi.MainInput(
+            "transactions",
+            key="customer_id",
+            path=main_uri,
+            pre_keyed=dsi.KeyGroups(max_key_groups=KEY_GROUPS, column="key_group")
+            if pre_keyed
+            else None,
+        ),
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "customer_profiles",
+                key="customer_id",
+                distribution="keyed" if keyed else "broadcast",
+                path=lake.profiles(),
+            ),
+            "rules": dsi.SideInput.singleton("fraud_rules", path=lake.rules()),
+        },
+        fn=enrich_frames,
+        main_output="enriched",
+        side_outputs=[SUSPICIOUS],
+        storage=dsi.DeltaStorage(str(root)),
+    )
+
+
+def foreach_batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> int:
+    """The hand-written Structured Streaming job; returns its number of micro-batches."""
+    schema = spark.read.parquet(main_uri).schema
+    profiles_dir, rules_dir = lake.profiles(), lake.rules()
+
+    def process(batch: DataFrame, batch_id: int) -> None:
+        profile = spark.read.parquet(profiles_dir).select(
+            "customer_id", "name", "segment", "risk_score"
+        )
+        threshold = spark.read.parquet(rules_dir).first()["threshold"]  # type: ignore[index]
+        joined = (
+            batch.join(F.broadcast(profile), "customer_id", "left")
+            .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
+            .persist()
+        )
+        joined.write.mode("append").parquet(str(out / "enriched"))
+        joined.filter(F.col("amount") > F.lit(threshold)).write.mode("append").parquet(
+            str(out / "suspicious")
+        )
+        joined.unpersist()
+
+    query = (
+        spark.readStream.schema(schema)
+        .parquet(main_uri)
+        .writeStream.foreachBatch(process)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .start()
+    )
+    query.awaitTermination()
+    return len(query.recentProgress)
+
+
+@dataclass
+class OperatorRun:
+    result: dsi.RunResult
+    root: Path
+
+
+def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    spark, args = lake.spark, lake.args
+    main_uri = lake.main_table(args.rows)
+    lake.profiles()
+    lake.rules()
+
+    def operator(i: int) -> OperatorRun:
+        root = lake.fresh_root("frames_op")
+        op = frames_operator(main_uri, lake, root)
+        return OperatorRun(op.run(spark, trigger="available_now"), root)
+
+    def baseline(i: int) -> Path:
+        out = lake.fresh_root("frames_baseline")
+        foreach_batch_job(spark, lake, main_uri, out)
+        return out
+
+    operator(-1)  # warm up the JVM, the Python workers and the file caches
+    baseline(-1)
+    seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
+
+    op_counts = {
+        (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
+    }
+    base_counts = {
+        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
+        for p in results["baseline"]
+    }
+    profile = profile_operator_run(lake, rest, lambda: operator(-2))
+    figures = {
+        "rows": args.rows,
+        "operator_rec_s": args.rows / seconds["operator"],
+        "baseline_rec_s": args.rows / seconds["baseline"],
+        "operator_s": seconds["operator"],
+        "baseline_s": seconds["baseline"],
+        "ratio": seconds["baseline"] / seconds["operator"],
+        "operator_counts": sorted(op_counts),
+        "baseline_counts": sorted(base_counts),
+        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
+        "profile": profile,
+    }
+    print(f"\n[frames] {args.rows} main rows, {args.side_rows} profiles, broadcast map + singleton")
+    print(
+        f"  baseline foreachBatch (readStream.parquet, availableNow) {_rate(figures, 'baseline')}"
+    )
+    print(
+        f"  SideInputOperator frames mode                            {_rate(figures, 'operator')}"
+    )
+    print(f"  ratio operator / baseline {figures['ratio']:5.2f}x   (target >= 0.90)")
+    print(
+        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, baseline "
+        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    print_profile(profile)
+    return figures
+
+
+def _rate(figures: dict[str, Any], name: str) -> str:
+    return f"{figures[f'{name}_rec_s'] / 1e6:6.3f} M rec/s  ({figures[f'{name}_s']:6.2f} s)"
+
+
+def profile_operator_run(
+    lake: Lake, rest: SparkRest | None, run: Callable[[], OperatorRun]
+) -> dict[str, Any]:
+    """One more operator run: phase durations of its batches, and its Spark jobs."""
+    mark = rest.mark() if rest else None
+    seconds, outcome = timed(run)
+    batches = outcome.result.batches
+    phases: dict[str, float] = {}
+    for batch in batches:
+        for phase, value in batch.durations.items():
+            phases[phase] = phases.get(phase, 0.0) + value
+    writes: dict[str, float] = {}
+    for batch in batches:
+        for table, write in batch.writes.items():
+            writes[table] = writes.get(table, 0.0) + write.seconds
+    profile: dict[str, Any] = {
+        "run_s": seconds,
+        "batches": len(batches),
+        "phases_s": phases,
+        "writes_s": writes,
+        "outside_batches_s": seconds - phases.get("total", 0.0),
+    }
+    if rest and mark:
+        profile["spark"] = rest.since(mark)
+    return profile
+
+
+def print_profile(profile: dict[str, Any]) -> None:
+    phases = ", ".join(f"{k} {v:.2f}s" for k, v in profile["phases_s"].items())
+    writes = ", ".join(f"{k} {v:.2f}s" for k, v in profile["writes_s"].items())
+    print(
+        f"  profile of one operator run ({profile['run_s']:.2f}s, {profile['batches']} batch(es)):"
+        f" {phases}; planning/commit outside batches {profile['outside_batches_s']:.2f}s"
+    )
+    print(f"    writes: {writes}")
+    spark = profile.get("spark")
+    if spark:
+        jobs = sorted(spark["jobs"], key=lambda j: -(j["seconds"] or 0))
+        total = sum(j["seconds"] for j in jobs if j["seconds"] == j["seconds"])
+        print(f"    {len(jobs)} Spark jobs, {total:.2f}s in jobs; longest:")
+        for job in jobs[:6]:
+            print(f"      {job['seconds']:6.2f}s  job {job['id']:>4}  {job['name'][:70]}")
+
+
+# --- 2. rows mode vs mapInPandas ---------------------------------------------------------------
+
+
+def rows_operator(main_uri: str, lake: Lake, root: Path) -> dsi.SideInputOperator:
+    return dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id", path=main_uri),
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "customer_profiles",
+                key="customer_id",
+                distribution="broadcast",
+                path=lake.profiles(),
+            ),
+            "rules": dsi.SideInput.singleton("fraud_rules", path=lake.rules()),
+        },
+        fn=enrich_row,
+        mode="rows",
+        main_output=ROWS_MAIN,
+        side_outputs=[ROWS_SUSPICIOUS],
+        storage=dsi.DeltaStorage(str(root)),
+    )
+
+
+def map_in_pandas_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
+    """Per record: look the name up in a broadcast dict, flag suspicious; write both outputs."""
+    names = dict(
+        spark.read.parquet(lake.profiles()).select("customer_id", "name").toLocalIterator()
+    )
+    lookup = spark.sparkContext.broadcast(names)
+    threshold = spark.read.parquet(lake.rules()).first()["threshold"]  # type: ignore[index]
+
+    def per_record(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        table = lookup.value
+        for pdf in batches:
+            columns = [pdf[c].tolist() for c in MAIN_COLUMNS]
+            rows = []
+            for tx_id, customer_id, amount, currency, ts in zip(*columns, strict=True):
+                rows.append(
+                    (
+                        tx_id,
+                        customer_id,
+                        amount,
+                        currency,
+                        ts,
+                        table.get(customer_id),
+                        amount > threshold,
+                    )
+                )
+            yield pd.DataFrame(rows, columns=FLAGGED_SCHEMA.fieldNames())
+
+    flagged = spark.read.parquet(main_uri).mapInPandas(per_record, FLAGGED_SCHEMA).persist()
+    flagged.drop("is_suspicious").write.mode("append").parquet(str(out / "enriched"))
+    flagged.filter("is_suspicious").drop("is_suspicious").write.mode("append").parquet(
+        str(out / "suspicious")
+    )
+    flagged.unpersist()
+    lookup.unpersist()
+
+
+def bench_rows(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    spark, args = lake.spark, lake.args
+    rows = min(args.rows, args.rows_mode_rows)
+    main_uri = lake.main_table(rows)
+    lake.profiles()
+    lake.rules()
+
+    def operator(i: int) -> OperatorRun:
+        root = lake.fresh_root("rows_op")
+        return OperatorRun(rows_operator(main_uri, lake, root).run(spark), root)
+
+    def baseline(i: int) -> Path:
+        out = lake.fresh_root("rows_baseline")
+        map_in_pandas_job(spark, lake, main_uri, out)
+        return out
+
+    operator(-1)
+    baseline(-1)
+    seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
+    op_counts = {
+        (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
+    }
+    base_counts = {
+        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
+        for p in results["baseline"]
+    }
+    profile = profile_operator_run(lake, rest, lambda: operator(-2))
+    figures = {
+        "rows": rows,
+        "operator_rec_s": rows / seconds["operator"],
+        "baseline_rec_s": rows / seconds["baseline"],
+        "operator_s": seconds["operator"],
+        "baseline_s": seconds["baseline"],
+        "ratio": seconds["baseline"] / seconds["operator"],
+        "operator_counts": sorted(op_counts),
+        "baseline_counts": sorted(base_counts),
+        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
+        "profile": profile,
+    }
+    fewer = f" (fewer than --rows={args.rows}: see --rows-mode-rows)" if rows < args.rows else ""
+    print(f"\n[rows] {rows} main rows{fewer}, per-record Python function")
+    print(f"  baseline mapInPandas + broadcast dict per record {_rate(figures, 'baseline')}")
+    print(f"  SideInputOperator rows mode                      {_rate(figures, 'operator')}")
+    print(f"  ratio operator / baseline {figures['ratio']:5.2f}x   (target >= 0.90)")
+    print(
+        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, baseline "
+        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    print_profile(profile)
+    return figures
+
+
+# --- 3. buffer release cost ---------------------------------------------------------------------
+
+
+FX_WINDOW = dsi.Window.tumbling(HOUR, time_column="ts")
+
+
+def fx_operator(main_uri: str, fx_uri: str, root: Path) -> dsi.SideInputOperator:
+    return dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", path=main_uri),
+        side_inputs={
+            "fx": dsi.SideInput.map(
+                "fx_rates",
+                key="currency",
+                window=FX_WINDOW,
+                distribution="broadcast",
+                path=fx_uri,
+            )
+        },
+        fn=convert_fx,
+        main_output="converted",
+        storage=dsi.DeltaStorage(str(root)),
+        window=FX_WINDOW,
+        buffer=dsi.BufferLimits(max_rows=None, max_age=None),
+    )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A buffer holding ``sum(hours)`` rows, ``hours[h]`` of them in hour ``h``; the first
+    ``releases`` hours are released one batch at a time (readiness 'complete' releases
+    hours in order), then optionally all the rest in one batch."""
+
+    name: str
+    hours: tuple[int, ...]
+    releases: int
+    release_rest: bool = False
+
+
+def buffer_scenarios(unit: int) -> list[Scenario]:
+    big = 30 * unit
+    head = (unit, max(1, unit // 10), 10 * unit)
+    filler = big - sum(head)
+    tail = (unit,) * (filler // unit) + ((filler % unit,) if filler % unit else ())
+    return [
+        Scenario("2u", (unit,) * 2, 1),
+        Scenario("10u", (unit,) * 10, 1),
+        Scenario("30u", head + tail, len(head), release_rest=True),
+    ]
+
+
+@dataclass
+class Release:
+    scenario: str
+    hour: str
+    released: int
+    buffer_before: int
+    batch_s: float
+    run_s: float
+    durations: dict[str, float]
+
+
+def run_scenario(lake: Lake, scenario: Scenario) -> tuple[float, list[Release]]:
+    spark = lake.spark
+    main_uri = lake.table(
+        f"hourly_{scenario.name}_{sum(scenario.hours)}",
+        lambda: hourly_transactions(spark, list(scenario.hours)),
+    )
+    root = lake.fresh_root(f"buffer_{scenario.name}")
+    fx_uri = str(root / "fx_rates")
+    # The fill runs before the side table exists. With an existing side table and no
+    # ready window, the batch fails (views.py SideData.rows: min() of no windows).
+    op = fx_operator(main_uri, fx_uri, root)
+    fill_s, filled = timed(lambda: op.run(spark))
+    total = sum(scenario.hours)
+    buffered = sum(b.routes["buffered"] for b in filled.batches)
+    if buffered != total:
+        raise RuntimeError(f"{scenario.name}: buffered {buffered} of {total} rows")
+    releases: list[Release] = []
+    in_buffer = total
+    steps = [(h, h + 1, str(h)) for h in range(scenario.releases)]
+    if scenario.release_rest:
+        steps.append((scenario.releases, len(scenario.hours), f"{scenario.releases}.."))
+    written = 0
+    for first, end, label in steps:
+        # The rates up to hour `end` make hours first..end-1 complete.
+        dsi.write_dataframe(fx_rates(spark, range(written, end + 1)), fx_uri)
+        written = end + 1
+        run_s, result = timed(lambda: op.run(spark))
+        expected = sum(scenario.hours[first:end])
+        released = sum(b.released for b in result.batches)
+        if released != expected or len(result.batches) != 1:
+            raise RuntimeError(
+                f"{scenario.name} hour {label}: released {released} of {expected} rows in "
+                f"{len(result.batches)} batch(es)"
+            )
+        batch = result.batches[0]
+        releases.append(
+            Release(
+                scenario.name,
+                label,
+                released,
+                in_buffer,
+                batch.durations["total"],
+                run_s,
+                dict(batch.durations),
+            )
+        )
+        in_buffer -= released
+    return fill_s, releases
+
+
+def bench_buffer(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    args = lake.args
+    unit = max(1_000, args.rows // 40)
+    scenarios = buffer_scenarios(unit)
+    run_scenario(lake, Scenario("warmup", (unit // 10,) * 3, 1))
+    fills: dict[str, list[float]] = {}
+    points: dict[tuple[str, str], list[Release]] = {}
+    for _ in range(args.repeats):
+        for scenario in scenarios:
+            fill_s, releases = run_scenario(lake, scenario)
+            fills.setdefault(scenario.name, []).append(fill_s)
+            for release in releases:
+                points.setdefault((release.scenario, release.hour), []).append(release)
+
+    def point(key: tuple[str, str]) -> dict[str, Any]:
+        runs = points[key]
+        phases = {p: median_of([r.durations.get(p, 0.0) for r in runs]) for p in runs[0].durations}
+        return {
+            "scenario": key[0],
+            "hour": key[1],
+            "released": runs[0].released,
+            "buffer_rows": runs[0].buffer_before,
+            "batch_s": median_of([r.batch_s for r in runs]),
+            "run_s": median_of([r.run_s for r in runs]),
+            "phases_s": phases,
+        }
+
+    by_size = [point((s.name, "0")) for s in scenarios]
+    big = scenarios[-1]
+    by_b = sorted(
+        [point((big.name, str(h))) for h in range(big.releases)], key=lambda p: p["released"]
+    )
+    rest_point = point((big.name, f"{big.releases}.."))
+    print("\n[buffer] windowed operator (1 h tumbling, fx map side input, readiness complete);")
+    print(
+        f"  one batch releases one hour of B rows; medians of {args.repeats} (batch = "
+        "BatchMetrics.durations['total'], run = op.run wall time incl. planning)"
+    )
+    print("  fixed B, growing buffer:")
+    _print_points(by_size)
+    print("  fixed buffer, growing B:")
+    _print_points([*by_b, rest_point])
+    fill_rate = {s.name: sum(s.hours) / median_of(fills[s.name]) for s in scenarios}
+    print(
+        "  filling (one batch buffering everything): "
+        + ", ".join(f"{n} {r / 1e6:.2f} M rec/s" for n, r in fill_rate.items())
+    )
+    small, large = by_size[0], by_size[-1]
+    size_factor = large["buffer_rows"] / small["buffer_rows"]
+    time_factor = large["batch_s"] / small["batch_s"]
+    per_row = (rest_point["batch_s"] - by_b[0]["batch_s"]) / max(
+        1, rest_point["released"] - by_b[0]["released"]
+    )
+    print(
+        f"  buffer x{size_factor:.0f} at fixed B -> batch time x{time_factor:.2f}; "
+        f"marginal cost per released row {per_row * 1e6:.2f} us "
+        f"(fixed cost ~{by_b[0]['batch_s'] - by_b[0]['released'] * per_row:.2f} s)"
+    )
+    return {
+        "unit": unit,
+        "by_buffer_size": by_size,
+        "by_released": [*by_b, rest_point],
+        "fill_rec_s": fill_rate,
+        "buffer_factor": size_factor,
+        "time_factor": time_factor,
+        "per_row_us": per_row * 1e6,
+    }
+
+
+def _print_points(points: list[dict[str, Any]]) -> None:
+    for p in points:
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in p["phases_s"].items() if k != "total")
+        print(
+            f"    buffer {p['buffer_rows']:>9,} rows  release B={p['released']:>9,}:  "
+            f"batch {p['batch_s']:6.2f}s  run {p['run_s']:6.2f}s  ({phases})"
+        )
+
+
+# --- 4. pre-keyed vs shuffled keyed path ----------------------------------------------------
+
+
+def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    spark, args = lake.spark, lake.args
+    main_uri = lake.table(
+        f"transactions_keyed_{args.rows}",
+        lambda: (
+            transactions(spark, args.rows, args.side_rows)
+            .withColumn("key_group", F.expr(f"pmod(hash(customer_id), {KEY_GROUPS})"))
+            .repartition(KEY_GROUPS, "key_group")
+        ),
+        partition_by=["key_group"],
+    )
+    lake.profiles()
+    lake.rules()
+    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    metrics: dict[str, list[dict[str, Any]]] = {"pre_keyed": [], "shuffled": []}
+
+    def variant(name: str, pre_keyed: bool) -> Callable[[int], OperatorRun]:
+        def run(i: int) -> OperatorRun:
+            root = lake.fresh_root(name)
+            op = frames_operator(main_uri, lake, root, pre_keyed=pre_keyed, keyed=True)
+            mark = rest.mark() if rest else None
+            outcome = OperatorRun(op.run(spark), root)
+            if rest and mark and i >= 0:
+                metrics[name].append(rest.since(mark))
+            return outcome
+
+        return run
+
+    try:
+        actions = {"shuffled": variant("shuffled", False), "pre_keyed": variant("pre_keyed", True)}
+        for action in actions.values():
+            action(-1)
+        seconds, results = interleaved(actions, args.repeats)
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", previous)
+
+    figures: dict[str, Any] = {"rows": args.rows, "key_groups": KEY_GROUPS}
+    print(
+        f"\n[prekeyed] {args.rows} main rows in {KEY_GROUPS} key-group partitions, keyed "
+        f"(shuffled) map of {args.side_rows} profiles, broadcast joins off"
+    )
+    for name in actions:
+        counts = {
+            (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results[name]
+        }
+        notes = sorted({n for r in results[name] for b in r.result.batches for n in b.notes})
+        runs = metrics[name]
+        entry = {
+            "rec_s": args.rows / seconds[name],
+            "seconds": seconds[name],
+            "counts": sorted(counts),
+            "notes": notes,
+        }
+        if runs:
+            for key in ("shuffle_write_bytes", "shuffle_read_bytes", "shuffle_exchanges"):
+                entry[key] = median_of([r[key] for r in runs])
+        figures[name] = entry
+        shuffle = (
+            f"shuffle write {entry['shuffle_write_bytes'] / 2**20:7.1f} MiB, read "
+            f"{entry['shuffle_read_bytes'] / 2**20:7.1f} MiB, {entry['shuffle_exchanges']:.0f} "
+            "Exchange nodes"
+            if runs
+            else "shuffle metrics unavailable"
+        )
+        print(
+            f"  {name:<10} {entry['rec_s'] / 1e6:6.3f} M rec/s ({entry['seconds']:6.2f} s)  "
+            f"{shuffle}"
+        )
+        print(f"             rows {sorted(counts)}; notes: {notes or '-'}")
+    figures["speedup"] = seconds["shuffled"] / seconds["pre_keyed"]
+    figures["counts_match"] = figures["shuffled"]["counts"] == figures["pre_keyed"]["counts"]
+    print(
+        f"  pre-keyed / shuffled speed {figures['speedup']:5.2f}x; rows "
+        f"{'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    return figures
+
+
+# --- main ------------------------------------------------------------------------------------
+
+SECTIONS: dict[str, Callable[[Lake, SparkRest | None], dict[str, Any]]] = {
+    "frames": bench_frames,
+    "rows": bench_rows,
+    "buffer": bench_buffer,
+    "prekeyed": bench_prekeyed,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4_000_000, help="main records")
+    parser.add_argument("--side-rows", type=int, default=200_000, help="customer profiles")
+    parser.add_argument(
+        "--rows-mode-rows",
+        type=int,
+        default=1_000_000,
+        help="main records for the rows-mode comparison (capped by --rows)",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(SECTIONS), help="run one section")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    spark = dsi.build_spark_session(
+        master=args.master,
+        log_level="ERROR",
+        driver_memory=args.driver_memory,
+        configs={
+            "spark.ui.port": str(free_port()),
+            "spark.ui.retainedJobs": "100000",
+            "spark.ui.retainedStages": "100000",
+            "spark.sql.ui.retainedExecutions": "100000",
+        },
+    )
+    try:
+        rest: SparkRest | None = SparkRest(spark)
+        assert rest is not None
+        rest.mark()
+    except Exception as exc:  # the bench still times everything without the REST API
+        print(f"Spark REST API unavailable ({exc}); no shuffle bytes or job timings")
+        rest = None
+    work = Path(tempfile.mkdtemp(prefix="dsi-bench-op-"))
+    figures: dict[str, Any] = {
+        "rows": args.rows,
+        "side_rows": args.side_rows,
+        "repeats": args.repeats,
+        "master": args.master,
+        "driver_memory": args.driver_memory,
+    }
+    print(
+        f"rows={args.rows} side_rows={args.side_rows} repeats={args.repeats} "
+        f"master={args.master} driver_memory={args.driver_memory} "
+        f"shuffle_partitions={spark.conf.get('spark.sql.shuffle.partitions')}"
+    )
+    sys.stdout.flush()
+    try:
+        lake = Lake(work, spark, args)
+        for name, section in SECTIONS.items():
+            if args.only in (None, name):
+                started = time.perf_counter()
+                figures[name] = section(lake, rest)
+                print(f"  ({name} section took {time.perf_counter() - started:.0f} s)")
+                sys.stdout.flush()
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
