@@ -1,0 +1,151 @@
+"""A failure after any write step of a batch, then a rerun, gives exactly the tables of a run
+without failure: nothing lost, nothing written twice.
+
+The batch of each step writes the main output, the side output, the unmatched output and
+the buffer (4 writes); crashes are injected before the first write, after each of the
+first three, and after all of them but before the commit record.
+"""
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from dagster_sideinputs.delta.storage import DeltaRsEngine
+from tests.core.conftest import Clock, Lake, hours
+
+TX = "tx_id long, customer_id long, amount double"
+PROFILES = "customer_id long, name string"
+SUSPICIOUS = dsi.OutputTag("suspicious")
+UNMATCHED = dsi.OutputTag("unmatched")
+
+
+class InjectedCrash(Exception):
+    """Raised by the crashing engine in place of a process dying."""
+
+
+@dataclass
+class CrashingEngine:
+    """The real engine, failing right after its n-th write of the run has committed
+    (n = 0: before the first write)."""
+
+    inner: DeltaRsEngine
+    crash_after: int
+    writes: int = 0
+    log: list[str] = field(default_factory=list)
+
+    def write(self, df: Any, uri: str, **kwargs: Any) -> Any:
+        if self.writes == self.crash_after:
+            raise InjectedCrash(f"before write {self.writes + 1} ({uri})")
+        result = self.inner.write(df, uri, **kwargs)
+        self.writes += 1
+        self.log.append(uri)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def enrich(main, sides):
+    enriched = main.select("tx_id", "customer_id", "amount", F.col("profile.name").alias("name"))
+    return {dsi.MAIN: enriched, SUSPICIOUS: enriched.filter(F.col("amount") > 100).select("tx_id")}
+
+
+def operator(storage: dsi.DeltaStorage) -> dsi.SideInputOperator:
+    return dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "profiles", key="customer_id", missing="wait", timeout=hours(1)
+            )
+        },
+        fn=enrich,
+        main_output="enriched",
+        side_outputs=[SUSPICIOUS],
+        unmatched=UNMATCHED,
+        storage=storage,
+    )
+
+
+STEPS = [
+    lambda lake: (
+        lake.append("profiles", [(10, "ann"), (11, "bob")], PROFILES),
+        lake.append(
+            "transactions", [(1, 10, 50.0), (2, 11, 500.0), (3, 12, 5.0), (4, 13, 7.0)], TX
+        ),
+    ),
+    lambda lake: (
+        lake.append("profiles", [(12, "cy")], PROFILES),
+        lake.append("transactions", [(5, 10, 900.0), (6, 12, 1.0)], TX),
+    ),
+    lambda lake: lake.append("transactions", [(7, 11, 2.0)], TX),
+]
+
+
+def snapshot(lake: Lake, op: dsi.SideInputOperator) -> dict[str, list]:
+    tables = {name: lake.rows(name) for name in ("enriched", "suspicious", "unmatched")}
+    buffer = op.buffer().snapshot
+    rows = (
+        []
+        if buffer is None
+        else dsi.read_table(lake.spark, buffer.uri).select("tx_id", "_dsi_slot").collect()
+    )
+    tables["buffer"] = sorted(tuple(r) for r in rows)
+    return tables
+
+
+COMMIT_RECORD = -1
+
+
+def crash_now(*_: Any) -> None:
+    raise InjectedCrash("after every write, before the commit record")
+
+
+def run_all(lake: Lake, clock: Clock, crash: tuple[int, int] | None = None) -> dict[str, list]:
+    """Run the steps, crashing once at (step, write); the next run resumes normally."""
+    for index, step in enumerate(STEPS):
+        step(lake)
+        if crash is not None and crash[0] == index:
+            writes = crash[1] if crash[1] != COMMIT_RECORD else 1_000
+            engine = CrashingEngine(DeltaRsEngine(), writes)
+            crashing = operator(dsi.DeltaStorage(lake.storage.root, engine=engine))
+            if crash[1] == COMMIT_RECORD:
+                crashing.plans.commit = crash_now  # type: ignore[method-assign]
+            with pytest.raises(InjectedCrash):
+                crashing.run(lake.spark, clock=clock)
+        op = operator(lake.storage)
+        result = op.run(lake.spark, clock=clock)
+        if crash is not None and crash[0] == index:
+            assert result.batches[0].replayed
+        clock.advance(dt.timedelta(minutes=40))
+    return snapshot(lake, op)
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory) -> dict[str, list]:
+    root = tmp_path_factory.mktemp("reference")
+    lake = Lake(spark, dsi.DeltaStorage(str(root)))
+    return run_all(lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)))
+
+
+def test_reference_run_routes_every_record(reference):
+    assert [r[0] for r in reference["enriched"]] == [1, 2, 3, 5, 6, 7]
+    assert reference["suspicious"] == [(2,), (5,)]
+    assert reference["unmatched"] == [(4, 13, 7.0, "no side row in: profile")]
+    assert reference["buffer"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [0, 1])
+@pytest.mark.parametrize("write", [0, 1, 2, 3, COMMIT_RECORD])
+def test_crash_after_any_write_then_rerun_gives_the_reference_tables(
+    spark, tmp_path, reference, step, write
+):
+    lake = Lake(spark, dsi.DeltaStorage(str(tmp_path)))
+    result = run_all(
+        lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
+    )
+    assert result == reference
