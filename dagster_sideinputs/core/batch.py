@@ -13,7 +13,10 @@
    finally the commit record.
 """
 
+import contextlib
+import dataclasses
 import datetime as dt
+import io
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,6 +118,7 @@ class BatchRunner:
         self.plans = plans
         self.engine = spec.storage.delta
         self._checked: set[tuple[str, int | None, tuple[str, ...]]] = set()
+        self.explain = False
 
     # --- reading -------------------------------------------------------------------------
 
@@ -755,6 +759,7 @@ class BatchRunner:
         self._temp_tables = []
         try:
             classified, main_columns, views, state, notes = self.classify(plan, planned)
+            physical_plan = _explain(classified) if self.explain else None
             classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(classified)
             counts = self._translate(lambda: self._counts(classified))
@@ -782,6 +787,7 @@ class BatchRunner:
                 drop_bucketed_scan(self.spark, table)
         durations["total"] = time.perf_counter() - started
         metrics = self._metrics(plan, counts, writes, state, durations, replayed, notes)
+        metrics = dataclasses.replace(metrics, physical_plan=physical_plan)
         max_seen = [t for t in (plan.max_event_time, _max_time(counts)) if t is not None]
         self.plans.commit(
             plan.batch_id,
@@ -873,6 +879,14 @@ class BatchRunner:
             durations={k: round(v, 4) for k, v in durations.items()},
             notes=notes,
         )
+
+
+def _explain(frame: DataFrame) -> str:
+    """Spark's physical plan of a DataFrame, as ``explain()`` prints it."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        frame.explain()
+    return buffer.getvalue()
 
 
 def _max_time(counts: Mapping[tuple[str, str], Any]) -> dt.datetime | None:

@@ -41,6 +41,9 @@ class BatchMetrics:
         buffer_rows / buffer_oldest_age_s: the buffer after the batch.
         watermark / max_event_time: event-time progress.
         durations: seconds per phase and in total.
+        notes: how the batch ran (e.g. whether a pre-keyed input avoided its shuffle).
+        physical_plan: Spark's physical plan of the classification step, when the run
+            was asked to ``explain``.
     """
 
     operator_id: str
@@ -59,6 +62,7 @@ class BatchMetrics:
     max_event_time: dt.datetime | None
     durations: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    physical_plan: str | None = None
 
     @property
     def released(self) -> int:

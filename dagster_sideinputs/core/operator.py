@@ -198,6 +198,7 @@ class SideInputOperator:
         on_batch: Callable[[BatchMetrics], None] | None = None,
         wait_for_lock: float = 0.0,
         clock: Callable[[], dt.datetime] = _utc_now,
+        explain: bool = False,
     ) -> RunResult:
         """Process the main input in micro-batches.
 
@@ -212,6 +213,7 @@ class SideInputOperator:
             on_batch: called with the metrics of each committed batch.
             wait_for_lock: seconds to wait for another run of this operator to finish.
             clock: the time source (batches pin it in their plans).
+            explain: record Spark's physical plan of each batch in its metrics.
 
         Raises:
             OperatorBusyError: another run holds the operator.
@@ -221,6 +223,7 @@ class SideInputOperator:
         if trigger not in ("available_now", "continuous"):
             raise DeclarationError(f"trigger={trigger!r} is not 'available_now' or 'continuous'.")
         stop = stop or threading.Event()
+        self._runner_for(spark).explain = explain
         batches: list[BatchMetrics] = []
         with operator_lock(self.state_uri, operator_id=self.operator_id, wait_s=wait_for_lock):
             while not stop.is_set():
