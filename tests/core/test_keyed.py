@@ -1,4 +1,4 @@
-"""Pre-keyed main inputs: keyed steps without a shuffle of the main input, and the promise checked."""
+"""Pre-keyed main inputs: keyed steps without a shuffle of the main input; the promise checked."""
 
 import contextlib
 import os
@@ -136,5 +136,5 @@ def test_a_key_group_column_that_lies_fails_the_batch_before_writing(lake):
 def test_more_splits_than_key_groups_is_refused(lake):
     write_pre_keyed(lake, 200, groups=8)
     lake.append("profiles", [(1, "a")], PROFILES)
-    with pytest.raises(dsi.PreKeyedViolationError, match="outside 0..3"):
+    with pytest.raises(dsi.PreKeyedViolationError, match=r"outside 0\.\.3"):
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
