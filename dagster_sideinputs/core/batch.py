@@ -278,7 +278,6 @@ class BatchRunner:
             spec_ = build_join(
                 data,
                 sample,
-                main_key=spec.main.key,
                 windows=windows,
                 main_side_ns=main_side_ns,
                 check_duplicates=(lambda df, keys: None) if key in self._checked else checker,

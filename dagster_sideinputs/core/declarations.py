@@ -328,7 +328,9 @@ class SideInput:
         distribution: ``broadcast`` ships the view to every task; ``keyed`` joins it by
             key without broadcasting; ``forwarded`` joins on ``forward_column``.
         key_translator: main-record expression giving the side key (a column name, a
-            Column, or a function of the main DataFrame returning a Column).
+            Column, or a function of the main DataFrame returning a Column). Without
+            one, a map / multimap joins main records on the column named like ``key``;
+            when main records have no such column, the function gets the whole view.
         missing: for keyed lookups, what happens to a main record whose key has no
             side row: ``null`` (joined with nulls), ``wait`` (buffered until the row
             arrives or ``timeout`` passes), ``unmatched`` (to the unmatched tag).

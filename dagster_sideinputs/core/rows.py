@@ -58,8 +58,10 @@ class RowContext:
         tags: Mapping[str, OutputTag],
         broadcast_values: Mapping[str, Any],
         joined: Sequence[str],
+        main: str,
     ) -> None:
         self._tags = tags
+        self._main = main
         self._broadcast = broadcast_values
         self._joined = set(joined)
         self._record: dict[str, Any] = {}
@@ -80,10 +82,12 @@ class RowContext:
         raise DeclarationError(f"No side input named {name!r}; declared: {known}.")
 
     def output(self, tag: OutputTag | str, record: Any) -> None:
-        """Emit a record to a declared side output."""
+        """Emit a record to a declared side output (or to the main output: ``MAIN``)."""
         name = tag.name if isinstance(tag, OutputTag) else tag
-        if name not in self.emitted or name == MAIN.name:
-            raise undeclared_tag_error(name, list(self._tags))
+        if name == MAIN.name:
+            name = self._main
+        if name not in self.emitted:
+            raise undeclared_tag_error(name, [n for n in self._tags if n != self._main])
         self.emitted[name].append(record)
 
 
@@ -136,18 +140,17 @@ def run_row_function(
     joined = list(joined_columns)
 
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = RowContext(declared, broadcast_values, joined)
+        ctx = RowContext(declared, broadcast_values, joined, tag_names[0])
         struct_types = [arrow_schema.field(f"_dsi_out_{i}").type for i in range(len(tags))]
         for batch in batches:
             columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-            main_out: list[Any] = []
+            main_out = ctx.emitted[tag_names[0]]
             for row_index in range(batch.num_rows):
                 record = Record({name: columns[name][row_index] for name in record_fields})
                 ctx._record = {name: columns[name][row_index] for name in joined}
                 produced = fn(record, ctx)
                 if produced is not None:
                     main_out.extend(produced)
-            ctx.emitted[tag_names[0]] = main_out
             for index, name in enumerate(tag_names):
                 items = ctx.emitted[name]
                 if not items:

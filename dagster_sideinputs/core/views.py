@@ -108,39 +108,30 @@ def _orderable(data_type: T.DataType) -> bool:
     return True
 
 
-def _resolve_main_key(bound: BoundSide, main: DataFrame, main_key: str | None) -> Column:
-    """The main-record expression giving the side key: translator, same name, or main key."""
-    side = bound.side
-    translator = side.key_translator
-    if translator is not None:
-        if isinstance(translator, str):
-            return F.col(f"`{translator}`")
-        if isinstance(translator, Column):
-            return translator
-        if callable(translator):
-            result = translator(main)
-            if not isinstance(result, Column):
-                raise DeclarationError(
-                    f"The key_translator of {bound.label} returned {type(result).__name__}, "
-                    "not a Column.",
-                    fix="return a Column, e.g. lambda main: F.upper(main.currency)",
-                )
-            return result
-    assert side.key is not None
-    if side.key in main.columns:
-        return F.col(f"`{side.key}`")
-    if main_key is not None:
-        return F.col(f"`{main_key}`")
-    raise DeclarationError(
-        f"{bound.label} is keyed by {side.key!r}, but main records have no such column and "
-        f"no key.{did_you_mean(side.key, main.columns)}",
-        fix="pass key_translator=<main column or expression giving the side key>",
-    )
+def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
+    """The main-record expression giving the side key: the translator, or the same column."""
+    translator = bound.side.key_translator
+    if translator is None:
+        assert bound.side.key is not None
+        return F.col(f"`{bound.side.key}`")
+    if isinstance(translator, str):
+        return F.col(f"`{translator}`")
+    if isinstance(translator, Column):
+        return translator
+    result = translator(main)
+    if not isinstance(result, Column):
+        raise DeclarationError(
+            f"The key_translator of {bound.label} returned {type(result).__name__}, not a Column.",
+            fix="return a Column, e.g. lambda main: F.upper(main.currency)",
+        )
+    return result
 
 
-def has_join_relation(side: SideInput, main_columns: Sequence[str], main_key: str | None) -> bool:
-    """Whether a map/multimap view can be joined to main records automatically."""
-    return side.key_translator is not None or side.key in main_columns or main_key is not None
+def has_join_relation(side: SideInput, main_columns: Sequence[str]) -> bool:
+    """Whether a map/multimap view joins main records by key: through a key translator,
+    or because main records have a column named like the side key. Otherwise the
+    function gets the whole view."""
+    return side.key_translator is not None or side.key in main_columns
 
 
 def _cast_main_key(
@@ -269,7 +260,6 @@ def build_join(
     data: SideData,
     main: DataFrame,
     *,
-    main_key: str | None,
     windows: Sequence[tuple[dt.datetime, dt.datetime]] | None,
     main_side_ns: Column,
     check_duplicates: Callable[[DataFrame, list[str]], None],
@@ -279,9 +269,7 @@ def build_join(
     bound = data.bound
     forward = side.distribution == "forwarded"
     windowed = side.window is not None
-    joins_by_key = side.view in ("map", "multimap") and has_join_relation(
-        side, main.columns, main_key
-    )
+    joins_by_key = side.view in ("map", "multimap") and has_join_relation(side, main.columns)
     if not (joins_by_key or forward or (windowed and side.view == "singleton")):
         return None
     if bound.name in main.columns:
@@ -316,7 +304,7 @@ def build_join(
         data.check_key_column()
         assert side.key is not None
         side_type = schema[side.key].dataType
-        expr = _cast_main_key(bound, _resolve_main_key(bound, main, main_key), main, side_type)
+        expr = _cast_main_key(bound, _resolve_main_key(bound, main), main, side_type)
         keys.append(f"_dsi_key_{bound.name}")
         main_keys.append(expr)
         group.append(F.col(f"`{side.key}`").alias(f"_dsi_key_{bound.name}"))

@@ -1,0 +1,208 @@
+"""Landing-folder main inputs, buffer limits, and declaration checks."""
+
+import datetime as dt
+import json
+import pickle
+
+import pytest
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from tests.core.conftest import Clock, hours, passthrough
+
+TX = "tx_id long, customer_id long, amount double"
+PROFILES = "customer_id long, name string"
+
+
+# --- landing folders ---------------------------------------------------------------------------
+
+
+def land(folder, name: str, records: list[dict] | str) -> None:
+    folder.mkdir(exist_ok=True)
+    text = records if isinstance(records, str) else "\n".join(json.dumps(r) for r in records)
+    (folder / name).write_text(text)
+
+
+def landing_operator(lake, folder, **kwargs):
+    return lake.operator(
+        main=dsi.MainInput.files(str(folder), format="json", schema=TX, key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
+        main_output="enriched",
+        **kwargs,
+    )
+
+
+def test_landed_files_are_each_read_once(lake, tmp_path):
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land(folder, "a.json", [{"tx_id": 1, "customer_id": 10, "amount": 1.0}])
+    op = landing_operator(lake, folder)
+    assert lake.run(op).batches[0].rows_in == 1
+    land(folder, "b.json", [{"tx_id": 2, "customer_id": 10, "amount": 2.0}])
+    land(folder, "_ignored.json", [{"tx_id": 99, "customer_id": 10, "amount": 2.0}])
+    assert lake.run(op).batches[0].rows_in == 1
+    assert lake.run(op).batches == []
+    assert lake.rows("enriched") == [(1, "ann"), (2, "ann")]
+
+
+def test_corrupt_lines_and_empty_files_go_to_the_invalid_tag(lake, tmp_path):
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land(folder, "a.json", '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n')
+    land(folder, "empty.json", "")
+    invalid = dsi.OutputTag("invalid_transactions")
+    lake.run(landing_operator(lake, folder, invalid=invalid))
+    assert lake.rows("enriched") == [(1, "ann")]
+    rows = lake.rows("invalid_transactions", "reason")
+    assert rows == [("corrupt record: {not json",)]
+
+
+def test_corrupt_lines_without_an_invalid_tag_stop_the_batch_and_name_the_fix(lake, tmp_path):
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land(folder, "a.json", '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n')
+    with pytest.raises(dsi.MainInputDataError, match=r"(?s)corrupt record.*invalid=dsi.OutputTag"):
+        lake.run(landing_operator(lake, folder))
+    assert not lake.exists("enriched")
+
+
+# --- buffer limits -------------------------------------------------------------------------------
+
+
+def limited_operator(lake, limits, **kwargs):
+    return lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=passthrough,
+        main_output="out",
+        buffer=limits,
+        **kwargs,
+    )
+
+
+def test_buffer_over_its_row_limit_fails_before_writing(lake):
+    lake.append("transactions", [(i, 10, 1.0) for i in range(5)], TX)
+    op = limited_operator(lake, dsi.BufferLimits(max_rows=3))
+    with pytest.raises(
+        dsi.BufferLimitExceededError, match=r"(?s)5 rows \(limit 3\).*Nothing was written.*max_rows"
+    ):
+        lake.run(op)
+    assert op.buffer().rows() == 0
+    assert not lake.exists("out")
+
+
+def test_buffer_over_its_row_limit_routes_the_oldest_to_overflow(lake):
+    clock = Clock()
+    overflow = dsi.OutputTag("overflow")
+    op = limited_operator(
+        lake, dsi.BufferLimits(max_rows=3, on_exceed="overflow"), overflow=overflow
+    )
+    lake.append("transactions", [(1, 10, 1.0), (2, 10, 1.0)], TX)
+    lake.run(op, clock)
+    clock.advance(dt.timedelta(minutes=5))
+    lake.append("transactions", [(3, 10, 1.0), (4, 10, 1.0), (5, 10, 1.0)], TX)
+    batch = lake.run(op, clock).batches[0]
+    assert batch.routes["overflow"] == 2
+    assert batch.buffer_rows == 3
+    assert lake.rows("overflow", "tx_id") == [(1,), (2,)]
+    assert op.buffer().rows() == 3
+
+
+def test_buffer_older_than_its_age_limit_fails(lake):
+    clock = Clock()
+    op = limited_operator(lake, dsi.BufferLimits(max_age=hours(1)))
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    lake.run(op, clock)
+    clock.advance(hours(2))
+    lake.append("transactions", [(2, 10, 1.0)], TX)
+    with pytest.raises(dsi.BufferLimitExceededError, match="max age 1:00:00"):
+        lake.run(op, clock)
+    assert op.buffer().rows() == 1
+
+
+def test_buffer_size_and_oldest_age_are_reported(lake):
+    clock = Clock()
+    op = limited_operator(lake, dsi.BufferLimits())
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    lake.run(op, clock)
+    clock.advance(dt.timedelta(minutes=30))
+    lake.append("transactions", [(2, 10, 1.0)], TX)
+    batch = lake.run(op, clock).batches[0]
+    assert batch.buffer_rows == 2
+    assert batch.buffer_oldest_age_s == pytest.approx(1800)
+
+
+# --- declarations --------------------------------------------------------------------------------
+
+
+def test_declarations_are_frozen_picklable_and_readable():
+    side = dsi.SideInput.map(
+        "customer_profiles", key="customer_id", missing="wait", timeout=hours(1)
+    )
+    assert pickle.loads(pickle.dumps(side)) == side
+    assert repr(side) == (
+        "SideInput.map('customer_profiles', key='customer_id', missing='wait', "
+        "timeout=datetime.timedelta(seconds=3600))"
+    )
+    with pytest.raises(AttributeError):
+        side.key = "other"  # type: ignore[misc]
+    assert repr(dsi.MainInput("transactions", key="customer_id")) == (
+        "MainInput('transactions', key='customer_id')"
+    )
+    assert repr(dsi.Window.tumbling(hours(1), time_column="ts")).startswith("Window.tumbling(")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: dsi.SideInput.map("p", key=""), "needs key="),
+        (lambda: dsi.SideInput.list("p", missing="wait"), "only applies to keyed"),
+        (lambda: dsi.SideInput.map("p", key="k", missing="wait"), "needs a timeout"),
+        (lambda: dsi.SideInput.map("p", key="k", readiness="ready"), "readiness='ready'"),
+        (lambda: dsi.SideInput.list("p", distribution="forwarded"), "forward_column"),
+        (
+            lambda: dsi.SideInput.map("p", key="k", window=dsi.Window.tumbling(hours(1))),
+            "time column",
+        ),
+        (lambda: dsi.Window.sliding(hours(1), slide=hours(2)), "longer than its size"),
+        (lambda: dsi.Window.sliding(hours(1), slide=dt.timedelta(minutes=25)), "not a multiple"),
+        (lambda: dsi.MainInput("t", pre_keyed=dsi.KeyGroups(8)), "no key"),
+        (lambda: dsi.MainInput.files("/x", schema=None), "StructType or a DDL"),  # type: ignore[arg-type]
+        (lambda: dsi.OutputTag(""), "not a valid asset name"),
+    ],
+)
+def test_bad_declarations_fail_where_they_are_written(build, message):
+    with pytest.raises(dsi.DeclarationError, match=message):
+        build()
+
+
+def test_fresh_readiness_without_max_age_is_refused_without_dagster(lake):
+    with pytest.raises(dsi.DeclarationError, match="max_age"):
+        lake.operator(
+            main=dsi.MainInput("t"),
+            side_inputs={"r": dsi.SideInput.singleton("r", readiness="fresh")},
+            fn=passthrough,
+            main_output="o",
+        )
+
+
+def test_duplicate_output_names_are_refused(lake):
+    with pytest.raises(dsi.DeclarationError, match="unique"):
+        lake.operator(
+            main=dsi.MainInput("t"),
+            side_inputs={},
+            fn=passthrough,
+            main_output="o",
+            side_outputs=[dsi.OutputTag("o")],
+        )
+
+
+def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
+    from dagster_sideinputs.core.lock import operator_lock
+
+    op = limited_operator(lake, dsi.BufferLimits())
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with operator_lock(op.state_uri, operator_id=op.operator_id):
+        with pytest.raises(dsi.OperatorBusyError, match="already running"):
+            lake.run(op)
