@@ -203,6 +203,8 @@ def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
 
     op = limited_operator(lake, dsi.BufferLimits())
     lake.append("transactions", [(1, 10, 1.0)], TX)
-    with operator_lock(op.state_uri, operator_id=op.operator_id):
-        with pytest.raises(dsi.OperatorBusyError, match="already running"):
-            lake.run(op)
+    with (
+        operator_lock(op.state_uri, operator_id=op.operator_id),
+        pytest.raises(dsi.OperatorBusyError, match="already running"),
+    ):
+        lake.run(op)
