@@ -860,6 +860,11 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     return figures
 
 
+def _load() -> str:
+    """The 1/5/15-minute load averages: other processes on the machine skew the timings."""
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 # --- main ------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[Lake, SparkRest | None], dict[str, Any]]] = {
@@ -916,7 +921,8 @@ def main() -> None:
     print(
         f"rows={args.rows} side_rows={args.side_rows} repeats={args.repeats} "
         f"master={args.master} driver_memory={args.driver_memory} "
-        f"shuffle_partitions={spark.conf.get('spark.sql.shuffle.partitions')}"
+        f"shuffle_partitions={spark.conf.get('spark.sql.shuffle.partitions')} "
+        f"cpus={os.cpu_count()} load={_load()}"
     )
     sys.stdout.flush()
     try:
@@ -925,7 +931,10 @@ def main() -> None:
             if args.only in (None, name):
                 started = time.perf_counter()
                 figures[name] = section(lake, rest)
-                print(f"  ({name} section took {time.perf_counter() - started:.0f} s)")
+                print(
+                    f"  ({name} section took {time.perf_counter() - started:.0f} s; "
+                    f"load average now {_load()})"
+                )
                 sys.stdout.flush()
     finally:
         spark.stop()

@@ -1,13 +1,17 @@
 """dagster-sideinputs: side inputs, side outputs and pre-keyed streams for PySpark.
 
 Orchestrated by Dagster, stored in Delta Lake. The core (declarations, the operator,
-the Delta bridge) imports no Dagster; the Dagster layer builds on it.
+the Delta bridge) imports no Dagster; the Dagster layer builds on it and is loaded
+on first use of one of its names, so plain PySpark programs never import Dagster.
 
 Examples:
     >>> import dagster_sideinputs as dsi
     >>> dsi.SideInput.map("customer_profiles", key="customer_id")
     SideInput.map('customer_profiles', key='customer_id')
 """
+
+import importlib
+from typing import Any
 
 from dagster_sideinputs.core.declarations import (
     MAIN,
@@ -52,6 +56,27 @@ from dagster_sideinputs.errors import (
     UnsupportedTableFeatureError,
 )
 
+# The Dagster layer, imported lazily (PEP 562) so that the core stays Dagster-free.
+_DAGSTER_LAYER = {
+    "DagsterReadiness": "dagster_sideinputs.dagster_layer.readiness",
+    "DeltaIOManager": "dagster_sideinputs.dagster_layer.io_manager",
+    "SparkResource": "dagster_sideinputs.dagster_layer.resources",
+    "build_replay_job": "dagster_sideinputs.dagster_layer.job",
+    "build_side_input_job": "dagster_sideinputs.dagster_layer.job",
+    "build_side_input_sensor": "dagster_sideinputs.dagster_layer.sensor",
+    "side_input_assets": "dagster_sideinputs.dagster_layer.assets",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _DAGSTER_LAYER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagster_sideinputs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -62,9 +87,11 @@ __all__ = [
     "BufferLimits",
     "ConcurrentWriteError",
     "CorruptDataFileError",
+    "DagsterReadiness",
     "Decision",
     "DeclarationError",
     "DeltaEngine",
+    "DeltaIOManager",
     "DeltaReadiness",
     "DeltaRsEngine",
     "DeltaStorage",
@@ -92,15 +119,20 @@ __all__ = [
     "SideInputOperator",
     "SideInputs",
     "SingletonCardinalityError",
+    "SparkResource",
     "SparkStartupError",
     "TableNotFoundError",
     "UndeclaredOutputTagError",
     "UnsupportedTableFeatureError",
     "Window",
     "WriteResult",
+    "build_replay_job",
+    "build_side_input_job",
+    "build_side_input_sensor",
     "build_spark_session",
     "read_changes",
     "read_table",
     "register_delta_source",
+    "side_input_assets",
     "write_dataframe",
 ]
