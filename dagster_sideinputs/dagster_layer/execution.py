@@ -28,7 +28,7 @@ from dagster_sideinputs.dagster_layer.assets import (
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
 from dagster_sideinputs.dagster_layer.readiness import (
     DagsterReadiness,
-    side_assets_from_repository,
+    side_assets_from_graph,
 )
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
@@ -52,11 +52,15 @@ def build_operator(
     decl: SideInputAssets,
     storage: DeltaStorage,
     instance: dg.DagsterInstance,
-    repository: dg.RepositoryDefinition | None,
+    asset_graph: Any,
     replay: str | None = None,
 ) -> SideInputOperator:
-    """The operator of a declaration, deciding readiness from the instance."""
-    side_assets = side_assets_from_repository(repository, decl.side_inputs)
+    """The operator of a declaration, deciding readiness from the instance.
+
+    ``asset_graph`` (a job's or repository's) supplies the side assets' freshness
+    policies and partitions.
+    """
+    side_assets = side_assets_from_graph(asset_graph, decl.side_inputs)
     for name, side in decl.side_inputs.items():
         if side.window is None and side_assets[name].time_partitions is not None:
             raise DeclarationError(
@@ -272,12 +276,13 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     trigger = config.get("trigger", "available_now")
     spark = getattr(context.resources, decl.spark_resource_key).spark_session
     storage = storage_of(context.resources, decl)
-    main_op = build_operator(decl, storage, context.instance, context.repository_def)
+    graph = context.job_def.asset_layer.asset_graph
+    main_op = build_operator(decl, storage, context.instance, graph)
     replay = config.get("replay")
     op = (
         main_op
         if replay is None
-        else build_operator(decl, storage, context.instance, context.repository_def, replay=replay)
+        else build_operator(decl, storage, context.instance, graph, replay=replay)
     )
     context.log.info(f"{op!r}: trigger={trigger}, tables under {storage.root}")
     started = time.perf_counter()

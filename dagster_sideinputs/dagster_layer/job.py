@@ -1,12 +1,15 @@
 """Jobs that run a side-input operator: incremental, continuous, and replays of its routes."""
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import OutputTag
 from dagster_sideinputs.dagster_layer.assets import declaration_of
+
+AssetJob: TypeAlias = Any
+"""What ``dagster.define_asset_job`` returns (its class is not exported by Dagster)."""
 
 
 def _op_config(assets_def: dg.AssetsDefinition, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -21,7 +24,7 @@ def build_side_input_job(
     interval_seconds: float = 10.0,
     description: str | None = None,
     tags: Mapping[str, str] | None = None,
-) -> dg.UnresolvedAssetJobDefinition:
+) -> AssetJob:
     """A job materializing every output of a ``@side_input_assets`` operator.
 
     Each run processes all main input not processed yet (exactly once across runs),
@@ -53,7 +56,7 @@ def build_replay_job(
     replay: OutputTag | str,
     *,
     name: str | None = None,
-) -> dg.UnresolvedAssetJobDefinition:
+) -> AssetJob:
     """A job feeding the records of a side output (``unmatched``, ``late``) back through
     the operator, exactly once: each replayed record is read once from the side output's
     table (the replay keeps its own offsets). Records whose side row is still missing

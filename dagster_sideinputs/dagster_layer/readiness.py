@@ -17,6 +17,7 @@ the job shows in its logs and metadata.
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -49,19 +50,21 @@ class SideAsset:
         return None
 
 
-def side_assets_from_repository(
-    repository: dg.RepositoryDefinition | None, sides: Mapping[str, SideInput]
-) -> dict[str, SideAsset]:
-    """Freshness policy and partitions of every side input's asset, if it is defined."""
+def side_assets_from_graph(graph: Any, sides: Mapping[str, SideInput]) -> dict[str, SideAsset]:
+    """Freshness policy and partitions of every side input's asset, from an asset graph.
+
+    ``graph`` is a repository's or a job's asset graph (``.has(key)`` / ``.get(key)``);
+    an asset it does not know (e.g. a job run outside its code location) is treated as
+    having no policy and no partitions.
+    """
     found: dict[str, SideAsset] = {}
     for name, side in sides.items():
         key = dg.AssetKey(side.asset.split("/"))
-        assets_def = repository.assets_defs_by_key.get(key) if repository is not None else None
-        if assets_def is None:
+        if graph is None or not graph.has(key):
             found[name] = SideAsset(key)
             continue
-        spec = assets_def.specs_by_key[key]
-        found[name] = SideAsset(key, spec.freshness_policy, assets_def.partitions_def)
+        node = graph.get(key)
+        found[name] = SideAsset(key, node.freshness_policy, node.partitions_def)
     return found
 
 

@@ -17,7 +17,7 @@ from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.dagster_layer.assets import declaration_of
 from dagster_sideinputs.dagster_layer.execution import build_operator, storage_of
-from dagster_sideinputs.dagster_layer.job import build_side_input_job
+from dagster_sideinputs.dagster_layer.job import AssetJob, build_side_input_job
 from dagster_sideinputs.errors import OperatorStateError
 
 _ACTIVE = [
@@ -79,7 +79,7 @@ def describe_idle(op: SideInputOperator) -> str:
 def build_side_input_sensor(
     assets_def: dg.AssetsDefinition,
     *,
-    job: dg.UnresolvedAssetJobDefinition | dg.JobDefinition | None = None,
+    job: AssetJob | dg.JobDefinition | None = None,
     name: str | None = None,
     minimum_interval_seconds: int = 30,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
@@ -116,7 +116,8 @@ def build_side_input_sensor(
                 "what is available."
             )
         storage = storage_of(context.resources, decl)
-        op = build_operator(decl, storage, context.instance, context.repository_def)
+        graph = context.repository_def.asset_graph if context.repository_def else None
+        op = build_operator(decl, storage, context.instance, graph)
         try:
             plan = op.peek()
         except OperatorStateError:

@@ -1,0 +1,1 @@
+"""An example Dagster code location: enriching and splitting a payments stream."""

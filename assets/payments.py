@@ -1,0 +1,144 @@
+"""The inputs of the payments pipeline, generated locally (nothing is downloaded).
+
+- ``transactions``: the main stream; each materialization appends a batch of card
+  transactions of the current hour (some for customers without a profile yet, some
+  arriving hours late).
+- ``customer_profiles``: one row per customer; expected daily (freshness policy).
+- ``fx_rates``: hourly partitioned exchange rates to USD; each partition is one hour.
+- ``fraud_rules``: one row of thresholds; expected every 12 hours.
+"""
+
+import datetime as dt
+import hashlib
+
+import dagster as dg
+from pydantic import Field
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+
+CUSTOMERS = 1_000
+CURRENCIES = {"USD": 1.0, "EUR": 1.08, "GBP": 1.27, "JPY": 0.0067, "CHF": 1.12}
+FX_START = "2024-01-01-00:00"
+
+hourly = dg.HourlyPartitionsDefinition(start_date=FX_START, end_offset=1)
+
+
+def _seed(context: dg.AssetExecutionContext) -> int:
+    return int(hashlib.sha1(context.run_id.encode()).hexdigest()[:8], 16)
+
+
+class TransactionBatch(dg.Config):
+    """How many transactions one materialization appends, and how messy they are."""
+
+    count: int = Field(default=5_000, description="Transactions in this batch.")
+    unknown_customer_share: float = Field(
+        default=0.01, description="Share of transactions by customers with no profile yet."
+    )
+    hours_back: int = Field(
+        default=0, description="Event times fall in the hour this many hours before now."
+    )
+    late_share: float = Field(
+        default=0.0, description="Share of transactions whose event time is 6 hours older."
+    )
+
+
+@dg.asset(
+    group_name="payments",
+    kinds={"spark", "delta"},
+    metadata={"write_mode": "append"},
+    description="Card transactions, appended batch by batch (the operator's main input).",
+)
+def transactions(
+    context: dg.AssetExecutionContext, config: TransactionBatch, spark: dsi.SparkResource
+) -> DataFrame:
+    seed = _seed(context)
+    now = dt.datetime.now(dt.timezone.utc)
+    hour = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=config.hours_back)
+    hour_seconds = int(hour.timestamp())
+    currencies = F.array(*[F.lit(c) for c in CURRENCIES])
+    rows = spark.spark_session.range(config.count).select(
+        (F.lit(seed).cast("long") * 1_000_000 + F.col("id")).alias("tx_id"),
+        F.when(
+            F.rand(seed) < config.unknown_customer_share,
+            (F.lit(CUSTOMERS) + 1 + (F.rand(seed + 1) * 50).cast("long")),
+        )
+        .otherwise((F.rand(seed + 2) * CUSTOMERS).cast("long") + 1)
+        .alias("customer_id"),
+        F.concat(F.lit("card-"), (F.rand(seed + 3) * 3_000).cast("long").cast("string")).alias(
+            "card_id"
+        ),
+        F.concat(F.lit("merchant-"), (F.rand(seed + 4) * 200).cast("long").cast("string")).alias(
+            "merchant"
+        ),
+        F.round(F.exp(F.rand(seed + 5) * 9), 2).alias("amount"),
+        F.element_at(currencies, (F.rand(seed + 6) * len(CURRENCIES)).cast("int") + 1).alias(
+            "currency"
+        ),
+        F.timestamp_seconds(
+            F.lit(hour_seconds)
+            + (F.rand(seed + 7) * 3599).cast("long")
+            - F.when(F.rand(seed + 8) < config.late_share, F.lit(6 * 3600)).otherwise(F.lit(0))
+        ).alias("ts"),
+    )
+    context.log.info(f"{config.count} transactions around {hour.isoformat()}")
+    return rows
+
+
+class ProfilesConfig(dg.Config):
+    """Customers beyond the base population, e.g. to let waiting transactions through."""
+
+    extra_customers: int = Field(
+        default=0, description="Also write profiles for this many customers past the base 1000."
+    )
+
+
+@dg.asset(
+    group_name="payments",
+    kinds={"spark", "delta"},
+    freshness_policy=dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(days=1)),
+    description="Customer profiles (keyed map side input; expected daily).",
+)
+def customer_profiles(spark: dsi.SparkResource, config: ProfilesConfig) -> DataFrame:
+    segments = F.array(F.lit("retail"), F.lit("business"), F.lit("private"))
+    countries = F.array(*[F.lit(c) for c in ("DE", "FR", "GB", "US", "JP", "CH", "XX")])
+    return spark.spark_session.range(1, CUSTOMERS + 1 + config.extra_customers).select(
+        F.col("id").alias("customer_id"),
+        F.concat(F.lit("customer "), F.col("id").cast("string")).alias("name"),
+        F.element_at(segments, (F.col("id") % 3 + 1).cast("int")).alias("segment"),
+        F.element_at(countries, (F.col("id") % 7 + 1).cast("int")).alias("country"),
+        F.round((F.col("id") * 7919 % 1000) / 1000, 3).alias("risk_score"),
+    )
+
+
+@dg.asset(
+    group_name="payments",
+    kinds={"spark", "delta"},
+    partitions_def=hourly,
+    description="Exchange rates to USD, one partition per hour (windowed map side input).",
+)
+def fx_rates(context: dg.AssetExecutionContext, spark: dsi.SparkResource) -> DataFrame:
+    window = context.partition_time_window
+    wobble = 1 + 0.01 * ((window.start.hour % 12) - 6) / 6
+    rows = [
+        (currency, round(rate * wobble, 6), window.start + dt.timedelta(minutes=1))
+        for currency, rate in CURRENCIES.items()
+    ]
+    return spark.spark_session.createDataFrame(
+        rows, "currency string, rate_to_usd double, ts timestamp"
+    )
+
+
+@dg.asset(
+    group_name="payments",
+    kinds={"spark", "delta"},
+    freshness_policy=dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=12)),
+    description="Fraud thresholds (singleton side input; expected every 12 hours).",
+)
+def fraud_rules(spark: dsi.SparkResource) -> DataFrame:
+    return spark.spark_session.createDataFrame(
+        [(4_000.0, 0.95, ["XX"], 3)],
+        "max_amount_usd double, max_risk_score double, blocked_countries array<string>, "
+        "version int",
+    )
