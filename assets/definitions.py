@@ -33,9 +33,7 @@ enrichment_schedule = dg.ScheduleDefinition(
     description="Catch up on transactions every 15 minutes (the sensor reacts faster).",
 )
 fx_schedule = dg.build_schedule_from_partitioned_job(
-    dg.define_asset_job(
-        "fx_rates_job", selection=[fx_rates], partitions_def=fx_rates.partitions_def
-    ),
+    dg.define_asset_job("fx_rates_job", selection=[fx_rates]),
     name="fx_rates_hourly",
 )
 
