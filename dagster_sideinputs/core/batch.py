@@ -152,9 +152,8 @@ class BatchRunner:
         return self.engine.read_snapshot(self.spark, snapshot, files=files, name=spec.main.asset)
 
     def _landing_schema(self) -> T.StructType:
-        schema = self.spec.main.schema
-        if isinstance(schema, str):
-            schema = T.StructType.fromDDL(schema)
+        declared = self.spec.main.schema
+        schema = T.StructType.fromDDL(declared) if isinstance(declared, str) else declared
         assert isinstance(schema, T.StructType)
         return schema
 

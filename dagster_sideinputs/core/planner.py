@@ -159,8 +159,12 @@ class Planner:
         column = window.time_column
         lows = [parse_stat_time(_file_stat(f, "min", column)) for f in main_files]
         highs = [parse_stat_time(_file_stat(f, "max", column)) for f in main_files]
-        if main_files and all(v is not None for v in lows + highs):
-            spans = windows_between(window, min(lows), max(highs), MAX_ENUMERATED_WINDOWS)  # type: ignore[type-var]
+        known_lows = [v for v in lows if v is not None]
+        known_highs = [v for v in highs if v is not None]
+        if main_files and len(known_lows) == len(lows) and len(known_highs) == len(highs):
+            spans = windows_between(
+                window, min(known_lows), max(known_highs), MAX_ENUMERATED_WINDOWS
+            )
             if spans is not None:
                 return spans
         rows = assign_windows(new_rows().select(column), window, column)
@@ -199,9 +203,9 @@ class Planner:
                 for start, end in self.new_windows(main_files, rows):
                     namespaces[namespace_id(start)] = (start, end)
             for ns in buffer.namespaces():
-                start = parse_namespace_id(ns)
-                if start is not None:
-                    namespaces[ns] = (start, start + spec.window.size)
+                buffered_start = parse_namespace_id(ns)
+                if buffered_start is not None:
+                    namespaces[ns] = (buffered_start, buffered_start + spec.window.size)
 
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
         watermark = self._watermark(previous_commit)

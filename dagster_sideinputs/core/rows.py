@@ -12,7 +12,7 @@ records come back as one DataFrame with a struct column per tag, which the opera
 persists and splits, so the Python function runs once per record.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -139,7 +139,7 @@ def run_row_function(
     record_fields = list(record_columns)
     joined = list(joined_columns)
 
-    def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def process(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
         ctx = RowContext(declared, broadcast_values, joined, tag_names[0])
         struct_types = [arrow_schema.field(f"_dsi_out_{i}").type for i in range(len(tags))]
         for batch in batches:

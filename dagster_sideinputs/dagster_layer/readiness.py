@@ -88,7 +88,7 @@ def freshness_decision(
         return Decision(False, "never materialized (freshness policy cannot pass)")
     age = as_utc(now) - as_utc(last)
     if hasattr(policy, "fail_window"):
-        window = policy.fail_window.to_timedelta()  # type: ignore[attr-defined]
+        window = policy.fail_window.to_timedelta()
         ok = age <= window
         return Decision(
             ok,

@@ -30,7 +30,7 @@ PARTITION_TYPES: tuple[type[T.DataType], ...] = (
     T.BooleanType,
 )
 
-_INTEGRAL_RANK = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 3, T.LongType: 4}
+_INTEGRAL_RANK: dict[type, int] = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 3, T.LongType: 4}
 
 
 def as_nullable(data_type: T.DataType) -> T.DataType:

@@ -460,7 +460,7 @@ def _commit(
             create_table_with_add_actions(
                 uri,
                 delta_schema,
-                actions,
+                _add_actions(staged),
                 mode="error",
                 partition_by=partition_by or None,
                 description=description,

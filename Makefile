@@ -1,0 +1,41 @@
+# One-command entry points. Everything runs in ./.venv, created on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: install demo dev test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install the package with its dev tools
+
+demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
+	$(BIN)/python -m assets.demo
+
+dev: $(STAMP)  ## open the Dagster UI on the example code location
+	mkdir -p $(DAGSTER_HOME) && touch $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml
+
+test: $(STAMP)  ## run the whole test suite (real Spark, Delta, Dagster)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)  ## the suite without the slow tests
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)  ## formatting, lint and types
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## the benchmarks (minutes; see bench/)
+	$(BIN)/python bench/delta_io.py
+	$(BIN)/python bench/operator.py
+
+clean:
+	rm -rf data .dagster_home
