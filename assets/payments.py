@@ -53,12 +53,13 @@ class TransactionBatch(dg.Config):
 def transactions(
     context: dg.AssetExecutionContext, config: TransactionBatch, spark: dsi.SparkResource
 ) -> DataFrame:
+    session = spark.spark_session  # first: F.lit needs an active SparkContext in this process
     seed = _seed(context)
     now = dt.datetime.now(dt.timezone.utc)
     hour = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=config.hours_back)
     hour_seconds = int(hour.timestamp())
     currencies = F.array(*[F.lit(c) for c in CURRENCIES])
-    rows = spark.spark_session.range(config.count).select(
+    rows = session.range(config.count).select(
         (F.lit(seed).cast("long") * 1_000_000 + F.col("id")).alias("tx_id"),
         F.when(
             F.rand(seed) < config.unknown_customer_share,
@@ -101,9 +102,10 @@ class ProfilesConfig(dg.Config):
     description="Customer profiles (keyed map side input; expected daily).",
 )
 def customer_profiles(spark: dsi.SparkResource, config: ProfilesConfig) -> DataFrame:
+    session = spark.spark_session  # first: F.lit needs an active SparkContext in this process
     segments = F.array(F.lit("retail"), F.lit("business"), F.lit("private"))
     countries = F.array(*[F.lit(c) for c in ("DE", "FR", "GB", "US", "JP", "CH", "XX")])
-    return spark.spark_session.range(1, CUSTOMERS + 1 + config.extra_customers).select(
+    return session.range(1, CUSTOMERS + 1 + config.extra_customers).select(
         F.col("id").alias("customer_id"),
         F.concat(F.lit("customer "), F.col("id").cast("string")).alias("name"),
         F.element_at(segments, (F.col("id") % 3 + 1).cast("int")).alias("segment"),

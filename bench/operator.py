@@ -23,8 +23,10 @@ prints medians and ratios against the baseline measured in the same run.
 
 import argparse
 import datetime as dt
+import inspect
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -163,11 +165,15 @@ class SparkRest:
         }
 
     def since(self, mark: dict[str, int]) -> dict[str, Any]:
-        """Shuffle bytes, Exchange nodes and jobs of everything run after ``mark``."""
+        """Shuffle bytes, Exchange nodes and SQL executions of everything run after ``mark``.
+
+        ``main_side_shuffles`` counts the executions whose plan hash-partitions the main
+        records by their join key (the operator's ``_dsi_mk_*`` key column).
+        """
         stages = [s for s in self._get("/stages?status=complete") if s["stageId"] > mark["stage"]]
         sql = [
             q
-            for q in self._get("/sql?details=true&planDescription=false&offset=0&length=100000")
+            for q in self._get("/sql?details=true&planDescription=true&offset=0&length=100000")
             if q["id"] > mark["sql"]
         ]
         nodes = [n["nodeName"] for q in sql for n in q.get("nodes", [])]
@@ -177,25 +183,51 @@ class SparkRest:
             "shuffle_read_bytes": sum(s.get("shuffleReadBytes", 0) for s in stages),
             "shuffle_exchanges": sum(1 for n in nodes if n == "Exchange"),
             "broadcast_exchanges": sum(1 for n in nodes if n == "BroadcastExchange"),
-            "jobs": [
+            "main_side_shuffles": sum(
+                1 for q in sql if MAIN_SIDE_EXCHANGE.search(q.get("planDescription", ""))
+            ),
+            "jobs": len(jobs),
+            "executions": [
                 {
-                    "id": j["jobId"],
-                    "name": j.get("name", ""),
-                    "seconds": _job_seconds(j),
-                    "stages": len(j.get("stageIds", [])),
+                    "id": q["id"],
+                    "seconds": q.get("duration", 0) / 1000,
+                    "what": _call_site(q.get("description", "")),
                 }
-                for j in jobs
+                for q in sql
             ],
         }
 
 
-def _job_seconds(job: dict[str, Any]) -> float:
-    start, end = job.get("submissionTime"), job.get("completionTime")
-    if not start or not end:
-        return float("nan")
-    fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
-    parse = lambda s: dt.datetime.strptime(s.replace("GMT", "UTC"), fmt)  # noqa: E731
-    return (parse(end) - parse(start)).total_seconds()
+MAIN_SIDE_EXCHANGE = re.compile(r"Arguments: hashpartitioning\(_dsi_mk_")
+
+
+def _call_site(description: str) -> str:
+    """``collect at /x/batch.py:443`` with the function (of the loaded code) it points at."""
+    match = re.fullmatch(r"(\w+) at (/\S+\.py):(\d+)", description.strip())
+    if match is None:
+        return description
+    action, path, line = match.groups()
+    return f"{action} at {Path(path).name}:{line} ({_function_at(path, int(line)) or '?'})"
+
+
+def _function_at(path: str, line: int) -> str | None:
+    """The qualified name of the loaded function whose code holds ``path:line``."""
+    module = next(
+        (m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == path), None
+    )
+    if module is None:
+        return None
+    candidates = [getattr(module, name) for name in dir(module)]
+    for value in list(candidates):
+        if inspect.isclass(value) and value.__module__ == module.__name__:
+            candidates.extend(vars(value).values())
+    for value in candidates:
+        code = getattr(value, "__code__", None)
+        if code is not None and code.co_filename == path:
+            lines = [n for _, _, n in code.co_lines() if n is not None]
+            if lines and min(lines) <= line <= max(lines):
+                return str(value.__qualname__)
+    return None
 
 
 def free_port() -> int:
@@ -471,11 +503,14 @@ def print_profile(profile: dict[str, Any]) -> None:
     print(f"    writes: {writes}")
     spark = profile.get("spark")
     if spark:
-        jobs = sorted(spark["jobs"], key=lambda j: -(j["seconds"] or 0))
-        total = sum(j["seconds"] for j in jobs if j["seconds"] == j["seconds"])
-        print(f"    {len(jobs)} Spark jobs, {total:.2f}s in jobs; longest:")
-        for job in jobs[:6]:
-            print(f"      {job['seconds']:6.2f}s  job {job['id']:>4}  {job['name'][:70]}")
+        runs = sorted(spark["executions"], key=lambda q: -q["seconds"])
+        total = sum(q["seconds"] for q in runs)
+        print(
+            f"    {len(runs)} Spark SQL executions ({spark['jobs']} jobs), {total:.2f}s in them; "
+            "longest:"
+        )
+        for query in runs[:6]:
+            print(f"      {query['seconds']:6.2f}s  {query['what'][:100]}")
 
 
 # --- 2. rows mode vs mapInPandas ---------------------------------------------------------------
@@ -704,7 +739,7 @@ def bench_buffer(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     args = lake.args
     unit = max(1_000, args.rows // 40)
     scenarios = buffer_scenarios(unit)
-    run_scenario(lake, Scenario("warmup", (unit // 10,) * 3, 1))
+    run_scenario(lake, Scenario("warmup", (unit,) * 2, 1))
     fills: dict[str, list[float]] = {}
     points: dict[tuple[str, str], list[Release]] = {}
     for _ in range(args.repeats):
@@ -797,16 +832,20 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     metrics: dict[str, list[dict[str, Any]]] = {"pre_keyed": [], "shuffled": []}
+    own: dict[str, list[float]] = {"pre_keyed": [], "shuffled": []}
 
     def variant(name: str, pre_keyed: bool) -> Callable[[int], OperatorRun]:
         def run(i: int) -> OperatorRun:
             root = lake.fresh_root(name)
             op = frames_operator(main_uri, lake, root, pre_keyed=pre_keyed, keyed=True)
             mark = rest.mark() if rest else None
-            outcome = OperatorRun(op.run(spark), root)
-            if rest and mark and i >= 0:
-                metrics[name].append(rest.since(mark))
-            return outcome
+            # Timed here, so that reading the REST API is not part of the figure.
+            seconds, result = timed(lambda: op.run(spark))
+            if i >= 0:
+                own[name].append(seconds)
+                if rest and mark:
+                    metrics[name].append(rest.since(mark))
+            return OperatorRun(result, root)
 
         return run
 
@@ -814,9 +853,10 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         actions = {"shuffled": variant("shuffled", False), "pre_keyed": variant("pre_keyed", True)}
         for action in actions.values():
             action(-1)
-        seconds, results = interleaved(actions, args.repeats)
+        _, results = interleaved(actions, args.repeats)
     finally:
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", previous)
+    seconds = {name: median_of(values) for name, values in own.items()}
 
     figures: dict[str, Any] = {"rows": args.rows, "key_groups": KEY_GROUPS}
     print(
@@ -836,13 +876,19 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             "notes": notes,
         }
         if runs:
-            for key in ("shuffle_write_bytes", "shuffle_read_bytes", "shuffle_exchanges"):
+            for key in (
+                "shuffle_write_bytes",
+                "shuffle_read_bytes",
+                "shuffle_exchanges",
+                "main_side_shuffles",
+            ):
                 entry[key] = median_of([r[key] for r in runs])
         figures[name] = entry
         shuffle = (
             f"shuffle write {entry['shuffle_write_bytes'] / 2**20:7.1f} MiB, read "
-            f"{entry['shuffle_read_bytes'] / 2**20:7.1f} MiB, {entry['shuffle_exchanges']:.0f} "
-            "Exchange nodes"
+            f"{entry['shuffle_read_bytes'] / 2**20:7.1f} MiB; Exchange nodes "
+            f"{entry['shuffle_exchanges']:.0f}; executions shuffling the main records by key: "
+            f"{entry['main_side_shuffles']:.0f}"
             if runs
             else "shuffle metrics unavailable"
         )

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import io
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import CommitProperties
+from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -290,7 +292,7 @@ class BatchRunner:
 
     def _route(self, df: DataFrame, plan: BatchPlan, views: _Views) -> DataFrame:
         spec = self.spec
-        invalid, reason = self._invalid(df)
+        invalid, reason = self._invalid(df, plan)
         route = F.when(invalid, F.lit("invalid"))
         late = plan.late_namespaces
         if spec.routes.late is not None and late:
@@ -329,7 +331,7 @@ class BatchRunner:
         )
         return df.withColumn(ROUTE, route).withColumn(REASON, why)
 
-    def _invalid(self, df: DataFrame) -> tuple[Column, Column]:
+    def _invalid(self, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
         spec = self.spec
         checks: list[tuple[Column, str]] = []
         if CORRUPT in df.columns:
@@ -337,9 +339,17 @@ class BatchRunner:
         if spec.main.key is not None:
             checks.append((F.col(f"`{spec.main.key}`").isNull(), f"null key {spec.main.key!r}"))
         if spec.window is not None:
-            checks.append(
-                (F.col(NS_START).isNull(), f"null event time {spec.window.time_column!r}")
-            )
+            column = spec.window.time_column
+            checks.append((F.col(NS_START).isNull(), f"null event time {column!r}"))
+            if spec.future_tolerance is not None:
+                limit = plan.now + spec.future_tolerance
+                checks.append(
+                    (
+                        F.col(f"`{column}`") > F.lit(limit).cast("timestamp"),
+                        f"event time {column!r} after {limit.isoformat()} (more than "
+                        f"{spec.future_tolerance} ahead of the batch)",
+                    )
+                )
         if not checks:
             return F.lit(False), F.lit(None).cast("string")
         invalid = checks[0][0]
@@ -808,7 +818,7 @@ class BatchRunner:
             return action()
         except SideInputError:
             raise
-        except PySparkException as exc:
+        except (PySparkException, Py4JJavaError) as exc:
             text = str(exc)
             if "UndeclaredOutputTagError" in text:
                 raise UndeclaredOutputTagError(_extract(text, "UndeclaredOutputTagError:")) from exc
@@ -819,10 +829,14 @@ class BatchRunner:
                     fix="fix the key-group column at the source, or drop pre_keyed=",
                 ) from exc
             if "not a Parquet file" in text or "FileNotFoundException" in text:
+                found = re.search(r"reading file (\S+?)\.?\s", text)
+                where = found.group(1) if found else _extract(text, "")
                 raise CorruptDataFileError(
-                    f"A data file read by operator {self.spec.operator_id!r} is unreadable: "
-                    f"{_extract(text, '')}. Nothing was written.",
-                    fix="move the file out of the landing folder / repair the table, then rerun",
+                    f"Operator {self.spec.operator_id!r} cannot read data file {where} of main "
+                    f"input {self.spec.main.asset!r}: it is not a readable parquet file. "
+                    "Nothing was written; buffered records are intact.",
+                    fix="move the file out of the landing folder (or restore it / repair the "
+                    "table), then rerun",
                 ) from exc
             raise
 
@@ -888,7 +902,12 @@ def _explain(frame: DataFrame) -> str:
 
 
 def _max_time(counts: Mapping[tuple[str, str], Any]) -> dt.datetime | None:
-    values = [as_utc(v["max_time"]) for v in counts.values() if v.get("max_time") is not None]
+    """Latest event time of the batch's valid records (invalid ones must not move time)."""
+    values = [
+        as_utc(v["max_time"])
+        for (route, _), v in counts.items()
+        if route != "invalid" and v.get("max_time") is not None
+    ]
     return max(values) if values else None
 
 

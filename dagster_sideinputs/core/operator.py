@@ -65,6 +65,9 @@ class SideInputOperator:
         schema_mode: ``"merge"`` lets outputs gain columns; by default a schema change
             of an output is an error.
         max_versions_per_batch / max_files_per_batch: bound a batch's share of a backlog.
+        future_tolerance: in a windowed operator, a record whose event time is further
+            ahead of the batch's clock than this is invalid: one bogus year-9999
+            timestamp would otherwise push the watermark past every window.
 
     Examples:
         >>> op = SideInputOperator(                                   # doctest: +SKIP
@@ -98,6 +101,7 @@ class SideInputOperator:
         schema_mode: Literal["merge"] | None = None,
         max_versions_per_batch: int | None = None,
         max_files_per_batch: int | None = None,
+        future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
     ) -> None:
         self.spec: OperatorSpec = build_spec(
             main=main,
@@ -115,6 +119,7 @@ class SideInputOperator:
             schema_mode=schema_mode,
             max_versions_per_batch=max_versions_per_batch,
             max_files_per_batch=max_files_per_batch,
+            future_tolerance=future_tolerance,
         )
         self.plans = PlanLog(TableFiles(self.spec.state_uri, storage.storage_options))
         self._runner: BatchRunner | None = None

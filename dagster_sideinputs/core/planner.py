@@ -37,7 +37,7 @@ from dagster_sideinputs.core.windows import (
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.table import TableSnapshot
-from dagster_sideinputs.errors import SideInputDataError
+from dagster_sideinputs.errors import SideInputDataError, TableNotFoundError
 
 MAX_ENUMERATED_WINDOWS = 2000
 _HIDDEN = (".", "_")
@@ -90,9 +90,10 @@ class Planner:
         if self.spec.main.is_files:
             return self._files_range()
         start = previous.main.end_version if previous is not None else -1
-        if not self.engine.exists(self.spec.main_uri):
+        try:
+            latest = self.engine.snapshot(self.spec.main_uri, name=self.spec.main.asset)
+        except TableNotFoundError:  # not materialized yet (a non-Delta folder is an error)
             return MainRange("delta", start, start), [], None
-        latest = self.engine.snapshot(self.spec.main_uri, name=self.spec.main.asset)
         end = latest.version
         if self.spec.max_versions_per_batch is not None:
             end = min(end, start + self.spec.max_versions_per_batch)

@@ -61,6 +61,7 @@ class OperatorSpec:
     schema_mode: Literal["merge"] | None
     max_versions_per_batch: int | None
     max_files_per_batch: int | None
+    future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
 
     @property
     def state_uri(self) -> str:
@@ -139,6 +140,7 @@ def build_spec(
     schema_mode: Literal["merge"] | None,
     max_versions_per_batch: int | None,
     max_files_per_batch: int | None,
+    future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
 ) -> OperatorSpec:
     """Resolve and check an operator declaration; every inconsistency is a DeclarationError."""
     if mode not in ("frames", "rows"):
@@ -194,6 +196,7 @@ def build_spec(
         schema_mode=schema_mode,
         max_versions_per_batch=max_versions_per_batch,
         max_files_per_batch=max_files_per_batch,
+        future_tolerance=future_tolerance,
     )
 
 

@@ -1,0 +1,817 @@
+"""Crash harness: the example pipeline killed with SIGKILL at random points, then rerun.
+
+    python bench/crash_harness.py --trials 20 --seed 1
+
+Every trial copies a template (a Dagster instance and a Delta lake holding the side
+inputs), runs the example pipeline (``assets/``) in a worker subprocess, kills the
+worker's whole process group (the Python driver and its Spark JVM) with SIGKILL after a
+random delay, possibly more than once, reruns it to completion, and compares every
+output table and the operators' buffers with a reference run that was never killed:
+no record lost, none duplicated, nothing else different.
+
+The pipeline is a fixed script of idempotent actions, so a rerun continues where the
+killed worker stopped (its progress is a file, advanced after each action):
+
+1. append transactions batch A (hours 00-01 of 2024-05-01; a few unknown customers),
+   run ``payments_enrichment_job``;
+2. append batch B (hours 02-03: hour 03 waits for its FX partition), run the job;
+3. materialize ``fx_rates`` 03:00, append batch C (some 6 hours late), run the job;
+4. materialize ``customer_profiles`` with 25 more customers (releases some waiting
+   transactions), append batch D (some in hour 04, whose FX never arrives), run the job;
+5. with a zero profile timeout (a second worker process): append batch E, run the job
+   (the transactions still waiting for a profile go to ``unmatched_transactions``);
+6. materialize profiles with 60 more customers, run
+   ``replay_unmatched_transactions_job`` (the replay operator has its own state).
+
+Nothing that changes the outputs depends on the wall clock: event times are fixed,
+the profile timeout is huge (then zero), and the side inputs with freshness policies
+are materialized when the template is made (a run of the harness must stay well inside
+the 12 hours of the fraud rules' policy). Transactions are appended with delta-rs and
+an application transaction (idempotent); every other action goes through Dagster like
+``assets/demo.py``: ``materialize`` for the sources, ``execute_in_process`` for the
+jobs, against the trial's own ``DAGSTER_HOME``.
+"""
+
+import argparse
+import collections
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HOUR0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
+INPUT_APP = "crash-harness-inputs"
+TEMPLATE_FX_HOURS = ("2024-05-01-00:00", "2024-05-01-01:00", "2024-05-01-02:00")
+OUTPUTS = (
+    "enriched_transactions",
+    "suspicious_transactions",
+    "late_transactions",
+    "unmatched_transactions",
+)
+STATE = "_sideinputs"
+LONG_TIMEOUT_MINUTES = "10000000"  # ~19 years: nothing times out while the harness runs
+ZERO_TIMEOUT_MINUTES = "0.000001"  # 60 µs: every transaction waiting since an earlier batch times out
+TEMPLATE_MAX_AGE = dt.timedelta(hours=11)  # fraud_rules must stay fresh (12 hours)
+WORKER_TIMEOUT_S = 900.0
+
+
+# --- the pipeline script ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A deterministic batch of transactions."""
+
+    index: int
+    count: int
+    hours: tuple[int, ...]  # event hours, relative to HOUR0
+    unknown_share: float = 0.0  # customers 1001..1070 (no profile at first)
+    late_share: float = 0.0  # event time 6 hours earlier
+
+
+BATCHES = (
+    Batch(1, 400, (0, 1), unknown_share=0.04),
+    Batch(2, 400, (2, 3), unknown_share=0.04),
+    Batch(3, 300, (3,), unknown_share=0.02, late_share=0.15),
+    Batch(4, 200, (3, 4), unknown_share=0.03),
+    Batch(5, 100, (3,), unknown_share=0.05),
+)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One idempotent step of the pipeline; ``group`` is the profile timeout it needs."""
+
+    kind: str  # append | fx | profiles | job
+    arg: Any
+    group: str = "long"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.arg}"
+
+
+ACTIONS = (
+    Action("append", 1),
+    Action("job", "payments_enrichment_job"),
+    Action("append", 2),
+    Action("job", "payments_enrichment_job"),
+    Action("fx", "2024-05-01-03:00"),
+    Action("append", 3),
+    Action("job", "payments_enrichment_job"),
+    Action("profiles", 25),
+    Action("append", 4),
+    Action("job", "payments_enrichment_job"),
+    Action("append", 5, "zero"),
+    Action("job", "payments_enrichment_job", "zero"),
+    Action("profiles", 60, "zero"),
+    Action("job", "replay_unmatched_transactions_job", "zero"),
+)
+GROUP_TIMEOUTS = {"long": LONG_TIMEOUT_MINUTES, "zero": ZERO_TIMEOUT_MINUTES}
+
+
+def transactions(batch: Batch) -> Any:
+    """The rows of a batch as a pyarrow table (same bytes on every call)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(1_000 + batch.index)
+    n = batch.count
+    unknown = rng.random(n) < batch.unknown_share
+    customers = np.where(unknown, rng.integers(1001, 1071, n), rng.integers(1, 1001, n))
+    hours = rng.choice(np.array(batch.hours), n)
+    seconds = hours * 3600 + rng.integers(0, 3600, n)
+    seconds = seconds - np.where(rng.random(n) < batch.late_share, 6 * 3600, 0)
+    start_us = int(HOUR0.timestamp()) * 1_000_000
+    currencies = np.array(["USD", "EUR", "GBP", "JPY", "CHF"])
+    return pa.table(
+        {
+            "tx_id": pa.array(batch.index * 1_000_000 + np.arange(n), pa.int64()),
+            "customer_id": pa.array(customers, pa.int64()),
+            "card_id": pa.array([f"card-{c}" for c in rng.integers(0, 3000, n)]),
+            "merchant": pa.array([f"merchant-{m}" for m in rng.integers(0, 200, n)]),
+            "amount": pa.array(np.round(np.exp(rng.random(n) * 9), 2), pa.float64()),
+            "currency": pa.array(currencies[rng.integers(0, len(currencies), n)]),
+            "ts": pa.array(start_us + seconds * 1_000_000, pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+# --- the worker (a subprocess: its own process group, its own JVM) -------------------------
+
+
+def _worker_env(trial: Path, group: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DAGSTER_HOME=str(trial / "dagster_home"),
+        DSI_LAKE_ROOT=str(trial / "lake"),
+        DSI_PROFILE_TIMEOUT_MINUTES=GROUP_TIMEOUTS[group],
+        DSI_SPARK_MASTER="local[2]",
+        DSI_SPARK_UI="false",
+        DSI_SPARK_DRIVER_MEMORY="1g",
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _progress(trial: Path) -> int:
+    path = trial / "progress.json"
+    return json.loads(path.read_text())["done"] if path.exists() else 0
+
+
+def _set_progress(trial: Path, done: int) -> None:
+    temp = trial / "progress.json.tmp"
+    temp.write_text(json.dumps({"done": done}))
+    os.replace(temp, trial / "progress.json")
+
+
+def _event(trial: Path, **data: Any) -> None:
+    with open(trial / "events.jsonl", "a") as handle:
+        handle.write(json.dumps({"t": time.time(), "pid": os.getpid(), **data}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _append(lake: Path, batch_index: int) -> None:
+    from deltalake import DeltaTable, Transaction, write_deltalake
+    from deltalake.transaction import CommitProperties
+
+    uri = str(lake / "transactions")
+    if DeltaTable.is_deltatable(uri):
+        done = DeltaTable(uri).transaction_version(INPUT_APP)
+        if done is not None and done >= batch_index:
+            return
+    batch = next(b for b in BATCHES if b.index == batch_index)
+    write_deltalake(
+        uri,
+        transactions(batch),
+        mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction(INPUT_APP, batch_index)]),
+    )
+
+
+def worker(trial: Path, *, template: bool = False) -> None:
+    """Run the pending actions of this process's group (or build the template's sources)."""
+    _event(trial, event="launch")
+    import dagster as dg
+
+    from assets.definitions import defs
+    from assets.payments import customer_profiles, fraud_rules, fx_rates
+    from resources import RESOURCES
+
+    instance = dg.DagsterInstance.get()
+    lake = Path(os.environ["DSI_LAKE_ROOT"])
+    started_spark = False
+
+    def spark() -> None:
+        nonlocal started_spark
+        if not started_spark:
+            RESOURCES["spark"].spark_session  # noqa: B018 (start the JVM; Dagster reuses it)
+            started_spark = True
+            _event(trial, event="spark")
+
+    def materialize(assets: list[Any], **kwargs: Any) -> None:
+        spark()
+        result = dg.materialize(assets, resources=RESOURCES, instance=instance, **kwargs)
+        if not result.success:
+            raise RuntimeError(f"materializing {assets} failed")
+
+    if template:
+        materialize([fraud_rules])
+        materialize([customer_profiles])
+        for key in TEMPLATE_FX_HOURS:
+            materialize([fx_rates], partition_key=key)
+        return
+
+    group = os.environ["DSI_HARNESS_GROUP"]
+    for index in range(_progress(trial), len(ACTIONS)):
+        action = ACTIONS[index]
+        if action.group != group:
+            break
+        _event(trial, event="start", index=index, action=action.label)
+        if action.kind == "append":
+            _append(lake, action.arg)
+        elif action.kind == "fx":
+            materialize([fx_rates], partition_key=action.arg)
+        elif action.kind == "profiles":
+            materialize(
+                [customer_profiles],
+                run_config={
+                    "ops": {"customer_profiles": {"config": {"extra_customers": action.arg}}}
+                },
+            )
+        else:
+            spark()
+            result = defs.resolve_job_def(action.arg).execute_in_process(instance=instance)
+            if not result.success:
+                raise RuntimeError(f"job {action.arg} failed")
+        _event(trial, event="done", index=index, action=action.label)
+        _set_progress(trial, index + 1)
+
+
+# --- launching and killing workers -------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    """One worker process: how long it ran and whether it was killed."""
+
+    group: str
+    seconds: float
+    killed: bool
+    returncode: int | None
+    phase: "Phase | None" = None
+
+
+def _group_is_dead(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _launch(trial: Path, args: list[str], group: str, kill_after: float | None) -> Launch:
+    env = _worker_env(trial, group)
+    env["DSI_HARNESS_GROUP"] = group
+    number = len(list(trial.glob("worker-*.out")))
+    with open(trial / f"worker-{number:02d}.out", "w") as out:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *args, "--trial", str(trial)],
+            env=env,
+            cwd=trial,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the JVM child is in it too
+        )
+        pgid = process.pid
+        try:
+            limit = WORKER_TIMEOUT_S if kill_after is None else min(kill_after, WORKER_TIMEOUT_S)
+            process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            process.wait()
+            deadline = time.monotonic() + 30
+            while not _group_is_dead(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _group_is_dead(pgid):
+                raise RuntimeError(f"process group {pgid} survived SIGKILL") from None
+            if kill_after is None or kill_after >= WORKER_TIMEOUT_S:
+                raise RuntimeError(f"worker hung for {WORKER_TIMEOUT_S}s in {trial}") from None
+            return Launch(group, time.monotonic() - started, True, None)
+        finally:
+            if process.poll() is None:
+                os.killpg(pgid, signal.SIGKILL)
+                process.wait()
+        return Launch(group, time.monotonic() - started, False, process.returncode)
+
+
+def run_pipeline(trial: Path) -> list[Launch]:
+    """Run the pipeline in ``trial`` to completion (from wherever it stopped)."""
+    launches: list[Launch] = []
+    while _progress(trial) < len(ACTIONS):
+        launch = _launch(trial, ["_worker"], ACTIONS[_progress(trial)].group, None)
+        launches.append(launch)
+        if launch.returncode != 0:
+            raise WorkerFailed(trial, launches)
+    return launches
+
+
+def run_until_killed(
+    trial: Path, delay: float, expected: dict[tuple[str, int], set[str]] | None = None
+) -> list[Launch]:
+    """Run workers until one is killed after ``delay`` seconds of worker time, or the
+    pipeline is done. A delay counts from a worker's launch; when the worker finishes its
+    group first, the rest of the delay carries over to the next worker."""
+    launches: list[Launch] = []
+    remaining = delay
+    while _progress(trial) < len(ACTIONS):
+        launch = _launch(trial, ["_worker"], ACTIONS[_progress(trial)].group, remaining)
+        launches.append(launch)
+        if launch.killed:
+            launch.phase = inspect_phase(trial, expected)
+            return launches
+        if launch.returncode != 0:
+            raise WorkerFailed(trial, launches)
+        remaining = max(0.0, remaining - launch.seconds)
+    return launches
+
+
+class WorkerFailed(Exception):
+    """A worker exited with an error (e.g. a rerun could not recover)."""
+
+    def __init__(self, trial: Path, launches: list[Launch]) -> None:
+        last = sorted(trial.glob("worker-*.out"))[-1]
+        tail = "\n".join(last.read_text(errors="replace").splitlines()[-40:])
+        super().__init__(f"worker failed in {trial} (see {last}):\n{tail}")
+        self.launches = launches
+
+
+# --- where a kill landed -----------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    """What the pipeline was doing when its worker was killed."""
+
+    category: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.category} ({self.detail})" if self.detail else self.category
+
+
+def _events(trial: Path) -> list[dict[str, Any]]:
+    path = trial / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _txns(table: Path) -> dict[str, int]:
+    """Application transactions recorded in a Delta log (app id -> highest version)."""
+    found: dict[str, int] = {}
+    log = table / "_delta_log"
+    if not log.is_dir():
+        return found
+    for entry in sorted(log.glob("*.json")):
+        for line in entry.read_text().splitlines():
+            if '"txn"' in line:
+                txn = json.loads(line).get("txn")
+                if txn:
+                    found[txn["appId"]] = max(found.get(txn["appId"], -1), txn["version"])
+    return found
+
+
+def _ids(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+
+
+def _tables(lake: Path, operator_id: str) -> dict[str, Path]:
+    tables = {name: lake / name for name in OUTPUTS}
+    tables["buffer"] = lake / STATE / operator_id / "buffer"
+    return tables
+
+
+def _staging(table: Path) -> str | None:
+    staging = table / "_dsi_staging"
+    if not staging.is_dir() or not any(staging.iterdir()):
+        return None
+    parquet = any(p.suffix == ".parquet" for p in staging.rglob("*"))
+    return "spark writing" if parquet else "publishing/committing"
+
+
+def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None = None) -> Phase:
+    """Where the last kill landed, from the worker's events and the operators' state."""
+    events = _events(trial)
+    last_launch = max((i for i, e in enumerate(events) if e["event"] == "launch"), default=-1)
+    since = events[last_launch + 1 :]
+    lake = trial / "lake"
+    started = [e for e in since if e["event"] == "start"]
+    if not started:
+        spark = any(e["event"] == "spark" for e in since)
+        return Phase("startup", "Spark up" if spark else "imports / before Spark")
+    current = started[-1]
+    if any(e["event"] == "done" and e["index"] == current["index"] for e in since):
+        return Phase("between actions", f"after {current['action']}")
+    action = ACTIONS[current["index"]]
+    if action.kind != "job":
+        spark_pending = action.kind != "append" and not any(e["event"] == "spark" for e in since)
+        return Phase(
+            f"input {action.kind}", f"{action.label}{', starting Spark' if spark_pending else ''}"
+        )
+    for operator_dir in sorted((lake / STATE).glob("*")):
+        operator_id = operator_dir.name
+        plans, commits = _ids(operator_dir / "plans"), _ids(operator_dir / "commits")
+        if not plans or (commits and commits[-1] >= plans[-1]):
+            continue
+        batch = plans[-1]
+        tables = _tables(lake, operator_id)
+        written = sorted(n for n, t in tables.items() if _txns(t).get(operator_id, -1) >= batch)
+        staging = sorted(n for n, t in tables.items() if _staging(t))
+        todo = None if expected is None else expected.get((operator_id, batch), set())
+        where = f"{operator_id} batch {batch}"
+        if staging:
+            category = "batch: writing a table"
+            detail = f"{where}; {_staging(tables[staging[0]])} {staging[0]}; written {written}"
+        elif not written:
+            category = "batch: planned, before writes"
+            detail = where
+        elif todo is not None and set(written) >= todo:
+            category = "batch: all written, before commit record"
+            detail = f"{where}; written {written}"
+        else:
+            category = "batch: between table writes"
+            detail = f"{where}; written {written}"
+        return Phase(category, detail)
+    spark = any(e["event"] == "spark" for e in since)
+    commits = {d.name: _ids(d / "commits") for d in (lake / STATE).glob("*")}
+    last = {k: (v[-1] if v else None) for k, v in commits.items()}
+    return Phase(
+        "job: no batch in flight" if spark else "job: starting Spark",
+        f"{action.arg}; planning, between batches or reporting; last commits {last}",
+    )
+
+
+# --- tables and comparisons --------------------------------------------------------------
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((value is None, str(value)) for value in row)
+
+
+def _read(table: Path, columns: list[str] | None = None) -> Rows | None:
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(table)):
+        return None
+    data = DeltaTable(str(table)).to_pyarrow_table(columns=columns)
+    names = data.column_names
+    rows = [tuple(r[c] for c in names) for r in data.to_pylist()]
+    return sorted(rows, key=_sort_key)
+
+
+def snapshot_tables(lake: Path) -> dict[str, Rows | None]:
+    """Every output table (all columns), the main input, and each operator's buffer."""
+    tables: dict[str, Rows | None] = {name: _read(lake / name) for name in OUTPUTS}
+    tables["transactions"] = _read(lake / "transactions")
+    for operator_dir in sorted((lake / STATE).glob("*")):
+        tables[f"buffer:{operator_dir.name}"] = _read(
+            operator_dir / "buffer", ["tx_id", "_dsi_slot"]
+        )
+    return tables
+
+
+def expected_writes(lake: Path) -> dict[tuple[str, int], set[str]]:
+    """(operator, batch) -> the tables the batch committed to, from the Delta logs."""
+    found: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
+    for operator_dir in sorted((lake / STATE).glob("*")):
+        operator_id = operator_dir.name
+        for name, table in _tables(lake, operator_id).items():
+            log = table / "_delta_log"
+            for entry in sorted(log.glob("*.json")) if log.is_dir() else []:
+                for line in entry.read_text().splitlines():
+                    txn = json.loads(line).get("txn") if '"txn"' in line else None
+                    if txn and txn["appId"] == operator_id:
+                        found[(operator_id, txn["version"])].add(name)
+    return dict(found)
+
+
+@dataclass
+class TableDiff:
+    """How one table differs from the reference."""
+
+    lost: int = 0  # tx_ids present fewer times than in the reference
+    duplicated: int = 0  # tx_ids present more times than in the reference
+    missing_rows: int = 0
+    extra_rows: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.missing_rows or self.extra_rows)
+
+
+def compare(
+    reference: dict[str, Rows | None], actual: dict[str, Rows | None]
+) -> dict[str, TableDiff]:
+    """Per table: lost / duplicated tx_ids and rows missing / extra (empty when equal)."""
+    diffs: dict[str, TableDiff] = {}
+    for name in sorted(set(reference) | set(actual)):
+        ref, got = reference.get(name) or [], actual.get(name) or []
+        diff = TableDiff()
+        ref_ids = collections.Counter(r[0] for r in ref)
+        got_ids = collections.Counter(r[0] for r in got)
+        for tx in set(ref_ids) | set(got_ids):
+            if got_ids[tx] < ref_ids[tx]:
+                diff.lost += ref_ids[tx] - got_ids[tx]
+                diff.examples.append(f"tx {tx} x{got_ids[tx]} (reference x{ref_ids[tx]})")
+            elif got_ids[tx] > ref_ids[tx]:
+                diff.duplicated += got_ids[tx] - ref_ids[tx]
+                diff.examples.append(f"tx {tx} x{got_ids[tx]} (reference x{ref_ids[tx]})")
+        ref_rows, got_rows = collections.Counter(ref), collections.Counter(got)
+        diff.missing_rows = sum((ref_rows - got_rows).values())
+        diff.extra_rows = sum((got_rows - ref_rows).values())
+        if (reference.get(name) is None) != (actual.get(name) is None):
+            diff.examples.append("table exists in only one of the runs")
+            diff.missing_rows = diff.missing_rows or int(actual.get(name) is None)
+            diff.extra_rows = diff.extra_rows or int(reference.get(name) is None)
+        if not diff.ok:
+            diff.examples = sorted(diff.examples)[:5]
+            diffs[name] = diff
+    return diffs
+
+
+# --- template, reference, trials ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Template:
+    """The prepared starting point: a Dagster home and a lake with the side inputs."""
+
+    path: Path
+    created: dt.datetime
+
+
+@dataclass
+class Reference:
+    """The tables of the run without faults, and its timings."""
+
+    tables: dict[str, Rows | None]
+    expected: dict[tuple[str, int], set[str]]
+    startup_s: float  # worker launch -> first action
+    action_s: list[float]  # per action
+    total_s: float
+    batches: dict[str, int]
+
+    def remaining_s(self, done: int) -> float:
+        """Expected time of a fresh worker to finish from ``done`` actions."""
+        return self.startup_s + sum(self.action_s[done:])
+
+
+@dataclass
+class TrialResult:
+    """One trial: its kills, where they landed, and the differences found."""
+
+    number: int
+    seed: int
+    path: Path
+    delays: list[float]
+    launches: list[Launch]
+    diffs: dict[str, TableDiff]
+    seconds: float
+    error: str | None = None
+
+    @property
+    def kills(self) -> list[Launch]:
+        return [launch for launch in self.launches if launch.killed]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.diffs
+
+    def line(self) -> str:
+        landed = (
+            "; ".join(f"{launch.seconds:.1f}s: {launch.phase}" for launch in self.kills)
+            or "no kill landed"
+        )
+        verdict = "OK" if self.ok else ("ERROR" if self.error else "DIFFERENT")
+        text = (
+            f"trial {self.number:2d} seed={self.seed} kills={len(self.kills)} "
+            f"launches={len(self.launches)} {self.seconds:.0f}s {verdict} | {landed}"
+        )
+        for name, diff in self.diffs.items():
+            text += (
+                f"\n    {name}: lost={diff.lost} duplicated={diff.duplicated} "
+                f"missing_rows={diff.missing_rows} extra_rows={diff.extra_rows} {diff.examples}"
+            )
+        if self.error:
+            text += "\n    " + self.error.replace("\n", "\n    ")
+        return text
+
+
+def prepare_template(path: Path) -> Template:
+    """A Dagster home and a lake holding the side inputs (sources materialized through
+    Dagster, so the instance knows them); the same starting point for every run."""
+    shutil.rmtree(path, ignore_errors=True)
+    (path / "lake").mkdir(parents=True)
+    home = path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    launch = _launch(path, ["_template"], "long", None)
+    if launch.returncode != 0:
+        raise WorkerFailed(path, [launch])
+    for name in ("events.jsonl", "progress.json"):
+        (path / name).unlink(missing_ok=True)
+    for out in path.glob("worker-*.out"):
+        out.rename(path / f"template-{out.name}")
+    return Template(path, dt.datetime.now(dt.timezone.utc))
+
+
+def _copy(template: Template, target: Path) -> None:
+    age = dt.datetime.now(dt.timezone.utc) - template.created
+    if age > TEMPLATE_MAX_AGE:
+        raise RuntimeError(
+            f"The template is {age} old: the fraud rules' 12-hour freshness policy would "
+            "start holding records back. Prepare a new template."
+        )
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(template.path, target, ignore=shutil.ignore_patterns("template-*"))
+
+
+def _batches(lake: Path) -> dict[str, int]:
+    return {d.name: len(_ids(d / "commits")) for d in sorted((lake / STATE).glob("*"))}
+
+
+def reference_tables(template: Template, path: Path) -> Reference:
+    """Run the pipeline once without faults; its tables and timings."""
+    _copy(template, path)
+    started = time.monotonic()
+    run_pipeline(path)
+    total = time.monotonic() - started
+    events = _events(path)
+    launch = next(e["t"] for e in events if e["event"] == "launch")
+    first = next(e["t"] for e in events if e["event"] == "start")
+    starts = {e["index"]: e["t"] for e in events if e["event"] == "start"}
+    ends = {e["index"]: e["t"] for e in events if e["event"] == "done"}
+    return Reference(
+        tables=snapshot_tables(path / "lake"),
+        expected=expected_writes(path / "lake"),
+        startup_s=first - launch,
+        action_s=[ends[i] - starts[i] for i in range(len(ACTIONS))],
+        total_s=total,
+        batches=_batches(path / "lake"),
+    )
+
+
+def run_trial(
+    template: Template,
+    reference: Reference,
+    seed: int,
+    path: Path,
+    *,
+    number: int = 0,
+    max_kills: int = 3,
+) -> TrialResult:
+    """Copy the template, run the pipeline with 1..max_kills random SIGKILLs, compare."""
+    rng = random.Random(seed)
+    kills = min(rng.choice([1, 1, 2, 3]), max(1, max_kills))
+    _copy(template, path)
+    started = time.monotonic()
+    delays: list[float] = []
+    launches: list[Launch] = []
+    error = None
+    try:
+        # The first delay spans the whole reference run; later ones the rest of the
+        # pipeline as seen from the relaunched worker (so they land, and land anywhere).
+        delays.append(rng.uniform(0.0, reference.total_s))
+        launches += run_until_killed(path, delays[-1], reference.expected)
+        for _ in range(kills - 1):
+            if _progress(path) >= len(ACTIONS):
+                break
+            delays.append(rng.uniform(0.0, reference.remaining_s(_progress(path))))
+            launches += run_until_killed(path, delays[-1], reference.expected)
+        launches += run_pipeline(path)
+        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+    except WorkerFailed as exc:
+        launches += exc.launches
+        error, diffs = str(exc), {}
+    return TrialResult(
+        number, seed, path, delays, launches, diffs, time.monotonic() - started, error
+    )
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def run(
+    trials: int, seed: int, root: Path, *, max_kills: int = 3, log: Any = print
+) -> tuple[Reference, list[TrialResult]]:
+    """Template, reference, then ``trials`` trials with seeds ``seed``, ``seed + 1``, ..."""
+    started = time.monotonic()
+    template = prepare_template(root / "template")
+    log(f"template ready in {time.monotonic() - started:.0f}s", flush=True)
+    reference = reference_tables(template, root / "reference")
+    counts = {k: len(v or []) for k, v in reference.tables.items()}
+    log(
+        f"reference run: {reference.total_s:.0f}s (startup {reference.startup_s:.0f}s), "
+        f"batches {reference.batches}, rows {counts}",
+        flush=True,
+    )
+    results = []
+    for number in range(1, trials + 1):
+        result = run_trial(
+            template,
+            reference,
+            seed + number - 1,
+            root / f"trial-{number:02d}",
+            number=number,
+            max_kills=max_kills,
+        )
+        results.append(result)
+        log(result.line(), flush=True)
+    return reference, results
+
+
+def summary(results: Sequence[TrialResult], seconds: float) -> str:
+    kills = [launch for r in results for launch in r.kills]
+    phases = collections.Counter(launch.phase.category for launch in kills if launch.phase)
+    failed = [r for r in results if not r.ok]
+    lines = [
+        f"trials: {len(results)}, kills landed: {len(kills)}, "
+        f"worker launches: {sum(len(r.launches) for r in results)}, total {seconds:.0f}s",
+        "kills by phase:",
+        *[f"  {count:3d}  {phase}" for phase, count in sorted(phases.items())],
+        f"failures: {len(failed)}"
+        + (
+            f" (trials {[r.number for r in failed]}, seeds {[r.seed for r in failed]})"
+            if failed
+            else ""
+        ),
+    ]
+    totals = collections.Counter()
+    for r in results:
+        for diff in r.diffs.values():
+            totals.update(
+                lost=diff.lost,
+                duplicated=diff.duplicated,
+                missing_rows=diff.missing_rows,
+                extra_rows=diff.extra_rows,
+            )
+    lines.append(
+        "records lost: {lost}, duplicated: {duplicated}, rows missing: {missing_rows}, "
+        "rows extra: {extra_rows}".format(
+            **{k: totals.get(k, 0) for k in ("lost", "duplicated", "missing_rows", "extra_rows")}
+        )
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("_worker", "_template"):
+        trial = Path(argv[argv.index("--trial") + 1])
+        worker(trial, template=argv[0] == "_template")
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=20, help="number of trials")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the first trial")
+    parser.add_argument("--max-kills", type=int, default=3, help="most kills in one trial")
+    parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="dsi-crash-")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"crash harness: {args.trials} trials from seed {args.seed} under {root}", flush=True)
+    _, results = run(args.trials, args.seed, root, max_kills=args.max_kills)
+    print(summary(results, time.monotonic() - started))
+    ok = all(r.ok for r in results)
+    if ok and not (args.workdir or args.keep):
+        shutil.rmtree(root, ignore_errors=True)
+    elif not ok:
+        print(f"evidence kept in {root}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

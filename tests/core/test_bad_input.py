@@ -1,0 +1,451 @@
+"""The bad-input catalogue: each case is a clear error naming the asset, column and fix, or
+goes to a declared tag; buffered and already-written data is intact afterwards."""
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from dagster_sideinputs.delta.storage import DeltaRsEngine
+from tests.core.conftest import T0, Clock, Lake, hours
+
+TX = "tx_id long, customer_id long, amount double"
+TXT = "tx_id long, customer_id long, amount double, ts timestamp"
+PROFILES = "customer_id long, name string"
+INVALID = dsi.OutputTag("invalid")
+
+
+def enrich(main, sides):
+    return main.select("tx_id", "customer_id", F.col("profile.name").alias("name"))
+
+
+def operator(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
+    main = kwargs.pop("main", dsi.MainInput("transactions", key="customer_id"))
+    sides = kwargs.pop("sides", {"profile": dsi.SideInput.map("profiles", key="customer_id")})
+    return lake.operator(
+        main=main, side_inputs=sides, fn=kwargs.pop("fn", enrich), main_output="enriched", **kwargs
+    )
+
+
+@dataclass
+class State:
+    """What must survive a failed batch untouched."""
+
+    tables: dict[str, list] = field(default_factory=dict)
+    buffer: list = field(default_factory=list)
+
+
+def state(lake: Lake, op: dsi.SideInputOperator) -> State:
+    snap = op.buffer().snapshot
+    buffer = (
+        []
+        if snap is None
+        else sorted(
+            tuple(r) for r in dsi.read_table(lake.spark, snap.uri).select("tx_id").collect()
+        )
+    )
+    return State({name: lake.rows(name) for name in op.output_tables}, buffer)
+
+
+def with_buffered_record(
+    lake: Lake, op: dsi.SideInputOperator, clock: Clock | None = None
+) -> State:
+    """Leave one record (tx 100, customer 77 without profile... waiting) and one output row."""
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    lake.run(op, clock)
+    before = state(lake, op)
+    assert before.tables["enriched"] == [(1, 10, "ann")]
+    return before
+
+
+@pytest.fixture
+def ready(lake) -> Lake:
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    return lake
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def test_null_key_without_a_tag_is_an_error_naming_the_column(ready):
+    op = operator(ready)
+    before = with_buffered_record(ready, op)
+    ready.append("transactions", [(2, None, 1.0)], TX)
+    with pytest.raises(
+        dsi.MainInputDataError, match=r"(?s)'transactions'.*null key 'customer_id'.*invalid="
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_null_key_with_an_invalid_tag_goes_there(ready):
+    op = operator(ready, invalid=INVALID)
+    ready.append("transactions", [(2, None, 1.0), (3, 10, 1.0)], TX)
+    ready.run(op)
+    assert ready.rows("invalid", "tx_id", "reason") == [(2, "null key 'customer_id'")]
+    assert ready.rows("enriched", "tx_id") == [(3,)]
+
+
+def test_mistyped_key_is_a_declaration_error_naming_both_types(lake):
+    lake.append("profiles", [("10", "ann")], "customer_id string, name string")
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with pytest.raises(
+        dsi.DeclarationError, match=r"(?s)'profile'.*bigint key.*customer_id.*string.*cast"
+    ):
+        lake.run(operator(lake))
+    assert not lake.exists("enriched")
+
+
+# --- schema drift of the main input --------------------------------------------------------------
+
+
+def test_main_input_with_a_new_column_is_refused_before_writing_unless_merging(ready):
+    op = operator(ready, fn=lambda main, sides: main.drop("profile"))
+    ready.append("transactions", [(1, 10, 1.0)], TX)
+    ready.run(op)
+    before = state(ready, op)
+    ready.append(
+        "transactions", [(2, 10, 1.0, "web")], TX + ", channel string", schema_mode="merge"
+    )
+    with pytest.raises(
+        dsi.SchemaMismatchError,
+        match=r"(?s)'channel' \(string\) is not in the table.*schema_mode=\"merge\"",
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+    merging = operator(ready, fn=lambda main, sides: main.drop("profile"), schema_mode="merge")
+    ready.run(merging)
+    assert ready.rows("enriched", "tx_id", "channel") == [(1, None), (2, "web")]
+
+
+def test_main_input_overwritten_with_another_schema_names_the_version(ready):
+    op = operator(ready)
+    before = with_buffered_record(ready, op)
+    ready.overwrite("transactions", [(1, "x")], "tx_id long, customer_id string")
+    with pytest.raises(
+        dsi.NonAppendOnlyChangeError,
+        match=r"(?s)Version 1 of table transactions removed data.*append-only",
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_main_input_version_that_deleted_rows_is_refused(ready):
+    op = operator(ready)
+    before = with_buffered_record(ready, op)
+    DeltaTable(ready.storage.table_uri("transactions")).delete("tx_id = 1")
+    with pytest.raises(dsi.NonAppendOnlyChangeError, match="DELETE"):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+# --- landing folders -----------------------------------------------------------------------------
+
+
+def landing(lake: Lake, folder, **kwargs: Any) -> dsi.SideInputOperator:
+    return operator(
+        lake,
+        main=dsi.MainInput.files(str(folder), format="json", schema=TX, key="customer_id"),
+        **kwargs,
+    )
+
+
+def test_landing_line_with_a_mistyped_field_goes_to_the_invalid_tag(ready, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lines = [
+        '{"tx_id": 1, "customer_id": 10, "amount": 1}',
+        '{"tx_id": 2, "customer_id": "ten", "amount": 1}',
+    ]
+    (folder / "a.json").write_text("\n".join(lines))
+    ready.run(landing(ready, folder, invalid=INVALID))
+    assert ready.rows("enriched", "tx_id") == [(1,)]
+    ((reason,),) = ready.rows("invalid", "reason")
+    assert reason.startswith('corrupt record: {"tx_id": 2, "customer_id": "ten"')
+
+
+def test_landing_line_missing_the_key_field_is_invalid(ready, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.json").write_text(
+        '{"tx_id": 1, "amount": 1}\n{"tx_id": 2, "customer_id": 10, "amount": 1}\n'
+    )
+    ready.run(landing(ready, folder, invalid=INVALID))
+    assert ready.rows("invalid", "tx_id", "reason") == [(1, "null key 'customer_id'")]
+
+
+def test_corrupt_parquet_file_in_a_landing_folder_is_named_and_nothing_is_written(ready, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    op = operator(
+        ready, main=dsi.MainInput.files(str(folder), format="parquet", schema=TX, key="customer_id")
+    )
+    with pytest.raises(
+        dsi.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written.*landing folder"
+    ):
+        ready.run(op)
+    assert not ready.exists("enriched")
+
+
+def test_empty_files_in_a_landing_folder_are_consumed_without_rows(ready, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "empty.json").write_text("")
+    (folder / "empty.parquet").write_bytes(b"")
+    batch = ready.run(landing(ready, folder)).batches[0]
+    assert batch.rows_in == 0
+    assert ready.run(landing(ready, folder)).batches == []
+
+
+# --- side inputs ---------------------------------------------------------------------------------
+
+
+def test_side_table_deleted_after_use_is_an_error_and_buffer_is_kept(ready):
+    import shutil
+
+    op = operator(
+        ready,
+        sides={
+            "profile": dsi.SideInput.map(
+                "profiles", key="customer_id", missing="wait", timeout=hours(1)
+            )
+        },
+        unmatched=dsi.OutputTag("unmatched"),
+    )
+    ready.append("transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
+    ready.run(op)
+    before = state(ready, op)
+    assert before.buffer == [(2,)]
+    shutil.rmtree(ready.storage.table_uri("profiles"))
+    ready.append("transactions", [(3, 10, 1.0)], TX)
+    with pytest.raises(
+        dsi.SideInputDataError,
+        match=r"(?s)'profile'.*is gone.*rematerialize.*buffered records are kept",
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_side_table_overwritten_without_its_key_column_is_named(ready):
+    op = operator(ready)
+    ready.append("transactions", [(1, 10, 1.0)], TX)
+    ready.run(op)
+    before = state(ready, op)
+    ready.overwrite("profiles", [(10, "ann")], "id long, name string")
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    with pytest.raises(
+        dsi.SideInputDataError,
+        match=r"(?s)keyed by 'customer_id'.*no such column.*\['id', 'name'\]",
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_side_table_with_new_columns_changes_the_output_schema_clearly(ready):
+    op = operator(ready, fn=lambda main, sides: main.select("tx_id", "profile"))
+    ready.append("transactions", [(1, 10, 1.0)], TX)
+    ready.run(op)
+    before = state(ready, op)
+    ready.overwrite("profiles", [(10, "ann", "gold")], "customer_id long, name string, tier string")
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    with pytest.raises(
+        dsi.SchemaMismatchError, match=r"(?s)column 'profile' is struct<.*tier.*in the data"
+    ):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_singleton_with_several_rows_names_the_side_input(lake):
+    lake.append("rules", [(1.0,), (2.0,)], "threshold double")
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    op = operator(
+        lake,
+        sides={"rules": dsi.SideInput.singleton("rules")},
+        fn=lambda m, s: m.withColumn("t", F.lit(s["rules"].threshold)),
+    )
+    with pytest.raises(dsi.SingletonCardinalityError, match="'rules'"):
+        lake.run(op)
+    assert not lake.exists("enriched")
+
+
+def test_map_with_duplicate_keys_names_the_keys(lake):
+    lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with pytest.raises(dsi.DuplicateKeyError, match=r"(?s)\[10\].*pick="):
+        lake.run(operator(lake))
+
+
+def test_side_table_with_unsupported_delta_features_is_refused(lake):
+    write_deltalake(
+        lake.storage.table_uri("profiles"),
+        pa.table({"customer_id": [10], "name": ["ann"]}),
+        configuration={"delta.columnMapping.mode": "name"},
+    )
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+        lake.run(operator(lake))
+    assert not lake.exists("enriched")
+
+
+def test_main_table_with_unsupported_delta_features_is_refused(ready):
+    write_deltalake(
+        ready.storage.table_uri("transactions"),
+        pa.table({"tx_id": [1], "customer_id": [10], "amount": [1.0]}),
+        configuration={"delta.columnMapping.mode": "name"},
+    )
+    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+        ready.run(operator(ready))
+
+
+def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(ready):
+    op = operator(ready)
+    before = with_buffered_record(ready, op)
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    newest = max(
+        DeltaTable(ready.storage.table_uri("transactions")).file_uris(), key=os.path.getmtime
+    )
+    with open(newest, "r+b") as handle:
+        handle.truncate(20)
+    with pytest.raises(dsi.CorruptDataFileError, match=r"(?s)of table transactions has 20 bytes"):
+        ready.run(op)
+    assert state(ready, op) == before
+
+
+def test_main_input_folder_that_is_not_delta_is_named(ready, tmp_path):
+    ready.spark.range(3).write.parquet(ready.storage.table_uri("transactions"))
+    with pytest.raises(dsi.NotADeltaTableError, match="convert_to_deltalake"):
+        ready.run(operator(ready))
+
+
+# --- time ----------------------------------------------------------------------------------------
+
+
+def windowed(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
+    return lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=enrich,
+        main_output="enriched",
+        window=dsi.Window.tumbling(hours(1), watermark=hours(1)),
+        **kwargs,
+    )
+
+
+def test_event_times_far_in_the_future_are_invalid_not_a_watermark_jump(ready):
+    clock = Clock(T0 + hours(3))
+    ready.append(
+        "transactions",
+        [(1, 10, 1.0, T0), (2, 10, 1.0, dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc))],
+        TXT,
+    )
+    batch = (
+        windowed(ready, invalid=INVALID, late=dsi.OutputTag("late"))
+        .run(ready.spark, clock=clock)
+        .batches[0]
+    )
+    assert ready.rows("invalid", "tx_id") == [(2,)]
+    assert "ahead of the batch" in ready.rows("invalid", "reason")[0][0]
+    assert batch.max_event_time == T0
+    ready.append("transactions", [(3, 10, 1.0, T0 + hours(1))], TXT)
+    windowed(ready, invalid=INVALID, late=dsi.OutputTag("late")).run(ready.spark, clock=clock)
+    assert ready.rows("enriched", "tx_id") == [(1,), (3,)]
+
+
+def test_timestamps_without_zone_are_read_as_utc(ready):
+    schema = "tx_id long, customer_id long, amount double, ts timestamp_ntz"
+    ready.append("transactions", [(1, 10, 1.0, dt.datetime(2024, 5, 1, 10, 30))], schema)
+    op = ready.operator(
+        main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=lambda main, sides: main.select("tx_id", F.col("window.start").alias("start")),
+        main_output="hours",
+        window=dsi.Window.tumbling(hours(1)),
+    )
+    ready.run(op, Clock(T0 + hours(12)))
+    assert ready.rows("hours") == [(1, dt.datetime(2024, 5, 1, 10, 0))]
+
+
+# --- the function and concurrent writers ---------------------------------------------------------
+
+
+def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
+    calls = {"n": 0}
+
+    def flaky(main, sides):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("bug in the enrichment")
+        return enrich(main, sides)
+
+    op = operator(ready, fn=flaky)
+    before = with_buffered_record(ready, op)
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    with pytest.raises(RuntimeError, match="bug in the enrichment"):
+        ready.run(op)
+    assert state(ready, op) == before
+    ready.run(op)
+    assert ready.rows("enriched", "tx_id") == [(1,), (2,)]
+
+
+@dataclass
+class InterferingEngine:
+    """The real engine; another writer overwrites the output table just before our write."""
+
+    inner: DeltaRsEngine
+    spark: Any
+    target: str
+    done: bool = False
+
+    def write(self, df: Any, uri: str, **kwargs: Any) -> Any:
+        if uri.endswith(self.target) and not self.done:
+            self.done = True
+            other = self.spark.createDataFrame(
+                [(99, 99, "intruder")], "tx_id long, customer_id long, name string"
+            )
+            self.inner.write(other, uri, mode="overwrite")
+        return self.inner.write(df, uri, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_concurrent_writer_to_an_output_table_does_not_break_exactly_once(ready):
+    op = operator(ready)
+    with_buffered_record(ready, op)
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    engine = InterferingEngine(DeltaRsEngine(), ready.spark, "enriched")
+    interfered = operator(ready, storage=dsi.DeltaStorage(ready.storage.root, engine=engine))
+    ready.run(interfered)
+    ready.run(op)
+    assert ready.rows("enriched", "tx_id") == [(2,), (99,)]
+    history = DeltaTable(ready.storage.table_uri("enriched")).history()
+    assert [h["operation"] for h in history][:2] == ["WRITE", "WRITE"]
+
+
+def test_buffer_over_its_limit_is_refused_with_the_limit_named(lake):
+    op = operator(lake, buffer=dsi.BufferLimits(max_rows=1))
+    lake.append("transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
+    with pytest.raises(dsi.BufferLimitExceededError, match=r"(?s)2 rows \(limit 1\).*BufferLimits"):
+        lake.run(op)
+    assert op.buffer().rows() == 0
+
+
+def test_plan_files_record_what_a_refused_batch_would_have_done(ready):
+    """A batch refused before writing leaves only its plan: the rerun replays it."""
+    op = operator(ready)
+    with_buffered_record(ready, op)
+    ready.append("transactions", [(2, None, 1.0)], TX)
+    with pytest.raises(dsi.MainInputDataError):
+        ready.run(op)
+    plan = op.last_plan()
+    assert plan is not None
+    assert plan.batch_id == op.last_committed_batch() + 1
+    assert json.loads(plan.to_json())["main"]["end_version"] == 1
