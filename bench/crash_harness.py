@@ -34,6 +34,7 @@ jobs, against the trial's own ``DAGSTER_HOME``.
 
 import argparse
 import collections
+import contextlib
 import datetime as dt
 import json
 import os
@@ -61,7 +62,9 @@ OUTPUTS = (
 )
 STATE = "_sideinputs"
 LONG_TIMEOUT_MINUTES = "10000000"  # ~19 years: nothing times out while the harness runs
-ZERO_TIMEOUT_MINUTES = "0.000001"  # 60 µs: every transaction waiting since an earlier batch times out
+ZERO_TIMEOUT_MINUTES = (
+    "0.000001"  # 60 µs: every transaction waiting since an earlier batch times out
+)
 TEMPLATE_MAX_AGE = dt.timedelta(hours=11)  # fraud_rules must stay fresh (12 hours)
 WORKER_TIMEOUT_S = 900.0
 
@@ -276,12 +279,20 @@ class Launch:
     phase: "Phase | None" = None
 
 
-def _group_is_dead(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+def _living(pgid: int, family: Sequence[Any]) -> list[int]:
+    """Processes of the group, or of the given descendants, that are not dead (zombies
+    count as dead: they cannot write anything)."""
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            member = os.getpgid(proc.pid) == pgid or proc in family
+            if member and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    return alive
 
 
 def _launch(trial: Path, args: list[str], group: str, kill_after: float | None) -> Launch:
@@ -298,26 +309,44 @@ def _launch(trial: Path, args: list[str], group: str, kill_after: float | None) 
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the JVM child is in it too
         )
-        pgid = process.pid
         try:
             limit = WORKER_TIMEOUT_S if kill_after is None else min(kill_after, WORKER_TIMEOUT_S)
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            process.wait()
-            deadline = time.monotonic() + 30
-            while not _group_is_dead(pgid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not _group_is_dead(pgid):
-                raise RuntimeError(f"process group {pgid} survived SIGKILL") from None
+            _kill(process)
             if kill_after is None or kill_after >= WORKER_TIMEOUT_S:
                 raise RuntimeError(f"worker hung for {WORKER_TIMEOUT_S}s in {trial}") from None
             return Launch(group, time.monotonic() - started, True, None)
         finally:
             if process.poll() is None:
-                os.killpg(pgid, signal.SIGKILL)
-                process.wait()
+                _kill(process)
         return Launch(group, time.monotonic() - started, False, process.returncode)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's process group (Python driver, JVM, Dagster's helpers), and
+    any descendant that left the group (PySpark's daemon makes its own), then wait until
+    none of them is alive: nothing may touch the lake after the kill."""
+    import psutil
+
+    pgid = process.pid
+    try:
+        family = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    for child in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    alive = _living(pgid, family)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = _living(pgid, family)
+    if alive:
+        raise RuntimeError(f"processes of worker {pgid} survived SIGKILL: {alive}")
 
 
 def run_pipeline(trial: Path) -> list[Launch]:

@@ -82,6 +82,7 @@ class SideInputAssets:
     max_files_per_batch: int | None
     spark_resource_key: str
     io_manager_key: str
+    future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
     group_name: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -130,6 +131,7 @@ class SideInputAssets:
                 schema_mode=self.schema_mode,
                 max_versions_per_batch=self.max_versions_per_batch,
                 max_files_per_batch=self.max_files_per_batch,
+                future_tolerance=self.future_tolerance,
             )
         return self._replay_operator(storage, readiness, replay)
 
@@ -260,6 +262,7 @@ def side_input_assets(
     schema_mode: Literal["merge"] | None = None,
     max_versions_per_batch: int | None = None,
     max_files_per_batch: int | None = None,
+    future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
     spark_resource_key: str = "spark",
     io_manager_key: str = "io_manager",
     pool: str | None = None,
@@ -318,6 +321,7 @@ def side_input_assets(
             max_files_per_batch=max_files_per_batch,
             spark_resource_key=spark_resource_key,
             io_manager_key=io_manager_key,
+            future_tolerance=future_tolerance,
             group_name=group_name,
             tags=dict(tags or {}),
         )
