@@ -59,13 +59,14 @@ from dagster_sideinputs.core.planner import Planned
 from dagster_sideinputs.core.rows import Record, run_row_function, split_tagged
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import (
+    DUPLICATE_MARK,
     SIDE_NS,
     BoundSide,
     JoinSpec,
     SideData,
     apply_join,
     build_join,
-    duplicate_checker,
+    duplicate_error,
 )
 from dagster_sideinputs.core.windows import (
     GLOBAL,
@@ -119,8 +120,8 @@ class BatchRunner:
         self.spark = spark
         self.plans = plans
         self.engine = spec.storage.delta
-        self._checked: set[tuple[str, int | None, tuple[str, ...]]] = set()
         self.explain = False
+        self._views_of_batch = _Views()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -272,18 +273,7 @@ class BatchRunner:
             main_side_ns = (
                 _lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
             )
-            key = (bound.name, snapshot.version, tuple(str(w) for w in windows or []))
-            checker = duplicate_checker(
-                bound, snapshot.version, singleton=bound.side.view == "singleton"
-            )
-            spec_ = build_join(
-                data,
-                sample,
-                windows=windows,
-                main_side_ns=main_side_ns,
-                check_duplicates=(lambda df, keys: None) if key in self._checked else checker,
-            )
-            self._checked.add(key)
+            spec_ = build_join(data, sample, windows=windows, main_side_ns=main_side_ns)
             if spec_ is not None:
                 views.joins[bound.name] = spec_
         return views
@@ -383,6 +373,7 @@ class BatchRunner:
         new = self._bookkeeping(raw, plan, main_columns)
         buffered, state = self._buffered(plan)
         views = self._views(plan, planned, new.withColumn(NS_ID, F.lit(GLOBAL)))
+        self._views_of_batch = views
         parts = [new] + ([buffered] if buffered is not None else [])
         enriched = []
         for part in parts:
@@ -822,6 +813,14 @@ class BatchRunner:
             text = str(exc)
             if "UndeclaredOutputTagError" in text:
                 raise UndeclaredOutputTagError(_extract(text, "UndeclaredOutputTagError:")) from exc
+            if DUPLICATE_MARK in text:
+                name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
+                if name in self._views_of_batch.joins:
+                    data = self._views_of_batch.data[name]
+                    version = data.snapshot.version if data.snapshot else None
+                    raise duplicate_error(
+                        data.bound, self._views_of_batch.joins[name], version
+                    ) from exc
             if _PRE_KEYED_MARK in text:
                 raise PreKeyedViolationError(
                     f"Main input {self.spec.main.asset!r} is declared pre-keyed, but "

@@ -15,7 +15,7 @@ and cached while the side table's version does not change.
 """
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +38,14 @@ from dagster_sideinputs.errors import (
     DuplicateKeyError,
     EmptySingletonError,
     SideInputDataError,
+    SideInputError,
     SingletonCardinalityError,
     did_you_mean,
     preview,
 )
 
 SIDE_NS = "_dsi_side_ns"
+DUPLICATE_MARK = "dsi-duplicate-key"
 _NUMERIC = (
     T.ByteType,
     T.ShortType,
@@ -80,6 +82,8 @@ class JoinSpec:
         empty_value: the value column for records without a match.
         broadcast: hint the view for a broadcast join.
         matched: column name set to true on matched records (per-key waiting).
+        duplicates: the join keys holding several rows where the view promises one (a
+            map, a singleton); listed only when the batch fails on them.
     """
 
     view: DataFrame
@@ -88,6 +92,7 @@ class JoinSpec:
     empty_value: Column | None
     broadcast: bool
     matched: str
+    duplicates: DataFrame | None = None
 
 
 def value_columns(schema: T.StructType) -> list[str]:
@@ -262,7 +267,6 @@ def build_join(
     *,
     windows: Sequence[tuple[dt.datetime, dt.datetime]] | None,
     main_side_ns: Column,
-    check_duplicates: Callable[[DataFrame, list[str]], None],
 ) -> JoinSpec | None:
     """The join that attaches a view to main records, or None when the view is not joined."""
     side = data.side
@@ -320,12 +324,18 @@ def build_join(
             F.max_by(value, F.col(f"`{side.pick}`")).alias(bound.name)
         )
         empty = None
+        duplicates = None
     elif side.view in ("map", "singleton"):
-        aggregated = rows.groupBy(*group).agg(
-            F.first(value).alias(bound.name), F.count(F.lit(1)).alias("_dsi_count")
+        # One row per key is checked inside the batch's first Spark job (which runs
+        # before anything is written), not by a job of its own.
+        counted = rows.groupBy(*group).agg(
+            F.first(value).alias("_dsi_value"), F.count(F.lit(1)).alias("_dsi_count")
         )
-        check_duplicates(aggregated, keys)
-        aggregated = aggregated.drop("_dsi_count")
+        guarded = F.when(
+            F.col("_dsi_count") > 1, F.raise_error(F.lit(f"{DUPLICATE_MARK}:{bound.name}"))
+        ).otherwise(F.col("_dsi_value"))
+        aggregated = counted.select(*keys, guarded.alias(bound.name))
+        duplicates = counted.filter(F.col("_dsi_count") > 1).select(*keys)
         empty = _default_struct(side.default, schema) if side.view == "singleton" else None
     else:  # multimap, or a forwarded list
         element = T.StructType([f for f in schema.fields if not f.name.startswith("_dsi_")])
@@ -334,10 +344,11 @@ def build_join(
             collected = F.array_sort(collected)  # a stable order, so replays agree
         aggregated = rows.groupBy(*group).agg(collected.alias(bound.name))
         empty = F.array().cast(T.ArrayType(element))
+        duplicates = None
     view = aggregated.withColumn(matched, F.lit(True))
     # Explicit broadcast, or a view without a key (per window / per forward value).
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
-    return JoinSpec(view, main_keys, keys, empty, broadcast, matched)
+    return JoinSpec(view, main_keys, keys, empty, broadcast, matched, duplicates)
 
 
 def _default_struct(default: Any, schema: T.StructType) -> Column | None:
@@ -368,27 +379,20 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
     return joined
 
 
-def duplicate_checker(
-    bound: BoundSide, version: int | None, *, singleton: bool
-) -> Callable[[DataFrame, list[str]], None]:
-    """A check failing clearly when a map has several rows for a key (singleton: a namespace)."""
-
-    def check(aggregated: DataFrame, keys: list[str]) -> None:
-        offenders = aggregated.filter(F.col("_dsi_count") > 1).select(*keys).limit(6).collect()
-        if not offenders:
-            return
-        shown = [tuple(v for v in row) if len(row) > 1 else row[0] for row in offenders]
-        if singleton:
-            raise SingletonCardinalityError(
-                f"{bound.label} is a singleton but holds several rows for namespace(s) "
-                f"{preview(shown)} at version {version}.",
-                fix="make the side asset produce one row per window, or declare it a list",
-            )
-        raise DuplicateKeyError(
-            f"{bound.label} is a map but holds several rows for key(s) {preview(shown)} "
-            f"at version {version}.",
-            fix="deduplicate the side asset, declare SideInput.multimap(...), or pick one row "
-            "per key with SideInput.map(..., pick='<column, greatest wins>')",
+def duplicate_error(bound: BoundSide, spec: JoinSpec, version: int | None) -> SideInputError:
+    """The error for a map (or singleton) holding several rows where it promises one."""
+    assert spec.duplicates is not None
+    offenders = spec.duplicates.limit(6).collect()
+    shown = [tuple(row) if len(row) > 1 else row[0] for row in offenders]
+    if bound.side.view == "singleton":
+        return SingletonCardinalityError(
+            f"{bound.label} is a singleton but holds more than one row for namespace(s) "
+            f"{preview(shown)} at version {version}. Nothing was written.",
+            fix="make the side asset produce one row per window, or declare it a list",
         )
-
-    return check
+    return DuplicateKeyError(
+        f"{bound.label} is a map but holds several rows for key(s) {preview(shown)} "
+        f"at version {version}. Nothing was written.",
+        fix="deduplicate the side asset, declare SideInput.multimap(...), or pick one row "
+        "per key with SideInput.map(..., pick='<column, greatest wins>')",
+    )
