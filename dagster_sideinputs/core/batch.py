@@ -1,8 +1,8 @@
 """Executing one planned micro-batch.
 
 1. Read the new main records of the plan's range and the buffered records of the
-   slots the plan releases; attach the keyed views; give every record a route:
-   released, buffered (namespace not ready), key_wait, late, unmatched, invalid.
+   slots the plan releases (``ingest``); attach the joined views (``views``); give
+   every record a route (``routing``).
 2. Persist that classification and count the routes in one Spark job: the counts
    are the batch's metrics, and they are checked (invalid records without a tag,
    buffer limits) before anything is written.
@@ -29,33 +29,25 @@ from deltalake.transaction import CommitProperties
 from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import Window as SparkWindow
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from dagster_sideinputs.core.buffer import (
-    BATCH,
-    FINGERPRINT,
-    FIRST_SEEN,
-    KEY_GROUP,
     REASON,
     SLOT,
     BufferState,
-    fingerprint,
     to_buffer_rows,
 )
 from dagster_sideinputs.core.declarations import OutputTag
+from dagster_sideinputs.core.ingest import CORRUPT, PRE_KEYED_MARK, BatchReader
 from dagster_sideinputs.core.keyed import (
-    bucketed_scan,
-    check_pre_keyed,
     drop_bucketed_scan,
-    key_group,
 )
 from dagster_sideinputs.core.metrics import BatchMetrics, TableWrite
 from dagster_sideinputs.core.outputs import SideInputs, normalize_outputs
-from dagster_sideinputs.core.plan import BatchPlan, MainRange, PlanLog
+from dagster_sideinputs.core.plan import BatchPlan, PlanLog
 from dagster_sideinputs.core.planner import Planned
+from dagster_sideinputs.core.routing import BUFFER_ROUTES, ROUTE, ROUTES, Router, lookup
 from dagster_sideinputs.core.rows import Record, run_row_function, split_tagged
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import (
@@ -74,34 +66,21 @@ from dagster_sideinputs.core.windows import (
     NS_ID,
     NS_START,
     as_utc,
-    assign_global,
-    assign_windows,
     map_to_side_window,
     namespace_id_column,
 )
-from dagster_sideinputs.delta.files import TableFiles, join_uri, normalize_uri, spark_uri
-from dagster_sideinputs.delta.log import added_files
+from dagster_sideinputs.delta.files import normalize_uri
 from dagster_sideinputs.delta.table import TableSnapshot
 from dagster_sideinputs.delta.writer import AppTransaction, validate_append
 from dagster_sideinputs.errors import (
-    BufferLimitExceededError,
     CorruptDataFileError,
     DeclarationError,
-    MainInputDataError,
     PreKeyedViolationError,
     SideInputError,
     UndeclaredOutputTagError,
-    preview,
 )
 
-ROUTE = "_dsi_route"
-ORIGIN = "_dsi_origin"
-CORRUPT = "_dsi_corrupt_record"
-ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
-BUFFER_ROUTES = ("buffered", "key_wait")
-DEFAULT_KEY_GROUPS = 128
 VACUUM_EVERY = 25
-_PRE_KEYED_MARK = "dsi-pre-keyed-violation"
 
 
 @dataclass
@@ -120,118 +99,12 @@ class BatchRunner:
         self.spark = spark
         self.plans = plans
         self.engine = spec.storage.delta
+        self.reader = BatchReader(spec, spark)
+        self.router = Router(spec)
         self.explain = False
         self._views_of_batch = _Views()
 
     # --- reading -------------------------------------------------------------------------
-
-    def main_files(self, main: MainRange) -> tuple[list[Any], TableSnapshot | None]:
-        """The files of a plan's main range (recomputed identically on replay)."""
-        if main.kind == "files" or main.is_empty:
-            return [], None
-        snapshot = self.engine.snapshot(
-            self.spec.main_uri, version=main.end_version, name=self.spec.main.asset
-        )
-        if main.start_version < 0:
-            return list(snapshot.files), snapshot
-        files = added_files(
-            TableFiles(self.spec.main_uri, self.spec.storage.storage_options),
-            main.start_version,
-            main.end_version,
-            table=self.spec.main.asset,
-        )
-        return files, snapshot
-
-    def raw_main(
-        self, main: MainRange, files: list[Any], snapshot: TableSnapshot | None
-    ) -> DataFrame:
-        """New main records, exactly as stored (no bookkeeping columns)."""
-        spec = self.spec
-        if main.kind == "files":
-            return self._read_landed(main)
-        if main.is_empty or snapshot is None:
-            schema = snapshot.schema if snapshot is not None else T.StructType([])
-            return self.spark.createDataFrame([], schema)
-        return self.engine.read_snapshot(self.spark, snapshot, files=files, name=spec.main.asset)
-
-    def _landing_schema(self) -> T.StructType:
-        declared = self.spec.main.schema
-        schema = T.StructType.fromDDL(declared) if isinstance(declared, str) else declared
-        assert isinstance(schema, T.StructType)
-        return schema
-
-    def _read_landed(self, main: MainRange) -> DataFrame:
-        folder = self.spec.main.path
-        assert folder is not None
-        schema = self._landing_schema()
-        if not main.files:
-            return self.spark.createDataFrame([], schema)
-        reader = self.spark.read.format(self.spec.main.format).options(
-            **dict(self.spec.main.read_options)
-        )
-        uris = [spark_uri(join_uri(folder, f["path"])) for f in main.files if f["size"] > 0]
-        if not uris:
-            return self.spark.createDataFrame([], schema)
-        if self.spec.main.format in ("json", "csv"):
-            with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-            return (
-                reader.schema(with_corrupt)
-                .option("mode", "PERMISSIVE")
-                .option("columnNameOfCorruptRecord", CORRUPT)
-                .load(uris)
-            )
-        return reader.schema(schema).load(uris)
-
-    def _bookkeeping(self, raw: DataFrame, plan: BatchPlan, main_columns: list[str]) -> DataFrame:
-        spec = self.spec
-        df = raw
-        if spec.window is not None:
-            assert spec.window.time_column is not None
-            df = assign_windows(df, spec.window, spec.window.time_column)
-        else:
-            df = assign_global(df)
-        groups = spec.main.pre_keyed.max_key_groups if spec.main.pre_keyed else DEFAULT_KEY_GROUPS
-        key = spec.main.key
-        df = df.withColumn(KEY_GROUP, key_group(key, groups) if key else F.lit(None).cast("int"))
-        if spec.main.pre_keyed is not None and key is not None:
-            column = spec.main.pre_keyed.column
-            if column in raw.columns:
-                df = df.withColumn(
-                    KEY_GROUP,
-                    F.when(
-                        F.col(f"`{column}`") != F.col(KEY_GROUP),
-                        F.raise_error(
-                            F.concat(
-                                F.lit(f"{_PRE_KEYED_MARK}: a row of key "),
-                                F.col(f"`{key}`").cast("string"),
-                                F.lit(" is in key group "),
-                                F.col(f"`{column}`").cast("string"),
-                                F.lit(" but hashes to "),
-                                F.col(KEY_GROUP).cast("string"),
-                            )
-                        ),
-                    ).otherwise(F.col(KEY_GROUP)),
-                )
-        return (
-            df.withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
-            .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))
-            .withColumn(FINGERPRINT, fingerprint(main_columns))
-            .withColumn(ORIGIN, F.lit("new"))
-        )
-
-    def _buffered(self, plan: BatchPlan) -> tuple[DataFrame | None, BufferState]:
-        spec = self.spec
-        if plan.buffer_version < 0:
-            return None, BufferState(None)
-        snapshot = self.engine.snapshot(spec.buffer_uri, version=plan.buffer_version, name="buffer")
-        state = BufferState(snapshot)
-        if not plan.read_slots:
-            return None, state
-        files = state.files(plan.read_slots)
-        if not files:
-            return None, state
-        rows = self.engine.read_snapshot(self.spark, snapshot, files=files, name="buffer")
-        return rows.drop(SLOT, REASON).withColumn(ORIGIN, F.lit("buffer")), state
 
     # --- views -------------------------------------------------------------------------------
 
@@ -271,7 +144,7 @@ class BatchRunner:
             windows = self._side_windows(bound, plan)
             mapping = {ns: p.side_namespaces[bound.name] for ns, p in plan.namespaces.items()}
             main_side_ns = (
-                _lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
+                lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
             )
             spec_ = build_join(data, sample, windows=windows, main_side_ns=main_side_ns)
             if spec_ is not None:
@@ -280,79 +153,6 @@ class BatchRunner:
 
     # --- classification ----------------------------------------------------------------------
 
-    def _route(self, df: DataFrame, plan: BatchPlan, views: _Views) -> DataFrame:
-        spec = self.spec
-        invalid, reason = self._invalid(df, plan)
-        route = F.when(invalid, F.lit("invalid"))
-        late = plan.late_namespaces
-        if spec.routes.late is not None and late:
-            route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
-        ready = F.col(NS_ID).isin(plan.ready_namespaces)
-        route = route.when(~ready, F.lit("buffered"))
-        missing_reasons = []
-        for bound in spec.sides:
-            join = views.joins.get(bound.name)
-            if join is None or bound.side.missing == "null":
-                continue
-            unmatched = ~F.col(join.matched)
-            missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
-            if bound.side.missing == "wait":
-                assert bound.side.timeout is not None
-                deadline = F.lit(plan.now - bound.side.timeout).cast("timestamp")
-                timed_out = F.col(FIRST_SEEN) <= deadline
-                if bound.side.on_timeout == "unmatched":
-                    route = route.when(unmatched & timed_out, F.lit("unmatched"))
-                route = route.when(unmatched & ~timed_out, F.lit("key_wait"))
-            else:
-                route = route.when(unmatched, F.lit("unmatched"))
-        route = route.otherwise(F.lit("released"))
-        not_ready = {
-            ns: _not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready
-        }
-        missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
-        why = (
-            F.when(F.col(ROUTE) == "invalid", reason)
-            .when(F.col(ROUTE) == "buffered", _lookup(not_ready, F.col(NS_ID)))
-            .when(
-                F.col(ROUTE) == "key_wait",
-                F.concat(F.lit("waiting for the side row of: "), missing),
-            )
-            .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
-        )
-        return df.withColumn(ROUTE, route).withColumn(REASON, why)
-
-    def _invalid(self, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
-        spec = self.spec
-        checks: list[tuple[Column, str]] = []
-        if CORRUPT in df.columns:
-            checks.append((F.col(CORRUPT).isNotNull(), "corrupt record"))
-        if spec.main.key is not None:
-            checks.append((F.col(f"`{spec.main.key}`").isNull(), f"null key {spec.main.key!r}"))
-        if spec.window is not None:
-            column = spec.window.time_column
-            checks.append((F.col(NS_START).isNull(), f"null event time {column!r}"))
-            if spec.future_tolerance is not None:
-                limit = plan.now + spec.future_tolerance
-                checks.append(
-                    (
-                        F.col(f"`{column}`") > F.lit(limit).cast("timestamp"),
-                        f"event time {column!r} after {limit.isoformat()} (more than "
-                        f"{spec.future_tolerance} ahead of the batch)",
-                    )
-                )
-        if not checks:
-            return F.lit(False), F.lit(None).cast("string")
-        invalid = checks[0][0]
-        for condition, _ in checks[1:]:
-            invalid = invalid | condition
-        reason = F.concat_ws("; ", *[F.when(c, F.lit(text)) for c, text in checks])
-        if CORRUPT in df.columns:
-            reason = F.when(
-                F.col(CORRUPT).isNotNull(),
-                F.concat(F.lit("corrupt record: "), F.substring(F.col(CORRUPT), 1, 200)),
-            ).otherwise(reason)
-        return invalid, reason
-
     def classify(
         self, plan: BatchPlan, planned: Planned | None
     ) -> tuple[DataFrame, list[str], _Views, BufferState, list[str]]:
@@ -360,18 +160,18 @@ class BatchRunner:
         if planned is not None:
             files, snapshot = planned.main_files, planned.main_snapshot
         else:
-            files, snapshot = self.main_files(plan.main)
+            files, snapshot = self.reader.main_files(plan.main)
         notes: list[str] = []
         temp_tables: list[str] = []
-        raw = self.raw_main(plan.main, files, snapshot)
+        raw = self.reader.raw_main(plan.main, files, snapshot)
         if self.spec.main.pre_keyed is not None and files:
-            raw, note, temp = self._pre_keyed(raw, files, snapshot)
+            raw, note, temp = self.reader.pre_keyed(raw, files, snapshot)
             notes.append(note)
             if temp:
                 temp_tables.append(temp)
         main_columns = [c for c in raw.columns if c != CORRUPT]
-        new = self._bookkeeping(raw, plan, main_columns)
-        buffered, state = self._buffered(plan)
+        new = self.reader.bookkeeping(raw, plan, main_columns)
+        buffered, state = self.reader.buffered(plan)
         views = self._views(plan, planned, new.withColumn(NS_ID, F.lit(GLOBAL)))
         self._views_of_batch = views
         parts = [new] + ([buffered] if buffered is not None else [])
@@ -384,143 +184,11 @@ class BatchRunner:
         classified = enriched[0]
         for part in enriched[1:]:
             classified = classified.unionByName(part, allowMissingColumns=True)
-        classified = self._route(classified, plan, views)
+        classified = self.router.route(classified, plan, views.joins)
         self._temp_tables = temp_tables
         return classified, main_columns, views, state, notes
 
-    def _pre_keyed(
-        self, raw: DataFrame, files: list[Any], snapshot: TableSnapshot | None
-    ) -> tuple[DataFrame, str, str | None]:
-        spec = self.spec
-        keyed = spec.main.pre_keyed
-        assert keyed is not None
-        assert spec.main.key is not None
-        assert snapshot is not None
-        splits = check_pre_keyed(files, keyed, key=spec.main.key, table=spec.main.asset)
-        partition_columns = set(snapshot.partition_columns)
-        if partition_columns - {keyed.column}:
-            return (
-                raw,
-                "pre-keyed: partition columns besides the key group; read with a shuffle",
-                None,
-            )
-        scan = bucketed_scan(
-            self.spark,
-            splits,
-            schema=snapshot.data_schema,
-            key=spec.main.key,
-            max_key_groups=keyed.max_key_groups,
-            scratch_dir=join_uri(spec.state_uri, "prekeyed"),
-            label=spec.operator_id,
-        )
-        if scan is None:
-            return raw, "pre-keyed: files are not on a local filesystem; read with a shuffle", None
-        frame, table = scan
-        if keyed.column in partition_columns:
-            frame = frame.withColumn(
-                keyed.column,
-                key_group(spec.main.key, keyed.max_key_groups).cast(
-                    snapshot.schema[keyed.column].dataType
-                ),
-            )
-        return (
-            frame.select(*snapshot.schema.fieldNames()),
-            "pre-keyed: main files read as buckets (no shuffle)",
-            table,
-        )
-
     # --- limits ---------------------------------------------------------------------------------
-
-    def _counts(self, classified: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
-        time_column = (
-            self.spec.window.time_column if self.spec.window else self.spec.main.event_time
-        )
-        aggregates = [F.count(F.lit(1)).alias("n"), F.min(FIRST_SEEN).alias("oldest")]
-        if time_column is not None and time_column in classified.columns:
-            aggregates.append(
-                F.max(F.when(F.col(ORIGIN) == "new", F.col(f"`{time_column}`"))).alias("max_time")
-            )
-        rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
-        return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
-
-    def _check_invalid(self, classified: DataFrame, counts: Mapping[tuple[str, str], Any]) -> None:
-        invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")
-        if invalid and self.spec.routes.invalid is None:
-            samples = [
-                r[0]
-                for r in classified.filter(F.col(ROUTE) == "invalid")
-                .select(REASON)
-                .limit(3)
-                .collect()
-            ]
-            raise MainInputDataError(
-                f"{invalid} record(s) of main input {self.spec.main.asset!r} cannot be processed: "
-                f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
-                fix='fix the records at the source, or declare invalid=dsi.OutputTag("...") '
-                "to route such records to their own table",
-            )
-
-    def _limits(
-        self,
-        plan: BatchPlan,
-        classified: DataFrame,
-        counts: Mapping[tuple[str, str], Any],
-        state: BufferState,
-    ) -> tuple[DataFrame, dict[tuple[str, str], Any]]:
-        limits = self.spec.buffer
-        incoming = sum(v["n"] for (route, _), v in counts.items() if route in BUFFER_ROUTES)
-        unread = [s for s in state.slots() if s not in plan.read_slots]
-        after = state.rows(unread) + incoming
-        stamps = [
-            v["oldest"]
-            for (route, _), v in counts.items()
-            if route in BUFFER_ROUTES and v["oldest"]
-        ]
-        unread_oldest = state.oldest(unread)
-        if unread_oldest is not None:
-            stamps.append(unread_oldest)
-        oldest = min((as_utc(s) for s in stamps), default=None)
-        too_many = limits.max_rows is not None and after > limits.max_rows
-        too_old = (
-            limits.max_age is not None
-            and oldest is not None
-            and oldest < as_utc(plan.now) - limits.max_age
-        )
-        if not (too_many or too_old):
-            return classified, dict(counts)
-        problem = (
-            f"{after} rows (limit {limits.max_rows})"
-            if too_many
-            else f"a record first seen {oldest.isoformat() if oldest else '?'} "
-            f"(max age {limits.max_age})"
-        )
-        if limits.on_exceed == "fail" or unread:
-            raise BufferLimitExceededError(
-                f"The buffer of operator {self.spec.operator_id!r} would hold {problem} after "
-                f"batch {plan.batch_id}. Nothing was written; buffered records are intact.",
-                fix="make the side inputs ready (see the readiness reasons in the run metrics), "
-                "raise BufferLimits(max_rows=..., max_age=...), or use on_exceed='overflow' with "
-                "an overflow tag",
-            )
-        excess = max(0, after - (limits.max_rows or after))
-        order = SparkWindow.orderBy(F.col(FIRST_SEEN), F.col(BATCH), F.col(FINGERPRINT))
-        waiting = F.col(ROUTE).isin(*BUFFER_ROUTES)
-        rank = F.when(waiting, F.row_number().over(order.partitionBy(waiting)))
-        cutoff = F.lit(plan.now - limits.max_age).cast("timestamp") if limits.max_age else None
-        overflow = waiting & (rank <= F.lit(excess))
-        if cutoff is not None:
-            overflow = overflow | (waiting & (F.col(FIRST_SEEN) < cutoff))
-        reclassified = (
-            classified.withColumn(
-                ROUTE, F.when(overflow, F.lit("overflow")).otherwise(F.col(ROUTE))
-            )
-            .withColumn(
-                REASON, F.when(overflow, F.lit(f"buffer limit: {problem}")).otherwise(F.col(REASON))
-            )
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        classified.unpersist()
-        return reclassified, self._counts(reclassified)
 
     # --- outputs -------------------------------------------------------------------------------
 
@@ -761,10 +429,10 @@ class BatchRunner:
             physical_plan = _explain(classified) if self.explain else None
             classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(classified)
-            counts = self._translate(lambda: self._counts(classified))
+            counts = self._translate(lambda: self.router.counts(classified))
             durations["classify"] = time.perf_counter() - started
-            self._check_invalid(classified, counts)
-            classified, counts = self._limits(plan, classified, counts, state)
+            self.router.check_invalid(classified, counts)
+            classified, counts = self.router.limits(plan, classified, counts, state)
             persisted.append(classified)
             mark = time.perf_counter()
             released = sum(v["n"] for (r, _), v in counts.items() if r == "released")
@@ -821,10 +489,10 @@ class BatchRunner:
                     raise duplicate_error(
                         data.bound, self._views_of_batch.joins[name], version
                     ) from exc
-            if _PRE_KEYED_MARK in text:
+            if PRE_KEYED_MARK in text:
                 raise PreKeyedViolationError(
                     f"Main input {self.spec.main.asset!r} is declared pre-keyed, but "
-                    f"{_extract(text, _PRE_KEYED_MARK + ':')}. Nothing was written.",
+                    f"{_extract(text, PRE_KEYED_MARK + ':')}. Nothing was written.",
                     fix="fix the key-group column at the source, or drop pre_keyed=",
                 ) from exc
             if "not a Parquet file" in text or "FileNotFoundException" in text:
@@ -908,25 +576,6 @@ def _max_time(counts: Mapping[tuple[str, str], Any]) -> dt.datetime | None:
         if route != "invalid" and v.get("max_time") is not None
     ]
     return max(values) if values else None
-
-
-def _lookup(mapping: Mapping[str, str], key: Column) -> Column:
-    """``mapping[key]`` as a Spark expression over a small literal map."""
-    if not mapping:
-        return F.lit(None).cast("string")
-    pairs: list[Column] = []
-    for k, v in sorted(mapping.items()):
-        pairs.extend([F.lit(k), F.lit(v)])
-    return F.element_at(F.create_map(*pairs), key)
-
-
-def _not_ready_reason(plan: BatchPlan, ns: str) -> str:
-    waiting = []
-    for side, side_ns in plan.namespaces[ns].side_namespaces.items():
-        decision = plan.decisions[side].get(side_ns)
-        if decision is not None and not decision.ready:
-            waiting.append(f"{side}: {decision.reason}")
-    return "waiting for " + "; ".join(waiting) if waiting else "waiting"
 
 
 def _extract(text: str, marker: str) -> str:

@@ -287,7 +287,7 @@ class SideInputOperator:
             now=now,
             previous=previous,
             previous_commit=commit,
-            new_rows=lambda main, files, snapshot: runner.raw_main(main, files, snapshot),
+            new_rows=lambda main, files, snapshot: runner.reader.raw_main(main, files, snapshot),
         )
         if planned is None:
             return None

@@ -8,11 +8,14 @@ import importlib
 import os
 import re
 import shutil
+import socket
 import subprocess
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import pyspark
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.errors import SparkStartupError
@@ -126,6 +129,82 @@ def _require_connect_client(remote: str) -> None:
         ) from exc
 
 
+CONNECT_DEFAULT_PORT = 15002
+
+
+def connect_endpoint(remote: str) -> tuple[str, int] | None:
+    """(host, port) of an ``sc://host:port/;params`` URL; None for other remote forms."""
+    if not remote.startswith("sc://"):
+        return None
+    parsed = urllib.parse.urlparse("http" + remote[2:])
+    if not parsed.hostname:
+        return None
+    try:
+        port = parsed.port
+    except ValueError:  # a malformed port: let the Connect client report it
+        return None
+    return parsed.hostname, port or CONNECT_DEFAULT_PORT
+
+
+def _require_connect_server(remote: str, *, timeout_s: float) -> None:
+    """Fail fast when nothing listens at the Connect URL.
+
+    The Connect client retries an unreachable server with backoff for more than ten
+    minutes before it gives up; a TCP connect answers in milliseconds.
+    """
+    endpoint = connect_endpoint(remote)
+    if endpoint is None:
+        return
+    host, port = endpoint
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise SparkStartupError(
+            f"No Spark Connect server answers at {host}:{port} (from {remote!r}): {exc}.",
+            fix="start one (`spark-submit --class "
+            "org.apache.spark.sql.connect.service.SparkConnectServer spark-internal`, or "
+            "`sbin/start-connect-server.sh` of a Spark distribution), or fix the URL's host / port",
+        ) from exc
+
+
+def _apply_remote_settings(
+    spark: SparkSession, settings: Mapping[str, str], *, remote: str, required: Mapping[str, str]
+) -> None:
+    """Set each setting on a Spark Connect session; fail naming those the server refuses.
+
+    A Connect session can change runtime SQL settings only: static ones (executor
+    memory, the UI, the warehouse, ...) are fixed when the server starts, and the Connect
+    builder would drop them with a mere warning. A value the server already has passes.
+    """
+    refused: dict[str, str | None] = {}
+    for key, value in settings.items():
+        try:
+            spark.conf.set(key, value)
+        except AnalysisException:  # CANNOT_MODIFY_CONFIG / CANNOT_MODIFY_STATIC_CONFIG
+            found = spark.conf.get(key, None)
+            if found != value:
+                refused[key] = found
+    if not refused:
+        return
+    shown = ", ".join(
+        f"{key}={settings[key]!r} (server has {found!r})" for key, found in sorted(refused.items())
+    )
+    needed = sorted(set(refused) & set(required))
+    why = (
+        f" The Delta bridge needs {needed} to be correct."
+        if needed
+        else " They would be silently ignored."
+    )
+    conf_flags = " ".join(f"--conf {key}={settings[key]}" for key in sorted(refused))
+    raise SparkStartupError(
+        f"The Spark Connect server at {remote!r} refuses settings that a Connect session "
+        f"cannot change (Spark Connect sets only runtime SQL settings per session): {shown}." + why,
+        fix=f"start the Connect server with them (`{conf_flags}`), or drop them from the "
+        "session's configs",
+    )
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -141,7 +220,10 @@ def build_spark_session(
 
     Args:
         master: Spark master URL: ``local[*]``, ``local[2]``, ``spark://host:7077``, ...
-        remote: a Spark Connect URL (``sc://host:15002``); replaces ``master``.
+        remote: a Spark Connect URL (``sc://host:15002``); replaces ``master``. The Connect
+            server owns the JVM, so ``app_name``, ``ui_enabled``, ``driver_memory`` and
+            ``log_level`` are the server's business there and are not applied; the other
+            settings are set on the session and must be runtime SQL settings.
         app_name: application name shown in the Spark UI.
         shuffle_partitions: ``spark.sql.shuffle.partitions``; by default two per core for
             local masters and Spark's default on a cluster.
@@ -156,15 +238,17 @@ def build_spark_session(
 
     Raises:
         SparkStartupError: no Java 17+ (checked before launching, so it never hangs), a
-            ``remote`` URL without the Spark Connect client installed, or the session could
-            not start.
+            ``remote`` URL without the Spark Connect client installed or with no server
+            answering (checked before connecting, so it never hangs either), a setting the
+            Connect server refuses, or the session could not start.
 
     Examples:
         >>> spark = build_spark_session(master="local[2]", ui_enabled=False)  # doctest: +SKIP
     """
     settings: dict[str, str] = {}
-    partitions = shuffle_partitions or default_shuffle_partitions(master)
-    if partitions is not None and remote is None:
+    # Over Connect the master is the server's, so only an explicit count applies.
+    partitions = shuffle_partitions or (None if remote else default_shuffle_partitions(master))
+    if partitions is not None:
         settings["spark.sql.shuffle.partitions"] = str(partitions)
     if remote is None:
         settings["spark.ui.enabled"] = str(ui_enabled).lower()
@@ -175,17 +259,26 @@ def build_spark_session(
     settings.update({key: str(value) for key, value in (configs or {}).items()})
     settings.update(REQUIRED_CONFIGS)
 
-    builder = SparkSession.builder.appName(app_name)
     if remote is not None:
         _require_connect_client(remote)
-        builder = builder.remote(remote)
+        _require_connect_server(remote, timeout_s=10.0)
+        # Settings go through conf.set below: the Connect builder ignores refused ones.
+        builder = SparkSession.builder.remote(remote)
     else:
         check_java()
-        builder = builder.master(master)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
+        builder = SparkSession.builder.appName(app_name).master(master)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
+        if remote is not None:
+            try:
+                _apply_remote_settings(spark, settings, remote=remote, required=REQUIRED_CONFIGS)
+            except SparkStartupError:
+                spark.stop()  # not left behind half-configured for the next getOrCreate()
+                raise
+    except SparkStartupError:
+        raise
     except Exception as exc:  # py4j / grpc errors have no common base class
         target = remote or master
         raise SparkStartupError(

@@ -7,6 +7,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.errors import DeclarationError
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -18,6 +19,13 @@ class SparkResource(dg.ConfigurableResource):
     microsecond parquet timestamps), checks for Java 17+ before launching the JVM
     (a clear error instead of a hang), and picks shuffle partitions that suit the
     master.
+
+    With ``remote=`` (Spark Connect) the JVM lives in the Connect server: ``app_name``,
+    ``ui_enabled``, ``driver_memory`` and ``log_level`` are the server's settings, and
+    ``spark_config`` may hold runtime SQL settings only (the resource fails naming any the
+    server refuses). The operator and the IO manager work over Connect; ``spark_context``
+    does not exist there. Local table paths must be the same files for this process and
+    the server (the bridge commits from this process).
 
     Examples:
         .. code-block:: python
@@ -37,7 +45,8 @@ class SparkResource(dg.ConfigurableResource):
     )
     remote: str | None = Field(
         default=None,
-        description="Spark Connect URL (sc://host:15002). When set, `master` is ignored.",
+        description="Spark Connect URL (sc://host:15002). When set, `master` is ignored, and so "
+        "are app_name, ui_enabled, driver_memory and log_level (the server's settings).",
     )
     app_name: str = Field(
         default="dagster-sideinputs", description="Application name shown in the Spark UI."
@@ -49,7 +58,8 @@ class SparkResource(dg.ConfigurableResource):
     )
     spark_config: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra Spark settings, e.g. {'spark.executor.memory': '4g'}.",
+        description="Extra Spark settings, e.g. {'spark.executor.memory': '4g'}; over Spark "
+        "Connect only runtime SQL settings (the session fails naming any the server refuses).",
     )
     ui_enabled: bool = Field(default=True, description="Start the Spark web UI.")
     driver_memory: str | None = Field(
@@ -81,5 +91,17 @@ class SparkResource(dg.ConfigurableResource):
 
     @property
     def spark_context(self) -> Any:
-        """The SparkContext of the session (not available over Spark Connect)."""
+        """The SparkContext of the session.
+
+        Raises:
+            DeclarationError: over Spark Connect, which has no SparkContext.
+        """
+        if self.remote is not None:
+            raise DeclarationError(
+                f"SparkResource(remote={self.remote!r}) talks to a Spark Connect server, and "
+                "Spark Connect has no SparkContext in the client: no sparkContext, RDDs, "
+                "sc.broadcast or accumulators (the JVM runs in the server).",
+                fix="use spark_session (DataFrame and SQL APIs work over Connect), or set "
+                "master=... instead of remote=... to run the driver in this process",
+            )
         return self.spark_session.sparkContext
