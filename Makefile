@@ -19,7 +19,8 @@ demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, De
 	$(BIN)/python -m assets.demo
 
 dev: $(STAMP)  ## open the Dagster UI on the example code location
-	mkdir -p $(DAGSTER_HOME) && touch $(DAGSTER_HOME)/dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
 test: $(STAMP)  ## run the whole test suite (real Spark, Delta, Dagster)

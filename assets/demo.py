@@ -14,9 +14,16 @@ and Delta tables under ``$DSI_LAKE_ROOT`` (default ``./data/lake``). Steps:
 4. profiles of half of the unknown customers arrive: their transactions are released;
 5. the profile timeout passes: the rest go to ``unmatched_transactions``;
 6. their profiles arrive too, and the replay job feeds them back through the operator.
+
+``--seed`` and ``--hour`` pin the generated input, so that two runs (e.g. on
+``local[*]`` and on a cluster: ``DSI_SPARK_MASTER=spark://...``, or over Spark Connect:
+``DSI_SPARK_REMOTE=sc://...``) process the same transactions. Which transactions time
+out before their profile arrives still depends on how long the steps take.
 """
 
 import argparse
+import datetime as dt
+import itertools
 import os
 import shutil
 import time
@@ -37,7 +44,10 @@ def _prepare_environment(fresh: bool, timeout_seconds: float) -> None:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+        config.write_text(
+            "telemetry:\n  enabled: false\n"
+            "python_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n"
+        )
 
 
 def main() -> None:
@@ -49,6 +59,17 @@ def main() -> None:
         default=60,
         help="how long transactions wait for a missing profile (30 minutes in production)",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the generated transactions (batch i uses seed + i); default: a new "
+        "seed per run",
+    )
+    parser.add_argument(
+        "--hour",
+        help="ISO timestamp of the hour the transactions and FX rates are generated around "
+        "(default: the current hour)",
+    )
     args = parser.parse_args()
     _prepare_environment(fresh=not args.keep, timeout_seconds=args.timeout_seconds)
 
@@ -56,7 +77,14 @@ def main() -> None:
 
     import dagster_sideinputs as dsi
     from assets.definitions import defs
-    from assets.payments import customer_profiles, fraud_rules, fx_rates, transactions
+    from assets.payments import (
+        customer_profiles,
+        fraud_rules,
+        fx_rates,
+        hour_start,
+        hourly,
+        transactions,
+    )
     from resources import RESOURCES, lake_root
 
     instance = dg.DagsterInstance.get()
@@ -79,7 +107,13 @@ def main() -> None:
                     f"buffered={meta['buffered_rows'].value}"
                 )
 
+    anchor = hour_start(args.hour)
+    seeds = None if args.seed is None else itertools.count(args.seed)
+
     def transactions_batch(**config: object) -> None:
+        config["hour"] = anchor.isoformat()  # one hour for all batches, even across :00
+        if seeds is not None:
+            config["seed"] = next(seeds)
         materialize([transactions], run_config={"ops": {"transactions": {"config": config}}})
 
     started = time.perf_counter()
@@ -87,21 +121,20 @@ def main() -> None:
     print("1. side inputs and three hours of transactions")
     materialize([fraud_rules])
     materialize([customer_profiles])
-    now_key = fx_rates.partitions_def.get_last_partition_key()
-    keys = fx_rates.partitions_def.get_partition_keys()[-4:]
-    assert now_key in keys
+    keys = [(anchor - dt.timedelta(hours=h)).strftime(hourly.fmt) for h in (3, 2, 1, 0)]
     for key in keys:
         materialize([fx_rates], partition_key=key)
     for hours_back in (2, 1, 0):
         transactions_batch(hours_back=hours_back, unknown_customer_share=0.01)
 
     print("2. enrichment: release what is ready, buffer what waits")
-    first_wait = time.monotonic()
     run_job("payments_enrichment_job")
 
     print("3. a batch with late transactions")
     transactions_batch(count=500, late_share=0.2)
     run_job("payments_enrichment_job")
+    # Every transaction waiting now was first seen before this moment.
+    last_wait = time.monotonic()
 
     print("4. half of the missing profiles arrive")
     materialize(
@@ -111,7 +144,7 @@ def main() -> None:
     run_job("payments_enrichment_job")
 
     print(f"5. after {args.timeout_seconds:.0f}s the others time out to unmatched_transactions")
-    time.sleep(max(0.0, first_wait + args.timeout_seconds + 2 - time.monotonic()))
+    time.sleep(max(0.0, last_wait + args.timeout_seconds + 2 - time.monotonic()))
     transactions_batch(count=100, unknown_customer_share=0.0)
     run_job("payments_enrichment_job")
 

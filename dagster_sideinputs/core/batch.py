@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import io
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -81,6 +82,7 @@ from dagster_sideinputs.errors import (
 )
 
 VACUUM_EVERY = 25
+log = logging.getLogger("dagster_sideinputs")
 
 
 @dataclass
@@ -360,6 +362,15 @@ class BatchRunner:
                 result.skipped,
                 result.duration_s,
             )
+            log.info(
+                "batch %s: %s %s (%s rows, version %s, %.1fs)",
+                plan.batch_id,
+                "skipped" if result.skipped else "wrote",
+                tag.name,
+                result.num_rows,
+                result.version,
+                result.duration_s,
+            )
         waiting = classified.filter(F.col(ROUTE).isin(*BUFFER_ROUTES)).withColumn(
             SLOT,
             F.concat(
@@ -431,6 +442,14 @@ class BatchRunner:
             persisted.append(classified)
             counts = self._translate(lambda: self.router.counts(classified))
             durations["classify"] = time.perf_counter() - started
+            log.info(
+                "batch %s: %s in %.1fs",
+                plan.batch_id,
+                ", ".join(
+                    f"{route}/{origin}={v['n']}" for (route, origin), v in sorted(counts.items())
+                ),
+                durations["classify"],
+            )
             self.router.check_invalid(classified, counts)
             classified, counts = self.router.limits(plan, classified, counts, state)
             persisted.append(classified)

@@ -7,6 +7,7 @@ new, and its Delta application transactions keep every table exactly-once.
 """
 
 import datetime as dt
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
 
 Trigger = Literal["available_now", "continuous"]
+log = logging.getLogger("dagster_sideinputs")
 
 
 def _utc_now() -> dt.datetime:
@@ -279,6 +281,7 @@ class SideInputOperator:
         runner = self._runner_for(spark)
         pending = self._pending_replay()
         if pending is not None:
+            log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
             return runner.execute(pending, None, replayed=True)
         previous, commit = self._previous()
         planner = Planner(self.spec, spark)
@@ -291,6 +294,15 @@ class SideInputOperator:
         )
         if planned is None:
             return None
+        plan = planned.plan
+        log.info(
+            "%s: batch %s planned: main %s, side versions %s, releasing %s",
+            self.operator_id,
+            plan.batch_id,
+            plan.main.describe(),
+            plan.side_versions,
+            plan.read_slots or "nothing from the buffer",
+        )
         if not self.plans.create(planned.plan):
             # Another process planned this batch between our check and our write.
             return runner.execute(self.plans.load(planned.plan.batch_id), None, replayed=True)
