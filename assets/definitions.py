@@ -43,4 +43,7 @@ defs = dg.Definitions(
     sensors=[enrichment_sensor],
     schedules=[enrichment_schedule, fx_schedule],
     resources=RESOURCES,
+    # One Spark session per run: the in-process executor keeps every step in the run's
+    # process instead of starting a JVM per step.
+    executor=dg.in_process_executor,
 )

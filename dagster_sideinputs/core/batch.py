@@ -105,6 +105,7 @@ class BatchRunner:
         self.router = Router(spec)
         self.explain = False
         self._views_of_batch = _Views()
+        self._function_tags: set[OutputTag] = set()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -144,6 +145,8 @@ class BatchRunner:
             if snapshot is None:
                 continue
             windows = self._side_windows(bound, plan)
+            if windows == []:
+                continue  # no released record reads this windowed side input
             mapping = {ns: p.side_namespaces[bound.name] for ns, p in plan.namespaces.items()}
             main_side_ns = (
                 lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
@@ -152,6 +155,18 @@ class BatchRunner:
             if spec_ is not None:
                 views.joins[bound.name] = spec_
         return views
+
+    def _should_cache(self, views: _Views) -> bool:
+        """Cache the classified records when a side input is joined by shuffle."""
+        if self.spec.cache != "auto":
+            return self.spec.cache == "always"
+        threshold = _broadcast_threshold(self.spark)
+        for name, join in views.joins.items():
+            snapshot = views.data[name].snapshot
+            size = sum(f.size for f in snapshot.files) if snapshot is not None else 0
+            if not join.broadcast and (threshold < 0 or size > threshold):
+                return True
+        return False
 
     # --- classification ----------------------------------------------------------------------
 
@@ -298,14 +313,8 @@ class BatchRunner:
             tagged.count()  # run the function once, before anything is written
             persisted.append(tagged)
             outputs = split_tagged(tagged, user_tags)
-        for route, tag in (
-            ("late", spec.routes.late),
-            ("unmatched", spec.routes.unmatched),
-            ("overflow", spec.routes.overflow),
-            ("invalid", spec.routes.invalid),
-        ):
-            if tag is None:
-                continue
+        self._function_tags = set(outputs)
+        for route, tag in spec.routes.by_route().items():
             columns = [F.col(f"`{c}`") for c in main_columns]
             if route != "late":
                 columns.append(F.col(REASON).alias("reason"))
@@ -334,16 +343,28 @@ class BatchRunner:
         classified: DataFrame,
         main_columns: list[str],
         state: BufferState,
-        to_buffer: int,
+        counts: Mapping[tuple[str, str], Any],
     ) -> dict[str, TableWrite]:
         spec = self.spec
         txn = AppTransaction(spec.operator_id, plan.batch_id)
         meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
         writes: dict[str, TableWrite] = {}
+        routed = {
+            route: sum(v["n"] for (r, _), v in counts.items() if r == route) for route in ROUTES
+        }
+        builtin = {t: r for r, t in spec.routes.by_route().items()}
         for tag in spec.all_tags:
             frame = outputs.get(tag)
             if frame is None:
                 continue
+            route = builtin.get(tag)
+            nothing_routed = route is not None and not routed[route]
+            if (
+                nothing_routed
+                and tag not in self._function_tags
+                and self.engine.exists(spec.table_uri(tag))
+            ):
+                continue  # nothing to add: its Spark job would find nothing
             result = self.engine.write(
                 frame,
                 spec.table_uri(tag),
@@ -379,7 +400,19 @@ class BatchRunner:
             ),
         )
         removed = state.files(plan.read_slots)
-        if removed or to_buffer:
+        to_buffer = routed["buffered"] + routed["key_wait"]
+        if removed and not to_buffer:
+            result = self.engine.commit_removals(
+                spec.buffer_uri,
+                removed,
+                app_transaction=txn,
+                name=f"{spec.operator_id} buffer",
+                commit_metadata=meta,
+            )
+            writes["buffer"] = TableWrite(
+                "buffer", result.uri, result.version, 0, result.skipped, result.duration_s
+            )
+        elif to_buffer:
             result = self.engine.write(
                 to_buffer_rows(waiting, main_columns, F.col(REASON)),
                 spec.buffer_uri,
@@ -438,8 +471,11 @@ class BatchRunner:
         try:
             classified, main_columns, views, state, notes = self.classify(plan, planned)
             physical_plan = _explain(classified) if self.explain else None
-            classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
-            persisted.append(classified)
+            if self._should_cache(views):
+                # A shuffle join: build the classified records once for all writes.
+                classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+                persisted.append(classified)
+                notes.append("classified records cached (a side input is joined by shuffle)")
             counts = self._translate(lambda: self.router.counts(classified))
             durations["classify"] = time.perf_counter() - started
             log.info(
@@ -451,8 +487,10 @@ class BatchRunner:
                 durations["classify"],
             )
             self.router.check_invalid(classified, counts)
-            classified, counts = self.router.limits(plan, classified, counts, state)
-            persisted.append(classified)
+            limited, counts = self.router.limits(plan, classified, counts, state)
+            if limited is not classified:
+                persisted.append(limited)
+                classified = limited
             mark = time.perf_counter()
             released = sum(v["n"] for (r, _), v in counts.items() if r == "released")
             outputs, extra = self._translate(
@@ -461,9 +499,8 @@ class BatchRunner:
             persisted.extend(extra)
             durations["function"] = time.perf_counter() - mark
             mark = time.perf_counter()
-            to_buffer = sum(v["n"] for (r, _), v in counts.items() if r in BUFFER_ROUTES)
             writes = self._translate(
-                lambda: self.write(plan, outputs, classified, main_columns, state, to_buffer)
+                lambda: self.write(plan, outputs, classified, main_columns, state, counts)
             )
             durations["write"] = time.perf_counter() - mark
         finally:
@@ -585,6 +622,16 @@ def _explain(frame: DataFrame) -> str:
     with contextlib.redirect_stdout(buffer):
         frame.explain()
     return buffer.getvalue()
+
+
+def _broadcast_threshold(spark: SparkSession) -> int:
+    """``spark.sql.autoBroadcastJoinThreshold`` in bytes (-1: never broadcast)."""
+    text = str(spark.conf.get("spark.sql.autoBroadcastJoinThreshold", "10485760")).strip().lower()
+    match = re.fullmatch(r"(-?\d+)\s*([kmgt]?)b?", text)
+    if match is None:
+        return 10 * 2**20
+    unit = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2)]
+    return int(match.group(1)) * unit
 
 
 def _max_time(counts: Mapping[tuple[str, str], Any]) -> dt.datetime | None:

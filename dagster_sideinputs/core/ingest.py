@@ -111,25 +111,6 @@ class BatchReader:
         groups = spec.main.pre_keyed.max_key_groups if spec.main.pre_keyed else DEFAULT_KEY_GROUPS
         key = spec.main.key
         df = df.withColumn(KEY_GROUP, key_group(key, groups) if key else F.lit(None).cast("int"))
-        if spec.main.pre_keyed is not None and key is not None:
-            column = spec.main.pre_keyed.column
-            if column in raw.columns:
-                df = df.withColumn(
-                    KEY_GROUP,
-                    F.when(
-                        F.col(f"`{column}`") != F.col(KEY_GROUP),
-                        F.raise_error(
-                            F.concat(
-                                F.lit(f"{PRE_KEYED_MARK}: a row of key "),
-                                F.col(f"`{key}`").cast("string"),
-                                F.lit(" is in key group "),
-                                F.col(f"`{column}`").cast("string"),
-                                F.lit(" but hashes to "),
-                                F.col(KEY_GROUP).cast("string"),
-                            )
-                        ),
-                    ).otherwise(F.col(KEY_GROUP)),
-                )
         return (
             df.withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
             .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))

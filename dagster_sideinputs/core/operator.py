@@ -29,7 +29,7 @@ from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.plan import BatchPlan, PlanLog
 from dagster_sideinputs.core.planner import Planned, Planner
 from dagster_sideinputs.core.readiness import ReadinessProvider
-from dagster_sideinputs.core.spec import Mode, OperatorSpec, Routes, build_spec
+from dagster_sideinputs.core.spec import CachePolicy, Mode, OperatorSpec, Routes, build_spec
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
@@ -70,6 +70,10 @@ class SideInputOperator:
         future_tolerance: in a windowed operator, a record whose event time is further
             ahead of the batch's clock than this is invalid: one bogus year-9999
             timestamp would otherwise push the watermark past every window.
+        cache: whether a batch caches its classified records for its several writes.
+            ``auto`` caches only when a side input is joined by shuffle (shuffling again
+            for every output would cost more); with broadcast joins recomputing from the
+            pinned inputs is cheaper than building the cache.
 
     Examples:
         >>> op = SideInputOperator(                                   # doctest: +SKIP
@@ -104,6 +108,7 @@ class SideInputOperator:
         max_versions_per_batch: int | None = None,
         max_files_per_batch: int | None = None,
         future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
+        cache: CachePolicy = "auto",
     ) -> None:
         self.spec: OperatorSpec = build_spec(
             main=main,
@@ -122,6 +127,7 @@ class SideInputOperator:
             max_versions_per_batch=max_versions_per_batch,
             max_files_per_batch=max_files_per_batch,
             future_tolerance=future_tolerance,
+            cache=cache,
         )
         self.plans = PlanLog(TableFiles(self.spec.state_uri, storage.storage_options))
         self._runner: BatchRunner | None = None

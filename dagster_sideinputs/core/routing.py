@@ -15,8 +15,15 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.buffer import BATCH, FINGERPRINT, FIRST_SEEN, REASON, BufferState
-from dagster_sideinputs.core.ingest import CORRUPT, ORIGIN
+from dagster_sideinputs.core.buffer import (
+    BATCH,
+    FINGERPRINT,
+    FIRST_SEEN,
+    KEY_GROUP,
+    REASON,
+    BufferState,
+)
+from dagster_sideinputs.core.ingest import CORRUPT, ORIGIN, PRE_KEYED_MARK
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import JoinSpec
@@ -57,7 +64,8 @@ class Router:
     def route(self, df: DataFrame, plan: BatchPlan, joins: Mapping[str, JoinSpec]) -> DataFrame:
         spec = self.spec
         invalid, reason = self._invalid(df, plan)
-        route = F.when(invalid, F.lit("invalid"))
+        route = F.when(self._pre_keyed_lie(df), F.raise_error(self._pre_keyed_message()))
+        route = route.when(invalid, F.lit("invalid"))
         late = plan.late_namespaces
         if spec.routes.late is not None and late:
             route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
@@ -94,6 +102,27 @@ class Router:
             .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
         )
         return df.withColumn(ROUTE, route).withColumn(REASON, why)
+
+    def _pre_keyed_lie(self, df: DataFrame) -> Column:
+        """A row whose declared key group is not its key's (checked on every route)."""
+        keyed = self.spec.main.pre_keyed
+        if keyed is None or keyed.column not in df.columns:
+            return F.lit(False)
+        return F.col(f"`{keyed.column}`") != F.col(KEY_GROUP)
+
+    def _pre_keyed_message(self) -> Column:
+        keyed = self.spec.main.pre_keyed
+        key = self.spec.main.key
+        if keyed is None or key is None:
+            return F.lit("")
+        return F.concat(
+            F.lit(f"{PRE_KEYED_MARK}: a row of key "),
+            F.col(f"`{key}`").cast("string"),
+            F.lit(" is in key group "),
+            F.col(f"`{keyed.column}`").cast("string"),
+            F.lit(" but hashes to "),
+            F.col(KEY_GROUP).cast("string"),
+        )
 
     def _invalid(self, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
         spec = self.spec

@@ -75,7 +75,7 @@ class RowContext:
         or a dict key -> row for maps without a key relation).
         """
         if name in self._joined:
-            return _wrap(self._record.get(name))
+            return self._record.get(name)
         if name in self._broadcast:
             return self._broadcast[name]
         known = sorted(self._joined | set(self._broadcast))
@@ -143,12 +143,17 @@ def run_row_function(
         ctx = RowContext(declared, broadcast_values, joined, tag_names[0])
         struct_types = [arrow_schema.field(f"_dsi_out_{i}").type for i in range(len(tags))]
         for batch in batches:
-            columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+            # Column-wise conversion (fast in Arrow), then one tuple per record.
+            fields = [batch.column(name).to_pylist() for name in record_fields]
+            sides = [[_wrap(v) for v in batch.column(name).to_pylist()] for name in joined]
             main_out = ctx.emitted[tag_names[0]]
-            for row_index in range(batch.num_rows):
-                record = Record({name: columns[name][row_index] for name in record_fields})
-                ctx._record = {name: columns[name][row_index] for name in joined}
-                produced = fn(record, ctx)
+            for values, side_values in zip(
+                zip(*fields, strict=True) if fields else [()] * batch.num_rows,
+                zip(*sides, strict=True) if sides else [()] * batch.num_rows,
+                strict=True,
+            ):
+                ctx._record = dict(zip(joined, side_values, strict=True))
+                produced = fn(Record(zip(record_fields, values, strict=True)), ctx)
                 if produced is not None:
                     main_out.extend(produced)
             for index, name in enumerate(tag_names):
@@ -157,13 +162,13 @@ def run_row_function(
                     continue
                 tag_schema = declared[name].schema
                 assert tag_schema is not None
-                values = [_as_dict(item, tag_schema) for item in items]
-                arrays = [pa.array([name] * len(values), pa.string())]
+                emitted = [_as_dict(item, tag_schema) for item in items]
+                arrays = [pa.array([name] * len(emitted), pa.string())]
                 for other, struct_type in enumerate(struct_types):
                     if other == index:
-                        arrays.append(pa.array(values, type=struct_type))
+                        arrays.append(pa.array(emitted, type=struct_type))
                     else:
-                        arrays.append(pa.nulls(len(values), struct_type))
+                        arrays.append(pa.nulls(len(emitted), struct_type))
                 yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
                 ctx.emitted[name] = []
 

@@ -27,6 +27,7 @@ from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
 Mode = Literal["frames", "rows"]
+CachePolicy = Literal["auto", "always", "never"]
 STATE_FOLDER = "_sideinputs"
 
 
@@ -40,7 +41,17 @@ class Routes:
     invalid: OutputTag | None = None
 
     def declared(self) -> list[OutputTag]:
-        return [t for t in (self.late, self.unmatched, self.overflow, self.invalid) if t]
+        return list(self.by_route().values())
+
+    def by_route(self) -> dict[str, OutputTag]:
+        """Route name -> its declared tag."""
+        routes = {
+            "late": self.late,
+            "unmatched": self.unmatched,
+            "overflow": self.overflow,
+            "invalid": self.invalid,
+        }
+        return {route: tag for route, tag in routes.items() if tag is not None}
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class OperatorSpec:
     max_versions_per_batch: int | None
     max_files_per_batch: int | None
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
+    cache: CachePolicy = "auto"
 
     @property
     def state_uri(self) -> str:
@@ -141,10 +153,13 @@ def build_spec(
     max_versions_per_batch: int | None,
     max_files_per_batch: int | None,
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
+    cache: CachePolicy = "auto",
 ) -> OperatorSpec:
     """Resolve and check an operator declaration; every inconsistency is a DeclarationError."""
     if mode not in ("frames", "rows"):
         raise DeclarationError(f"mode={mode!r} is not 'frames' or 'rows'.")
+    if cache not in ("auto", "always", "never"):
+        raise DeclarationError(f"cache={cache!r} is not 'auto', 'always' or 'never'.")
     if not callable(fn):
         raise DeclarationError(f"fn must be callable, got {type(fn).__name__}.")
     main_tag = _main_tag(main_output)
@@ -197,6 +212,7 @@ def build_spec(
         max_versions_per_batch=max_versions_per_batch,
         max_files_per_batch=max_files_per_batch,
         future_tolerance=future_tolerance,
+        cache=cache,
     )
 
 

@@ -186,6 +186,11 @@ class SideData:
         if cache_key in self._rows_cache:
             return self._rows_cache[cache_key]
         assert self.snapshot is not None
+        if windows is not None and not windows:
+            schema = T.StructType(
+                [*self.snapshot.schema.fields, T.StructField(SIDE_NS, T.StringType())]
+            )
+            return self.spark.createDataFrame([], schema)
         schema = self.snapshot.schema
         files = list(self.snapshot.files)
         window = self.side.window
@@ -320,9 +325,11 @@ def build_join(
                 f"{bound.label}: pick={side.pick!r} is not a column of the side table."
                 f"{did_you_mean(side.pick, schema.fieldNames())}"
             )
-        aggregated = rows.groupBy(*group).agg(
-            F.max_by(value, F.col(f"`{side.pick}`")).alias(bound.name)
-        )
+        # Ties on the pick column are broken by the whole row, so replays agree.
+        order = F.col(f"`{side.pick}`")
+        if _orderable(T.StructType([f for f in schema.fields if not f.name.startswith("_dsi_")])):
+            order = F.struct(order, value)
+        aggregated = rows.groupBy(*group).agg(F.max_by(value, order).alias(bound.name))
         empty = None
         duplicates = None
     elif side.view in ("map", "singleton"):

@@ -22,6 +22,7 @@ from dagster_sideinputs.delta.writer import (
     SchemaMode,
     WriteMode,
     WriteResult,
+    commit_removals,
     write_dataframe,
 )
 
@@ -44,6 +45,16 @@ class DeltaEngine(Protocol):
         name: str | None = None,
         commit_metadata: Mapping[str, Any] | None = None,
         skip_empty_commit: bool = False,
+    ) -> WriteResult: ...
+
+    def commit_removals(
+        self,
+        uri: str,
+        files: Sequence[DataFile],
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
     ) -> WriteResult: ...
 
     def snapshot(
@@ -113,6 +124,24 @@ class DeltaRsEngine:
             name=name,
             commit_metadata=commit_metadata,
             skip_empty_commit=skip_empty_commit,
+        )
+
+    def commit_removals(
+        self,
+        uri: str,
+        files: Sequence[DataFile],
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
+    ) -> WriteResult:
+        return commit_removals(
+            uri,
+            files,
+            app_transaction=app_transaction,
+            storage_options=self.storage_options,
+            name=name,
+            commit_metadata=commit_metadata,
         )
 
     def snapshot(

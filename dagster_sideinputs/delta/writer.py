@@ -425,6 +425,52 @@ def _plan_schema(
     return schema, df.select(*plan.columns), plan.new_fields, existing
 
 
+def _create_or_join(
+    uri: str,
+    delta_schema: deltalake.Schema,
+    staged: list[_StagedFile],
+    schema: T.StructType,
+    *,
+    partition_by: list[str],
+    description: str | None,
+    storage_options: Mapping[str, str] | None,
+    properties: CommitProperties,
+    label: str,
+) -> deltalake.DeltaTable | None:
+    """Create the table with the staged files, or, when another writer created it in the
+    meantime (partitions of one asset backfilled in parallel), return it to write into.
+
+    Returns:
+        None when this call created the table; the existing table otherwise.
+    """
+    try:
+        create_table_with_add_actions(
+            uri,
+            delta_schema,
+            _add_actions(staged),
+            mode="error",
+            partition_by=partition_by or None,
+            description=description,
+            storage_options=dict(storage_options or {}) or None,
+            commit_properties=properties,
+        )
+        return None
+    except Exception as exc:  # delta-rs raises a generic error for "already exists"
+        if "already exists" not in str(exc).lower():
+            raise
+    table = open_table(uri, storage_options=storage_options, name=label)
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=label)
+    if list(snapshot.partition_columns) != list(partition_by):
+        raise SchemaMismatchError(
+            f"Table {label} was just created by another writer, partitioned by "
+            f"{list(snapshot.partition_columns)}, not {partition_by}. This write was not "
+            "committed.",
+            fix="write with the same partition_by as the other writer",
+        )
+    plan_append(schema, snapshot.schema, table=label, merge=False)
+    return table
+
+
 def _commit(
     table: deltalake.DeltaTable | None,
     uri: str,
@@ -457,48 +503,40 @@ def _commit(
     delta_schema = spark_to_delta_schema(schema)
     try:
         if table is None:
-            create_table_with_add_actions(
+            table = _create_or_join(
                 uri,
                 delta_schema,
-                _add_actions(staged),
-                mode="error",
-                partition_by=partition_by or None,
+                staged,
+                schema,
+                partition_by=partition_by,
                 description=description,
-                storage_options=dict(storage_options or {}) or None,
-                commit_properties=properties,
+                storage_options=storage_options,
+                properties=properties,
+                label=label,
             )
-        else:
-            if new_fields:
-                table.alter.add_columns([delta_field(field) for field in new_fields])
-            filters = (
-                [
-                    (c, "in", sorted(v, key=str))
-                    for c, v in _allowed_values(replace_partition).items()
-                ]
-                if replace_partition
-                else None
-            )
-            table.create_write_transaction(
-                actions,
-                mode,
-                delta_schema,
-                partition_by=partition_by or None,
-                partition_filters=filters,
-                commit_properties=properties,
-            )
+            if table is None:
+                return open_table(uri, storage_options=storage_options, name=label).version()
+        if new_fields:
+            table.alter.add_columns([delta_field(field) for field in new_fields])
+        filters = (
+            [(c, "in", sorted(v, key=str)) for c, v in _allowed_values(replace_partition).items()]
+            if replace_partition
+            else None
+        )
+        table.create_write_transaction(
+            actions,
+            mode,
+            delta_schema,
+            partition_by=partition_by or None,
+            partition_filters=filters,
+            commit_properties=properties,
+        )
     except CommitFailedError as exc:
         raise ConcurrentWriteError(
             f"Another writer committed a conflicting change to table {label} first: {exc}. "
             "This write was not committed.",
             fix="retry the write; for the operator, rerun the job (batches are idempotent)",
         ) from exc
-    except Exception as exc:
-        if "already exists" in str(exc).lower():
-            raise ConcurrentWriteError(
-                f"Table {label} was created by another writer at the same time: {exc}",
-                fix="retry the write",
-            ) from exc
-        raise
     return open_table(uri, storage_options=storage_options, name=label).version()
 
 
@@ -520,3 +558,50 @@ def validate_append(
         return
     snapshot = load_snapshot(uri, storage_options=storage_options, name=name)
     plan_append(schema, snapshot.schema, table=name or uri, merge=schema_mode == "merge")
+
+
+def commit_removals(
+    uri: str,
+    files: Sequence[DataFile],
+    *,
+    app_transaction: AppTransaction | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+    commit_metadata: Mapping[str, Any] | None = None,
+) -> WriteResult:
+    """Remove live files from a table in one commit, without a Spark job.
+
+    Idempotent like :func:`write_dataframe`: skipped when the application transaction
+    was already committed.
+    """
+    started = time.perf_counter()
+    uri = normalize_uri(uri)
+    label = name or uri
+    table = open_table(uri, storage_options=storage_options, name=label)
+    if app_transaction is not None:
+        committed = table.transaction_version(app_transaction.app_id)
+        if committed is not None and committed >= app_transaction.version:
+            return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
+    properties = CommitProperties(
+        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+        app_transactions=(
+            [Transaction(app_transaction.app_id, app_transaction.version)]
+            if app_transaction
+            else None
+        ),
+    )
+    try:
+        table.create_write_transaction(
+            list(_remove_actions(files)),
+            "append",
+            table.schema(),
+            partition_by=table.metadata().partition_columns or None,
+            commit_properties=properties,
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"Another writer committed a conflicting change to table {label} first: {exc}.",
+            fix="rerun (batches are idempotent)",
+        ) from exc
+    version = open_table(uri, storage_options=storage_options, name=label).version()
+    return WriteResult(uri, version, 0, 0, 0, False, time.perf_counter() - started)

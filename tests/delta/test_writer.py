@@ -414,3 +414,30 @@ def test_remove_files_and_add_in_one_commit(spark, tmp_path):
     )
     assert sorted(r.id for r in read_table(spark, uri).collect()) == [3, 4, 5, 100]
     assert DeltaTable(uri).version() == 2
+
+
+def test_a_table_created_by_another_writer_during_our_write_is_joined_not_an_error(spark, tmp_path):
+    uri = str(tmp_path / "raced")
+
+    @F.udf("string")
+    def create_meanwhile(partition: str) -> str:
+        # Runs inside our write's Spark job: the table appears between check and commit.
+        if not DeltaTable.is_deltatable(uri):
+            write_deltalake(
+                uri, pa.table({"v": [1], "partition": ["a"]}), partition_by=["partition"]
+            )
+        return partition
+
+    ours = spark.createDataFrame([(2, "b")], "v long, partition string")
+    ours = ours.withColumn("partition", create_meanwhile("partition"))
+    write_dataframe(
+        ours,
+        uri,
+        partition_by=["partition"],
+        mode="overwrite",
+        replace_partition={"partition": "b"},
+    )
+    assert sorted(read_table(spark, uri).collect()) == [
+        Row(v=1, partition="a"),
+        Row(v=2, partition="b"),
+    ]
