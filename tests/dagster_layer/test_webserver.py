@@ -251,6 +251,21 @@ def materializations(server: Webserver, asset: str, limit: int = 10) -> list[dic
     return answer.get("assetMaterializations", [])
 
 
+def wait_for_micro_batch(server: Webserver, run_id: str, asset: str, timeout: float) -> None:
+    """Poll until the (still running) run reports a micro-batch materialization of ``asset``."""
+    deadline = time.monotonic() + timeout
+    while not any(
+        m["runId"] == run_id and (m["description"] or "").startswith("micro-batch ")
+        for m in materializations(server, asset)
+    ):
+        status = server.query(RUN_STATUS, runId=run_id)["runOrError"]["status"]
+        if status not in ("QUEUED", "STARTING", "STARTED"):
+            pytest.fail(f"run {run_id} is {status}:\n{run_errors(server, run_id)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no micro-batch of {asset} in run {run_id} after {timeout}s")
+        time.sleep(1)
+
+
 def _files(folder: Path) -> int:
     return len(list(folder.iterdir())) if folder.exists() else 0
 
@@ -308,16 +323,7 @@ def test_terminate_button_cancels_continuous_run_after_a_complete_micro_batch(so
         RUN_TIMEOUT_S,
     )
     run_id = launch(sources, "payments_enrichment_continuous_job")
-
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not any(
-        m["runId"] == run_id and m["description"].startswith("micro-batch ")
-        for m in materializations(sources, "enriched_transactions")
-    ):
-        status = sources.query(RUN_STATUS, runId=run_id)["runOrError"]["status"]
-        assert status in ("QUEUED", "STARTING", "STARTED"), run_errors(sources, run_id)
-        assert time.monotonic() < deadline, "no micro-batch materialization in time"
-        time.sleep(1)
+    wait_for_micro_batch(sources, run_id, "enriched_transactions", RUN_TIMEOUT_S)
 
     answer = sources.query(TERMINATE, runIds=[run_id], terminatePolicy="SAFE_TERMINATE")
     [result] = answer["terminateRuns"]["terminateRunResults"]
