@@ -49,7 +49,7 @@ from dagster_sideinputs.core.outputs import SideInputs, normalize_outputs
 from dagster_sideinputs.core.plan import BatchPlan, PlanLog
 from dagster_sideinputs.core.planner import Planned
 from dagster_sideinputs.core.routing import BUFFER_ROUTES, ROUTE, ROUTES, Router, lookup
-from dagster_sideinputs.core.rows import Record, run_row_function, split_tagged
+from dagster_sideinputs.core.rows import Lookup, Record, run_row_function, split_tagged
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import (
     DUPLICATE_MARK,
@@ -76,12 +76,15 @@ from dagster_sideinputs.delta.writer import AppTransaction, validate_append
 from dagster_sideinputs.errors import (
     CorruptDataFileError,
     DeclarationError,
+    DuplicateKeyError,
     PreKeyedViolationError,
     SideInputError,
     UndeclaredOutputTagError,
+    preview,
 )
 
 VACUUM_EVERY = 25
+LOOKUP_PREFIX = "_dsi_lookup_"
 log = logging.getLogger("dagster_sideinputs")
 
 
@@ -106,6 +109,7 @@ class BatchRunner:
         self.explain = False
         self._views_of_batch = _Views()
         self._function_tags: set[OutputTag] = set()
+        self._lookup_tables: dict[tuple[str, int | None], dict[Any, Any]] = {}
 
     # --- reading -------------------------------------------------------------------------
 
@@ -210,11 +214,19 @@ class BatchRunner:
     # --- outputs -------------------------------------------------------------------------------
 
     def _function_input(
-        self, classified: DataFrame, main_columns: list[str], views: _Views
+        self,
+        classified: DataFrame,
+        main_columns: list[str],
+        views: _Views,
+        lookups: Mapping[str, Lookup] | None = None,
     ) -> DataFrame:
         released = classified.filter(F.col(ROUTE) == "released")
         columns = [F.col(f"`{c}`") for c in main_columns]
-        columns += [F.col(f"`{name}`") for name in views.joins]
+        local = lookups or {}
+        columns += [F.col(f"`{name}`") for name in views.joins if name not in local]
+        columns += [
+            views.joins[name].main_keys[-1].alias(lookup.column) for name, lookup in local.items()
+        ]
         if self.spec.window is not None:
             if "window" in main_columns:
                 raise DeclarationError(
@@ -246,6 +258,38 @@ class BatchRunner:
 
                 getters[bound.name] = frame
         return SideInputs(getters)
+
+    def _local_lookups(self, views: _Views) -> dict[str, Lookup]:
+        """Keyed side inputs a row function can look up in Python instead of Spark joining
+        them: broadcast maps / multimaps read whole on every task anyway, whose records do
+        not wait for their key (converting a joined struct per record costs more than a
+        dict lookup)."""
+        lookups: dict[str, Lookup] = {}
+        for name, join in views.joins.items():
+            side = views.data[name].side
+            eligible = (
+                join.broadcast
+                and side.view in ("map", "multimap")
+                and side.window is None
+                and side.distribution != "forwarded"
+                and side.missing == "null"
+            )
+            if eligible:
+                data = views.data[name]
+                version = data.snapshot.version if data.snapshot else None
+                cache_key = (name, version)
+                if cache_key not in self._lookup_tables:
+                    # Keep one version per side input: older ones are not read again.
+                    self._lookup_tables = {
+                        key: table for key, table in self._lookup_tables.items() if key[0] != name
+                    }
+                    self._lookup_tables[cache_key] = _lookup_table(data)
+                lookups[name] = Lookup(
+                    f"{LOOKUP_PREFIX}{name}",
+                    self._lookup_tables[cache_key],
+                    [] if side.view == "multimap" else None,
+                )
+        return lookups
 
     def _row_broadcasts(self, plan: BatchPlan, views: _Views) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -302,13 +346,21 @@ class BatchRunner:
             user_tags = [
                 t for t in spec.all_tags if t not in spec.routes.declared() or t.schema is not None
             ]
+            lookups = self._local_lookups(views)
+            joined = [name for name in views.joins if name not in lookups]
+            function_input = self._function_input(classified, main_columns, views, lookups=lookups)
             tagged = run_row_function(
                 function_input,
                 spec.fn,
                 tags=user_tags,
                 broadcast_values=self._row_broadcasts(plan, views),
-                joined_columns=list(views.joins),
-                record_columns=[c for c in function_input.columns if c not in views.joins],
+                joined_columns=joined,
+                record_columns=[
+                    c
+                    for c in function_input.columns
+                    if c not in joined and not c.startswith(LOOKUP_PREFIX)
+                ],
+                lookups=lookups,
             ).persist(StorageLevel.MEMORY_AND_DISK)
             tagged.count()  # run the function once, before anything is written
             persisted.append(tagged)
@@ -622,6 +674,38 @@ def _explain(frame: DataFrame) -> str:
     with contextlib.redirect_stdout(buffer):
         frame.explain()
     return buffer.getvalue()
+
+
+def _lookup_table(data: SideData) -> dict[Any, Any]:
+    """A keyed side input as a Python dict (map: key -> row; multimap: key -> rows)."""
+    side = data.side
+    assert side.key is not None
+    rows = [Record(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
+    if side.view == "multimap":
+        grouped: dict[Any, list[Record]] = {}
+        for row in sorted(rows, key=repr):
+            grouped.setdefault(row[side.key], []).append(row)
+        return grouped
+    table: dict[Any, Record] = {}
+    duplicates: list[Any] = []
+    for row in rows:
+        if row[side.key] in table:
+            duplicates.append(row[side.key])
+        table[row[side.key]] = row
+    if duplicates and side.pick is None:
+        raise DuplicateKeyError(
+            f"{data.bound.label} is a map but holds several rows for key(s) "
+            f"{preview(sorted(set(duplicates), key=repr))}. Nothing was written.",
+            fix="deduplicate the side asset, declare SideInput.multimap(...), or pick one row "
+            "per key with SideInput.map(..., pick='<column, greatest wins>')",
+        )
+    if duplicates:
+        assert side.pick is not None
+        best: dict[Any, Record] = {}
+        for row in sorted(rows, key=lambda r: (r[side.pick] is not None, r[side.pick], repr(r))):
+            best[row[side.key]] = row
+        return best
+    return table
 
 
 def _broadcast_threshold(spark: SparkSession) -> int:

@@ -13,6 +13,7 @@ persists and splits, so the Python function runs once per record.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -103,6 +104,15 @@ def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
     )
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """A keyed side input resolved in Python: ``table[record[column]]`` (or ``default``)."""
+
+    column: str
+    table: Mapping[Any, Any]
+    default: Any = None
+
+
 def tagged_schema(tags: Sequence[OutputTag]) -> T.StructType:
     """One tag column and one struct column per output tag."""
     fields = [T.StructField(TAG_COLUMN, T.StringType())]
@@ -120,10 +130,13 @@ def run_row_function(
     broadcast_values: Mapping[str, Any],
     joined_columns: Sequence[str],
     record_columns: Sequence[str],
+    lookups: Mapping[str, "Lookup"] | None = None,
 ) -> DataFrame:
     """Apply a row function to every released record; returns the tagged DataFrame.
 
-    ``tags[0]`` is the main output. Each tag must carry a schema.
+    ``tags[0]`` is the main output. Each tag must carry a schema. ``joined_columns`` are
+    side values Spark joined to each record; ``lookups`` are keyed side values looked up
+    in Python (a dict shipped with the function) from a key column of the record.
     """
     missing = [tag for tag in tags if tag.schema is None]
     if missing:
@@ -137,7 +150,8 @@ def run_row_function(
     tag_names = [tag.name for tag in tags]
     declared = {tag.name: tag for tag in tags}
     record_fields = list(record_columns)
-    joined = list(joined_columns)
+    local = dict(lookups or {})
+    joined = [*joined_columns, *local]
 
     def process(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
         ctx = RowContext(declared, broadcast_values, joined, tag_names[0])
@@ -145,7 +159,12 @@ def run_row_function(
         for batch in batches:
             # Column-wise conversion (fast in Arrow), then one tuple per record.
             fields = [batch.column(name).to_pylist() for name in record_fields]
-            sides = [[_wrap(v) for v in batch.column(name).to_pylist()] for name in joined]
+            sides = [[_wrap(v) for v in batch.column(name).to_pylist()] for name in joined_columns]
+            for lookup in local.values():
+                table, default = lookup.table, lookup.default
+                sides.append(
+                    [table.get(k, default) for k in batch.column(lookup.column).to_pylist()]
+                )
             main_out = ctx.emitted[tag_names[0]]
             for values, side_values in zip(
                 zip(*fields, strict=True) if fields else [()] * batch.num_rows,

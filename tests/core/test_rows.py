@@ -115,3 +115,53 @@ def test_row_function_may_yield_several_records_or_none(lake):
 
     row_operator(lake, fn=fn).run(lake.spark)
     assert lake.rows("enriched", "tx_id") == [(2,), (3,), (3,)]
+
+
+NAMES = dsi.OutputTag(
+    "names",
+    schema=T.StructType(
+        [
+            T.StructField("tx_id", T.LongType()),
+            T.StructField("name", T.StringType()),
+            T.StructField("cards", T.LongType()),
+        ]
+    ),
+)
+
+
+def broadcast_lookup_operator(lake):
+    def fn(record, ctx):
+        profile = ctx.side_input("profile")
+        yield {
+            "tx_id": record.tx_id,
+            "name": profile.name if profile else None,
+            "cards": len(ctx.side_input("cards")),
+        }
+
+    return lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="broadcast"),
+            "cards": dsi.SideInput.multimap("cards", key="customer_id", distribution="broadcast"),
+        },
+        fn=fn,
+        mode="rows",
+        main_output=NAMES,
+    )
+
+
+def test_broadcast_keyed_views_are_looked_up_per_record_in_row_mode(lake):
+    lake.append("profiles", [(10, "ann"), (11, "bob")], "customer_id long, name string")
+    lake.append("cards", [(10, "c1"), (10, "c2")], "customer_id long, card string")
+    lake.append("transactions", [(1, 10, 1.0), (2, 11, 1.0), (3, 12, 1.0)], TX)
+    broadcast_lookup_operator(lake).run(lake.spark)
+    assert lake.rows("names") == [(1, "ann", 2), (2, "bob", 0), (3, None, 0)]
+
+
+def test_broadcast_map_with_duplicate_keys_is_an_error_in_row_mode_too(lake):
+    lake.append("profiles", [(10, "ann"), (10, "anne")], "customer_id long, name string")
+    lake.append("cards", [(10, "c1")], "customer_id long, card string")
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with pytest.raises(dsi.DuplicateKeyError, match=r"key\(s\) \[10\]"):
+        broadcast_lookup_operator(lake).run(lake.spark)
+    assert not lake.exists("names")
