@@ -24,7 +24,7 @@ from dagster_sideinputs.core.declarations import (
     asset_path,
 )
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.spec import Mode
+from dagster_sideinputs.core.spec import CachePolicy, Mode, OperatorSpec
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
@@ -33,6 +33,7 @@ CHECK_BUFFER = "buffer_within_limits"
 CHECK_READY = "side_inputs_ready"
 CHECK_ACCOUNTED = "records_accounted_for"
 REPLAY_TIMEOUT = dt.timedelta(days=30)
+_VALIDATION_ROOT = "/nonexistent/dagster-sideinputs/validation"
 
 RUN_CONFIG = {
     "trigger": dg.Field(
@@ -61,38 +62,50 @@ RUN_CONFIG = {
 
 @dataclass(frozen=True)
 class SideInputAssets:
-    """Everything ``@side_input_assets`` was given; kept for jobs, sensors and replays."""
+    """Everything ``@side_input_assets`` was given; kept for jobs, sensors and replays.
+
+    Attributes:
+        name: the op / multi-asset name.
+        options: the ``SideInputOperator`` keyword arguments (all but storage and
+            readiness, which a run supplies).
+        spark_resource_key / io_manager_key: the resources a run reads.
+        group_name / tags: of the output assets.
+    """
 
     name: str
-    main: MainInput
-    side_inputs: Mapping[str, SideInput]
-    fn: Callable[..., Any]
-    main_output: OutputTag
-    side_outputs: tuple[OutputTag, ...]
-    window: Window | None
-    late: OutputTag | None
-    unmatched: OutputTag | None
-    overflow: OutputTag | None
-    invalid: OutputTag | None
-    buffer: BufferLimits
-    mode: Mode
-    operator_id: str | None
-    schema_mode: Literal["merge"] | None
-    max_versions_per_batch: int | None
-    max_files_per_batch: int | None
-    spark_resource_key: str
-    io_manager_key: str
-    future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
+    options: Mapping[str, Any]
+    spark_resource_key: str = "spark"
+    io_manager_key: str = "io_manager"
     group_name: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Fail at import, where the declaration is written, not in the first run.
+        validated = self.operator(DeltaStorage(_VALIDATION_ROOT), readiness=_NoReadiness())
+        object.__setattr__(self, "_spec", validated.spec)
+
+    @property
+    def spec(self) -> OperatorSpec:
+        """The resolved declaration (tables are not bound to a storage yet)."""
+        spec: OperatorSpec = self.__dict__["_spec"]
+        return spec
+
+    @property
+    def main(self) -> MainInput:
+        return self.spec.main
+
+    @property
+    def side_inputs(self) -> dict[str, SideInput]:
+        return {bound.name: bound.side for bound in self.spec.sides}
+
+    @property
+    def main_output(self) -> OutputTag:
+        return self.spec.main_tag
+
     @property
     def all_tags(self) -> list[OutputTag]:
-        tags = [self.main_output, *self.side_outputs]
-        for route in (self.late, self.unmatched, self.overflow, self.invalid):
-            if route is not None and route not in tags:
-                tags.append(route)
-        return tags
+        """Every output: the main one, the side outputs, the declared routes."""
+        return self.spec.all_tags
 
     @property
     def output_keys(self) -> list[dg.AssetKey]:
@@ -112,36 +125,17 @@ class SideInputAssets:
     ) -> SideInputOperator:
         """The core operator of this declaration (or of its replay of a side output)."""
         if replay is None:
-            return SideInputOperator(
-                main=self.main,
-                side_inputs=self.side_inputs,
-                fn=self.fn,
-                main_output=self.main_output,
-                side_outputs=self.side_outputs,
-                storage=storage,
-                window=self.window,
-                late=self.late,
-                unmatched=self.unmatched,
-                overflow=self.overflow,
-                invalid=self.invalid,
-                buffer=self.buffer,
-                mode=self.mode,
-                operator_id=self.operator_id,
-                readiness=readiness,
-                schema_mode=self.schema_mode,
-                max_versions_per_batch=self.max_versions_per_batch,
-                max_files_per_batch=self.max_files_per_batch,
-                future_tolerance=self.future_tolerance,
-            )
+            return SideInputOperator(**self.options, storage=storage, readiness=readiness)
         return self._replay_operator(storage, readiness, replay)
 
     def _replay_operator(
         self, storage: DeltaStorage, readiness: Any, tag: OutputTag
     ) -> SideInputOperator:
-        if tag not in (self.late, self.unmatched, self.overflow, self.invalid):
+        routes = self.spec.routes
+        if tag not in routes.declared():
             raise DeclarationError(
                 f"Only the operator's own routes can be replayed; {tag.name!r} is not one "
-                f"(late={self.late}, unmatched={self.unmatched}, overflow={self.overflow}).",
+                f"(declared routes: {[t.name for t in routes.declared()]}).",
                 fix="pass replay=<the name of the late / unmatched / overflow output>",
             )
         # Records still without a side row wait in the replay's own buffer instead of
@@ -154,28 +148,29 @@ class SideInputAssets:
             )
             for name, side in self.side_inputs.items()
         }
-        fn = self.fn
+        fn = self.spec.fn
 
         def without_reason(main: Any, *args: Any) -> Any:
             if hasattr(main, "columns") and "reason" in main.columns:
                 main = main.drop("reason")
             return fn(main, *args)
 
-        base_id = self.operator_id or self.main_output.name.replace("/", "__")
+        options = {
+            key: value
+            for key, value in self.options.items()
+            if key in ("window", "buffer", "mode", "schema_mode", "future_tolerance", "cache")
+        }
         return SideInputOperator(
+            **options,
             main=MainInput(tag.name, key=self.main.key, event_time=self.main.event_time),
             side_inputs=sides,
-            fn=without_reason if self.mode == "frames" else fn,
+            fn=without_reason if self.spec.mode == "frames" else fn,
             main_output=self.main_output,
-            side_outputs=[t for t in self.side_outputs if t != tag],
+            side_outputs=[t for t in self.options.get("side_outputs", ()) if t != tag],
             storage=storage,
-            window=self.window,
-            invalid=self.invalid if tag != self.invalid else None,
-            buffer=self.buffer,
-            mode=self.mode,
-            operator_id=f"{base_id}__replay__{tag.name.replace('/', '__')}",
+            invalid=routes.invalid if tag != routes.invalid else None,
+            operator_id=f"{self.spec.operator_id}__replay__{tag.name.replace('/', '__')}",
             readiness=readiness,
-            schema_mode=self.schema_mode,
         )
 
 
@@ -263,6 +258,7 @@ def side_input_assets(
     max_versions_per_batch: int | None = None,
     max_files_per_batch: int | None = None,
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
+    cache: CachePolicy = "auto",
     spark_resource_key: str = "spark",
     io_manager_key: str = "io_manager",
     pool: str | None = None,
@@ -303,30 +299,31 @@ def side_input_assets(
         op_name = name or fn.__name__
         decl = SideInputAssets(
             name=op_name,
-            main=main,
-            side_inputs=dict(side_inputs),
-            fn=fn,
-            main_output=main_tag,
-            side_outputs=tuple(side_outputs),
-            window=window,
-            late=late,
-            unmatched=unmatched,
-            overflow=overflow,
-            invalid=invalid,
-            buffer=buffer or BufferLimits(),
-            mode=mode,
-            operator_id=operator_id,
-            schema_mode=schema_mode,
-            max_versions_per_batch=max_versions_per_batch,
-            max_files_per_batch=max_files_per_batch,
+            options={
+                "main": main,
+                "side_inputs": dict(side_inputs),
+                "fn": fn,
+                "main_output": main_tag,
+                "side_outputs": tuple(side_outputs),
+                "window": window,
+                "late": late,
+                "unmatched": unmatched,
+                "overflow": overflow,
+                "invalid": invalid,
+                "buffer": buffer or BufferLimits(),
+                "mode": mode,
+                "operator_id": operator_id,
+                "schema_mode": schema_mode,
+                "max_versions_per_batch": max_versions_per_batch,
+                "max_files_per_batch": max_files_per_batch,
+                "future_tolerance": future_tolerance,
+                "cache": cache,
+            },
             spark_resource_key=spark_resource_key,
             io_manager_key=io_manager_key,
-            future_tolerance=future_tolerance,
             group_name=group_name,
             tags=dict(tags or {}),
         )
-        # Fail at import, where the declaration is written, not in the first run.
-        decl.operator(DeltaStorage("/nonexistent-dsi-check"), readiness=_NoReadiness())
 
         @dg.multi_asset(
             name=op_name,
