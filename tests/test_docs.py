@@ -25,12 +25,11 @@ def test_readme_examples_run_in_order(spark, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for block in readme_blocks():
-        exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
+        exec(compile(block, str(README), "exec"), namespace)
 
 
 MODULES = sorted(
-    name
-    for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
+    name for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
 )
 
 
