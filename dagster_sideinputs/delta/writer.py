@@ -59,6 +59,10 @@ WriteMode = Literal["append", "overwrite"]
 SchemaMode = Literal["merge", "overwrite"]
 
 STAGING_DIR = "_dsi_staging"
+CREATING_MARKER = f"{STAGING_DIR}/_creating"
+"""Written before the first files are moved into a folder that is not yet a Delta table:
+files found there without a log are then the uncommitted files of an interrupted first
+write (never referenced by a commit, so invisible), not a foreign dataset."""
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -289,6 +293,7 @@ def write_dataframe(
     if (
         not exists
         and files.has_entries()
+        and not files.exists(CREATING_MARKER)
         and any(not entry.path.startswith(STAGING_DIR) for entry in files.list_files(""))
     ):
         raise NotADeltaTableError(
@@ -330,6 +335,8 @@ def write_dataframe(
         if skip_empty_commit and table is not None and not staged and not remove_files:
             committed_ok = True
             return WriteResult(uri, table.version(), 0, 0, 0, False, time.perf_counter() - started)
+        if table is None:
+            files.write_bytes_atomic(CREATING_MARKER, b"")
         staging.publish(staged)
         version = _commit(
             table,
@@ -348,6 +355,8 @@ def write_dataframe(
             label=label,
         )
         committed_ok = True
+        if table is None:
+            files.delete_file(CREATING_MARKER)
     finally:
         staging.discard(published_too=not committed_ok)
     return WriteResult(

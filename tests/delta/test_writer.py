@@ -372,6 +372,33 @@ def test_writing_into_a_folder_that_is_not_a_delta_table_is_refused(spark, tmp_p
     assert table_files(str(folder)) == before
 
 
+def test_first_write_killed_after_moving_its_files_is_redone_by_the_rerun(
+    spark, tmp_path, monkeypatch
+):
+    # A SIGKILL between moving a new table's files into its folder and the commit that
+    # creates the table leaves files without a log; the rerun must not take the folder
+    # for a foreign dataset. (The crash harness does this with a real SIGKILL.)
+    from dagster_sideinputs.delta import writer
+
+    uri = str(tmp_path / "created")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed before the commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(writer._Staging, "discard", lambda self, published_too: None)
+        patch.setattr(writer, "_commit", killed)
+        with pytest.raises(KeyboardInterrupt):
+            write_dataframe(spark.range(3), uri, app_transaction=AppTransaction("op", 0))
+    assert not DeltaTable.is_deltatable(uri)
+    assert any(name.endswith(".parquet") for name in os.listdir(uri))
+
+    write_dataframe(spark.range(3), uri, app_transaction=AppTransaction("op", 0))
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [0, 1, 2]
+    assert DeltaTable(uri).version() == 0
+    assert not os.path.exists(os.path.join(uri, "_dsi_staging", "_creating"))
+
+
 def test_a_failed_spark_job_leaves_no_data_visible_and_no_files(spark, tmp_path):
     uri = str(tmp_path / "failing")
     write_dataframe(spark.range(3), uri)
