@@ -603,6 +603,19 @@ class BatchRunner:
                     f"{_extract(text, PRE_KEYED_MARK + ':')}. Nothing was written.",
                     fix="fix the key-group column at the source, or drop pre_keyed=",
                 ) from exc
+            missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", text)
+            if missing:
+                fn = self.spec.fn
+                name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+                raise DeclarationError(
+                    f"Operator {self.spec.operator_id!r}: Spark's executors cannot import "
+                    f"module {missing.group(1)!r}, needed to run the {self.spec.mode}-mode "
+                    f"function {name} (executors are other Python processes, which import "
+                    "it by module name). Nothing was written; buffered records are intact.",
+                    fix=f"install the package holding {missing.group(1)!r} in the executors' "
+                    "Python environment (the same as the driver's), or ship it with "
+                    "`spark.sparkContext.addPyFile(...)` / `--py-files`",
+                ) from exc
             if "not a Parquet file" in text or "FileNotFoundException" in text:
                 found = re.search(r"reading file (\S+?)\.?\s", text)
                 where = found.group(1) if found else _extract(text, "")
