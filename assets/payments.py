@@ -13,7 +13,7 @@ import hashlib
 
 import dagster as dg
 from pydantic import Field
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
@@ -29,6 +29,27 @@ def _seed(context: dg.AssetExecutionContext) -> int:
     return int(hashlib.sha1(context.run_id.encode()).hexdigest()[:8], 16)
 
 
+def _uniform(seed: int, stream: int) -> Column:
+    """A uniform draw in [0, 1) per row, a pure function of (seed, stream, row id).
+
+    Unlike ``F.rand(seed)``, whose values depend on how rows fall into partitions, it
+    gives the same rows on ``local[*]`` and on any cluster.
+    """
+    bits = F.pmod(F.xxhash64(F.lit(seed), F.lit(stream), F.col("id")), F.lit(1 << 30))
+    return bits / float(1 << 30)
+
+
+def hour_start(iso: str | None = None) -> dt.datetime:
+    """The start (UTC) of the hour of an ISO timestamp (UTC if naive), or of the current hour."""
+    if iso is None:
+        moment = dt.datetime.now(dt.timezone.utc)
+    else:
+        moment = dt.datetime.fromisoformat(iso)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.astimezone(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+
+
 class TransactionBatch(dg.Config):
     """How many transactions one materialization appends, and how messy they are."""
 
@@ -42,6 +63,16 @@ class TransactionBatch(dg.Config):
     late_share: float = Field(
         default=0.0, description="Share of transactions whose event time is 6 hours older."
     )
+    seed: int | None = Field(
+        default=None,
+        description="Seed of the generated rows (and of their tx_id range); default: derived "
+        "from the run id, so every run appends new transactions.",
+    )
+    hour: str | None = Field(
+        default=None,
+        description="ISO timestamp (UTC if naive) whose hour `hours_back` counts from; "
+        "default: the current hour.",
+    )
 
 
 @dg.asset(
@@ -54,33 +85,32 @@ def transactions(
     context: dg.AssetExecutionContext, config: TransactionBatch, spark: dsi.SparkResource
 ) -> DataFrame:
     session = spark.spark_session  # first: F.lit needs an active SparkContext in this process
-    seed = _seed(context)
-    now = dt.datetime.now(dt.timezone.utc)
-    hour = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=config.hours_back)
+    seed = _seed(context) if config.seed is None else config.seed
+    hour = hour_start(config.hour) - dt.timedelta(hours=config.hours_back)
     hour_seconds = int(hour.timestamp())
     currencies = F.array(*[F.lit(c) for c in CURRENCIES])
     rows = session.range(config.count).select(
         (F.lit(seed).cast("long") * 1_000_000 + F.col("id")).alias("tx_id"),
         F.when(
-            F.rand(seed) < config.unknown_customer_share,
-            (F.lit(CUSTOMERS) + 1 + (F.rand(seed + 1) * 50).cast("long")),
+            _uniform(seed, 0) < config.unknown_customer_share,
+            (F.lit(CUSTOMERS) + 1 + (_uniform(seed, 1) * 50).cast("long")),
         )
-        .otherwise((F.rand(seed + 2) * CUSTOMERS).cast("long") + 1)
+        .otherwise((_uniform(seed, 2) * CUSTOMERS).cast("long") + 1)
         .alias("customer_id"),
-        F.concat(F.lit("card-"), (F.rand(seed + 3) * 3_000).cast("long").cast("string")).alias(
+        F.concat(F.lit("card-"), (_uniform(seed, 3) * 3_000).cast("long").cast("string")).alias(
             "card_id"
         ),
-        F.concat(F.lit("merchant-"), (F.rand(seed + 4) * 200).cast("long").cast("string")).alias(
+        F.concat(F.lit("merchant-"), (_uniform(seed, 4) * 200).cast("long").cast("string")).alias(
             "merchant"
         ),
-        F.round(F.exp(F.rand(seed + 5) * 9), 2).alias("amount"),
-        F.element_at(currencies, (F.rand(seed + 6) * len(CURRENCIES)).cast("int") + 1).alias(
+        F.round(F.exp(_uniform(seed, 5) * 9), 2).alias("amount"),
+        F.element_at(currencies, (_uniform(seed, 6) * len(CURRENCIES)).cast("int") + 1).alias(
             "currency"
         ),
         F.timestamp_seconds(
             F.lit(hour_seconds)
-            + (F.rand(seed + 7) * 3599).cast("long")
-            - F.when(F.rand(seed + 8) < config.late_share, F.lit(6 * 3600)).otherwise(F.lit(0))
+            + (_uniform(seed, 7) * 3599).cast("long")
+            - F.when(_uniform(seed, 8) < config.late_share, F.lit(6 * 3600)).otherwise(F.lit(0))
         ).alias("ts"),
     )
     context.log.info(f"{config.count} transactions around {hour.isoformat()}")
