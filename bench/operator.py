@@ -167,8 +167,9 @@ class SparkRest:
     def since(self, mark: dict[str, int]) -> dict[str, Any]:
         """Shuffle bytes, Exchange nodes and SQL executions of everything run after ``mark``.
 
-        ``main_side_shuffles`` counts the executions whose plan hash-partitions the main
-        records by their join key (the operator's ``_dsi_mk_*`` key column).
+        ``main_side_shuffles`` counts the executions whose plan (cached parts included)
+        hash-partitions the main records by their join key (the operator's ``_dsi_mk_*``
+        key column): zero means the main records were never shuffled.
         """
         stages = [s for s in self._get("/stages?status=complete") if s["stageId"] > mark["stage"]]
         sql = [
@@ -887,8 +888,8 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         shuffle = (
             f"shuffle write {entry['shuffle_write_bytes'] / 2**20:7.1f} MiB, read "
             f"{entry['shuffle_read_bytes'] / 2**20:7.1f} MiB; Exchange nodes "
-            f"{entry['shuffle_exchanges']:.0f}; executions shuffling the main records by key: "
-            f"{entry['main_side_shuffles']:.0f}"
+            f"{entry['shuffle_exchanges']:.0f}; main records shuffled by key: "
+            f"{'yes' if entry['main_side_shuffles'] else 'no'}"
             if runs
             else "shuffle metrics unavailable"
         )
