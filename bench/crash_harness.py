@@ -121,7 +121,21 @@ ACTIONS = (
     Action("profiles", 60, "zero"),
     Action("job", "replay_unmatched_transactions_job", "zero"),
 )
+SHORT_ACTIONS = (
+    Action("append", 1),
+    Action("job", "payments_enrichment_job"),
+    Action("fx", "2024-05-01-03:00"),
+    Action("append", 2),
+    Action("job", "payments_enrichment_job"),
+)
+"""A CI-sized pipeline: two batches, one worker group (one JVM start when not killed)."""
+SCRIPTS = {"full": ACTIONS, "short": SHORT_ACTIONS}
 GROUP_TIMEOUTS = {"long": LONG_TIMEOUT_MINUTES, "zero": ZERO_TIMEOUT_MINUTES}
+
+
+def _actions(folder: Path) -> tuple[Action, ...]:
+    """The script of a template / trial folder (written by ``prepare_template``)."""
+    return SCRIPTS[(folder / "script").read_text().strip()]
 
 
 def transactions(batch: Batch) -> Any:
@@ -206,6 +220,49 @@ def _append(lake: Path, batch_index: int) -> None:
     )
 
 
+KILL_POINTS = {
+    "before-first-plan": "dagster_sideinputs.core.plan:PlanLog.create:1",
+    "before-publish-1": "dagster_sideinputs.delta.writer:_Staging.publish:1",
+    "before-create-enriched": "dagster_sideinputs.delta.writer:_commit:1",
+    "before-create-buffer": "dagster_sideinputs.delta.writer:_commit:5",
+    "before-commit-8": "dagster_sideinputs.delta.writer:_commit:8",
+    "before-commit-record-2": "dagster_sideinputs.core.plan:PlanLog.commit:2",
+}
+"""Exact kill points (``--kill-at``): ``module:attribute:n`` kills the worker's process
+group with SIGKILL when ``attribute`` is called for the n-th time in that worker, before
+the call runs. ``_commit`` is the Delta commit of a write whose files Spark has written
+and the bridge has already moved into the table (a new table was created empty just
+before: ``before-create-enriched`` once left a folder of files without a log, which every
+rerun refused); in the first job, calls 1-5 create
+the four output tables and the buffer (batch 0), call 8 is batch 1's buffer write."""
+
+
+def _arm_kill_point(trial: Path, spec: str) -> None:
+    """Wrap a library function, in this process only, to SIGKILL the process group on its
+    n-th call (the library itself is not changed)."""
+    import functools
+    import importlib
+
+    module_name, attribute, nth = spec.split(":")
+    owner: Any = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+    calls = 0
+
+    @functools.wraps(original)
+    def killing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == int(nth):
+            _event(trial, event="kill-point", where=spec)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, killing)
+
+
 def worker(trial: Path, *, template: bool = False) -> None:
     """Run the pending actions of this process's group (or build the template's sources)."""
     _event(trial, event="launch")
@@ -218,6 +275,8 @@ def worker(trial: Path, *, template: bool = False) -> None:
     instance = dg.DagsterInstance.get()
     lake = Path(os.environ["DSI_LAKE_ROOT"])
     started_spark = False
+    if os.environ.get("DSI_HARNESS_KILL_AT"):
+        _arm_kill_point(trial, os.environ["DSI_HARNESS_KILL_AT"])
 
     def spark() -> None:
         nonlocal started_spark
@@ -240,8 +299,9 @@ def worker(trial: Path, *, template: bool = False) -> None:
         return
 
     group = os.environ["DSI_HARNESS_GROUP"]
-    for index in range(_progress(trial), len(ACTIONS)):
-        action = ACTIONS[index]
+    actions = _actions(trial)
+    for index in range(_progress(trial), len(actions)):
+        action = actions[index]
         if action.group != group:
             break
         _event(trial, event="start", index=index, action=action.label)
@@ -295,9 +355,17 @@ def _living(pgid: int, family: Sequence[Any]) -> list[int]:
     return alive
 
 
-def _launch(trial: Path, args: list[str], group: str, kill_after: float | None) -> Launch:
+def _launch(
+    trial: Path,
+    args: list[str],
+    group: str,
+    kill_after: float | None,
+    kill_at: str | None = None,
+) -> Launch:
     env = _worker_env(trial, group)
     env["DSI_HARNESS_GROUP"] = group
+    if kill_at:
+        env["DSI_HARNESS_KILL_AT"] = kill_at
     number = len(list(trial.glob("worker-*.out")))
     with open(trial / f"worker-{number:02d}.out", "w") as out:
         started = time.monotonic()
@@ -320,7 +388,10 @@ def _launch(trial: Path, args: list[str], group: str, kill_after: float | None) 
         finally:
             if process.poll() is None:
                 _kill(process)
-        return Launch(group, time.monotonic() - started, False, process.returncode)
+        seconds = time.monotonic() - started
+        if process.returncode == -signal.SIGKILL:  # a kill point fired
+            return Launch(group, seconds, True, None)
+        return Launch(group, seconds, False, process.returncode)
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -349,33 +420,39 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         raise RuntimeError(f"processes of worker {pgid} survived SIGKILL: {alive}")
 
 
-def run_pipeline(trial: Path) -> list[Launch]:
+def run_pipeline(trial: Path, reference: "Reference | None" = None) -> list[Launch]:
     """Run the pipeline in ``trial`` to completion (from wherever it stopped)."""
     launches: list[Launch] = []
-    while _progress(trial) < len(ACTIONS):
-        launch = _launch(trial, ["_worker"], ACTIONS[_progress(trial)].group, None)
+    actions = _actions(trial)
+    while _progress(trial) < len(actions):
+        launch = _launch(trial, ["_worker"], actions[_progress(trial)].group, None)
         launches.append(launch)
         if launch.returncode != 0:
             raise WorkerFailed(trial, launches)
+        if reference is not None:
+            reference.observe(trial)
     return launches
 
 
 def run_until_killed(
-    trial: Path, delay: float, expected: dict[tuple[str, int], set[str]] | None = None
+    trial: Path, delay: float, reference: "Reference | None" = None
 ) -> list[Launch]:
     """Run workers until one is killed after ``delay`` seconds of worker time, or the
     pipeline is done. A delay counts from a worker's launch; when the worker finishes its
     group first, the rest of the delay carries over to the next worker."""
     launches: list[Launch] = []
     remaining = delay
-    while _progress(trial) < len(ACTIONS):
-        launch = _launch(trial, ["_worker"], ACTIONS[_progress(trial)].group, remaining)
+    actions = _actions(trial)
+    while _progress(trial) < len(actions):
+        launch = _launch(trial, ["_worker"], actions[_progress(trial)].group, remaining)
         launches.append(launch)
         if launch.killed:
-            launch.phase = inspect_phase(trial, expected)
+            launch.phase = inspect_phase(trial, reference.expected if reference else None)
             return launches
         if launch.returncode != 0:
             raise WorkerFailed(trial, launches)
+        if reference is not None:
+            reference.observe(trial)
         remaining = max(0.0, remaining - launch.seconds)
     return launches
 
@@ -438,12 +515,18 @@ def _tables(lake: Path, operator_id: str) -> dict[str, Path]:
     return tables
 
 
-def _staging(table: Path) -> str | None:
-    staging = table / "_dsi_staging"
-    if not staging.is_dir() or not any(staging.iterdir()):
+def _staging(table: Path, since: float) -> str | None:
+    """What a write in progress (staged after ``since``) was doing; older staging folders
+    are leftovers of earlier kills."""
+    folder = table / "_dsi_staging"
+    if not folder.is_dir():
         return None
-    parquet = any(p.suffix == ".parquet" for p in staging.rglob("*"))
-    return "spark writing" if parquet else "publishing/committing"
+    for staged in folder.iterdir():
+        if staged.stat().st_mtime < since:
+            continue
+        parquet = any(p.suffix == ".parquet" for p in staged.rglob("*"))
+        return "spark writing" if parquet else "publishing/committing"
+    return None
 
 
 def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None = None) -> Phase:
@@ -451,6 +534,7 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
     events = _events(trial)
     last_launch = max((i for i, e in enumerate(events) if e["event"] == "launch"), default=-1)
     since = events[last_launch + 1 :]
+    launched = events[last_launch]["t"] if last_launch >= 0 else 0.0
     lake = trial / "lake"
     started = [e for e in since if e["event"] == "start"]
     if not started:
@@ -459,7 +543,7 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
     current = started[-1]
     if any(e["event"] == "done" and e["index"] == current["index"] for e in since):
         return Phase("between actions", f"after {current['action']}")
-    action = ACTIONS[current["index"]]
+    action = _actions(trial)[current["index"]]
     if action.kind != "job":
         spark_pending = action.kind != "append" and not any(e["event"] == "spark" for e in since)
         return Phase(
@@ -473,12 +557,13 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
         batch = plans[-1]
         tables = _tables(lake, operator_id)
         written = sorted(n for n, t in tables.items() if _txns(t).get(operator_id, -1) >= batch)
-        staging = sorted(n for n, t in tables.items() if _staging(t))
+        staging = sorted(n for n, t in tables.items() if _staging(t, launched))
         todo = None if expected is None else expected.get((operator_id, batch), set())
         where = f"{operator_id} batch {batch}"
         if staging:
             category = "batch: writing a table"
-            detail = f"{where}; {_staging(tables[staging[0]])} {staging[0]}; written {written}"
+            doing = _staging(tables[staging[0]], launched)
+            detail = f"{where}; {doing} {staging[0]}; written {written}"
         elif not written:
             category = "batch: planned, before writes"
             detail = where
@@ -611,10 +696,27 @@ class Reference:
     action_s: list[float]  # per action
     total_s: float
     batches: dict[str, int]
+    pace: float = 1.0  # how much slower the machine runs now than during the reference
 
     def remaining_s(self, done: int) -> float:
-        """Expected time of a fresh worker to finish from ``done`` actions."""
-        return self.startup_s + sum(self.action_s[done:])
+        """Expected time of a fresh worker to finish from ``done`` actions, at today's pace."""
+        return self.pace * (self.startup_s + sum(self.action_s[done:]))
+
+    def observe(self, trial: Path) -> None:
+        """Update the pace from the last worker of a trial that ran without being killed
+        (the machine is shared: its speed changes, and kill delays must follow it)."""
+        events = _events(trial)
+        last = max(i for i, e in enumerate(events) if e["event"] == "launch")
+        since = events[last + 1 :]
+        starts = {e["index"]: e["t"] for e in since if e["event"] == "start"}
+        ends = {e["index"]: e["t"] for e in since if e["event"] == "done"}
+        done = [i for i in starts if i in ends]
+        if not done:
+            return
+        seen = ends[max(done)] - events[last]["t"]
+        expected = self.startup_s + sum(self.action_s[i] for i in done)
+        if expected >= 10.0:
+            self.pace = 0.5 * self.pace + 0.5 * seen / expected
 
 
 @dataclass
@@ -629,6 +731,9 @@ class TrialResult:
     diffs: dict[str, TableDiff]
     seconds: float
     error: str | None = None
+    kill_point: str | None = None
+    note: str = ""
+    pace: float = 1.0
 
     @property
     def kills(self) -> list[Launch]:
@@ -644,9 +749,13 @@ class TrialResult:
             or "no kill landed"
         )
         verdict = "OK" if self.ok else ("ERROR" if self.error else "DIFFERENT")
+        verdict += f" {self.note}" if self.note else ""
+        how = f"kill-at={self.kill_point}" if self.kill_point else f"seed={self.seed}"
+        how += f" delays={[round(d, 1) for d in self.delays]}" if self.delays else ""
         text = (
-            f"trial {self.number:2d} seed={self.seed} kills={len(self.kills)} "
-            f"launches={len(self.launches)} {self.seconds:.0f}s {verdict} | {landed}"
+            f"trial {self.number:2d} {how} kills={len(self.kills)} "
+            f"launches={len(self.launches)} pace={self.pace:.2f} {self.seconds:.0f}s {verdict} "
+            f"| {landed}"
         )
         for name, diff in self.diffs.items():
             text += (
@@ -658,11 +767,13 @@ class TrialResult:
         return text
 
 
-def prepare_template(path: Path) -> Template:
+def prepare_template(path: Path, script: str = "full") -> Template:
     """A Dagster home and a lake holding the side inputs (sources materialized through
-    Dagster, so the instance knows them); the same starting point for every run."""
+    Dagster, so the instance knows them); the same starting point for every run of
+    ``script`` (``full`` or ``short``)."""
     shutil.rmtree(path, ignore_errors=True)
     (path / "lake").mkdir(parents=True)
+    (path / "script").write_text(script)
     home = path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -706,7 +817,7 @@ def reference_tables(template: Template, path: Path) -> Reference:
         tables=snapshot_tables(path / "lake"),
         expected=expected_writes(path / "lake"),
         startup_s=first - launch,
-        action_s=[ends[i] - starts[i] for i in range(len(ACTIONS))],
+        action_s=[ends[i] - starts[i] for i in range(len(_actions(path)))],
         total_s=total,
         batches=_batches(path / "lake"),
     )
@@ -720,44 +831,104 @@ def run_trial(
     *,
     number: int = 0,
     max_kills: int = 3,
+    attempts: int = 4,
 ) -> TrialResult:
-    """Copy the template, run the pipeline with 1..max_kills random SIGKILLs, compare."""
+    """Copy the template, run the pipeline with 1..max_kills random SIGKILLs, compare.
+
+    Delays are drawn uniformly over the reference run's duration scaled by the machine's
+    current pace; when the pipeline still outran the first kill, the trial starts over
+    from a fresh copy with the next delay of its RNG (at most ``attempts`` times).
+    """
     rng = random.Random(seed)
     kills = min(rng.choice([1, 1, 2, 3]), max(1, max_kills))
-    _copy(template, path)
     started = time.monotonic()
     delays: list[float] = []
     launches: list[Launch] = []
-    error = None
+    error, diffs = None, {}
     try:
-        # The first delay spans the whole reference run; later ones the rest of the
-        # pipeline as seen from the relaunched worker (so they land, and land anywhere).
-        delays.append(rng.uniform(0.0, reference.total_s))
-        launches += run_until_killed(path, delays[-1], reference.expected)
-        for _ in range(kills - 1):
-            if _progress(path) >= len(ACTIONS):
+        for _ in range(attempts):
+            _copy(template, path)
+            delays, launches = [rng.uniform(0.0, reference.remaining_s(0))], []
+            launches += run_until_killed(path, delays[-1], reference)
+            if any(launch.killed for launch in launches):
                 break
+            # The whole pipeline ran unharmed: the best measure of today's pace.
+            reference.pace = sum(launch.seconds for launch in launches) / reference.total_s
+        for _ in range(kills - 1):
+            if _progress(path) >= len(_actions(path)):
+                break
+            # Later kills: uniform over the rest of the pipeline, seen from a new worker.
             delays.append(rng.uniform(0.0, reference.remaining_s(_progress(path))))
-            launches += run_until_killed(path, delays[-1], reference.expected)
-        launches += run_pipeline(path)
+            launches += run_until_killed(path, delays[-1], reference)
+        launches += run_pipeline(path, reference)
         diffs = compare(reference.tables, snapshot_tables(path / "lake"))
     except WorkerFailed as exc:
         launches += exc.launches
-        error, diffs = str(exc), {}
-    return TrialResult(
-        number, seed, path, delays, launches, diffs, time.monotonic() - started, error
+        error = str(exc)
+    except RuntimeError as exc:  # a hung worker, or a process surviving SIGKILL
+        error = str(exc)
+    seconds = time.monotonic() - started
+    return _noted(
+        reference,
+        TrialResult(number, seed, path, delays, launches, diffs, seconds, error),
     )
+
+
+def _noted(reference: Reference, result: TrialResult) -> TrialResult:
+    """Batch counts that differ from the reference's (allowed, but worth seeing)."""
+    result.pace = reference.pace
+    batches = _batches(result.path / "lake")
+    if batches != reference.batches:
+        result.note = f"(batches {batches}, reference {reference.batches})"
+    return result
 
 
 # --- command line ------------------------------------------------------------------------
 
 
-def run(
-    trials: int, seed: int, root: Path, *, max_kills: int = 3, log: Any = print
-) -> tuple[Reference, list[TrialResult]]:
-    """Template, reference, then ``trials`` trials with seeds ``seed``, ``seed + 1``, ..."""
+def run_targeted_trial(
+    template: Template, reference: Reference, name: str, path: Path, *, number: int = 0
+) -> TrialResult:
+    """Copy the template, run the first worker with a kill point armed, rerun, compare."""
+    _copy(template, path)
     started = time.monotonic()
-    template = prepare_template(root / "template")
+    launches: list[Launch] = []
+    error, diffs = None, {}
+    try:
+        group = _actions(path)[0].group
+        launch = _launch(path, ["_worker"], group, None, KILL_POINTS[name])
+        launches.append(launch)
+        if launch.killed:
+            launch.phase = inspect_phase(path, reference.expected)
+        elif launch.returncode != 0:
+            raise WorkerFailed(path, launches)
+        else:
+            error = f"kill point {name} was not reached"
+        launches += run_pipeline(path, reference)
+        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+    except WorkerFailed as exc:
+        launches += exc.launches
+        error = str(exc)
+    seconds = time.monotonic() - started
+    return _noted(
+        reference, TrialResult(number, -1, path, [], launches, diffs, seconds, error, name)
+    )
+
+
+def run(
+    trials: int,
+    seed: int,
+    root: Path,
+    *,
+    max_kills: int = 3,
+    kill_points: Sequence[str] = (),
+    script: str = "full",
+    log: Any = print,
+) -> tuple[Reference, list[TrialResult]]:
+    """Template, reference, then ``trials`` random trials with seeds ``seed``, ``seed + 1``,
+    ..., then one trial per named kill point."""
+    started = time.monotonic()
+    template = prepare_template(root / "template", script)
     log(f"template ready in {time.monotonic() - started:.0f}s", flush=True)
     reference = reference_tables(template, root / "reference")
     counts = {k: len(v or []) for k, v in reference.tables.items()}
@@ -775,6 +946,12 @@ def run(
             root / f"trial-{number:02d}",
             number=number,
             max_kills=max_kills,
+        )
+        results.append(result)
+        log(result.line(), flush=True)
+    for offset, name in enumerate(kill_points, start=trials + 1):
+        result = run_targeted_trial(
+            template, reference, name, root / f"trial-{offset:02d}-{name}", number=offset
         )
         results.append(result)
         log(result.line(), flush=True)
@@ -825,6 +1002,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="number of trials")
     parser.add_argument("--seed", type=int, default=1, help="seed of the first trial")
     parser.add_argument("--max-kills", type=int, default=3, help="most kills in one trial")
+    parser.add_argument(
+        "--kill-at",
+        action="append",
+        default=[],
+        choices=[*KILL_POINTS, "all"],
+        help="also run one trial killed at this exact point (repeatable; 'all' for every one)",
+    )
+    parser.add_argument(
+        "--script", choices=sorted(SCRIPTS), default="full", help="the pipeline to run"
+    )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
@@ -832,7 +1019,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="dsi-crash-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     print(f"crash harness: {args.trials} trials from seed {args.seed} under {root}", flush=True)
-    _, results = run(args.trials, args.seed, root, max_kills=args.max_kills)
+    points = list(KILL_POINTS) if "all" in args.kill_at else args.kill_at
+    _, results = run(args.trials, args.seed, root, max_kills=args.max_kills, kill_points=points)
     print(summary(results, time.monotonic() - started))
     ok = all(r.ok for r in results)
     if ok and not (args.workdir or args.keep):
