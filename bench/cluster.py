@@ -1,0 +1,290 @@
+"""Benchmark: the operator on a Spark standalone cluster next to local[2], same data, one run.
+
+    python bench/cluster.py --rows 4000000 --side-rows 200000 --rounds 2 --repeats 2
+
+The input is the ``frames`` scenario of ``bench/operator.py`` (transactions, customer
+profiles, a threshold singleton; written once). ``SideInputOperator`` in frames mode
+processes all of it in one ``available_now`` run, with the profiles as a broadcast map
+side input and as a keyed map side input (broadcast joins off, so the main records and
+the profiles are shuffled), on two deployments of the same two cores:
+
+- ``local[2]``: driver and executor threads in one JVM;
+- a standalone cluster on 127.0.0.1 (``tests/cluster.py``): a master and two workers of
+  one core each, so two executor JVMs apart from the driver.
+
+A process holds one SparkContext, so each deployment is measured by a driver process of
+its own: it warms up once, then times ``--repeats`` runs of each variant. ``--rounds``
+alternates the order of the deployments, so that drift in the machine's load hits both.
+Printed: records/s (median over all timed runs) of each and the ratio cluster / local.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("broadcast", "keyed")
+LOCAL = "local[2]"
+
+
+def _bench_operator() -> Any:
+    """``bench/operator.py`` as a module (its file name shadows the standard ``operator``)."""
+    spec = importlib.util.spec_from_file_location("bench_operator", REPO / "bench" / "operator.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_operator"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+# --- the driver processes --------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Write the input tables once (on local[2]) and a manifest of their locations."""
+    ops = _bench_operator()
+    import dagster_sideinputs as dsi
+
+    spark = dsi.build_spark_session(
+        master=LOCAL, ui_enabled=False, log_level="ERROR", driver_memory="4g"
+    )
+    try:
+        lake = ops.Lake(Path(args.work), spark, argparse.Namespace(side_rows=args.side_rows))
+        main_uri = lake.main_table(args.rows)
+        lake.profiles()
+        lake.rules()
+        manifest = {"main": main_uri, "tables": lake.tables}
+        Path(args.out).write_text(json.dumps(manifest))
+    finally:
+        spark.stop()
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Time the operator on one deployment: a warm-up, then ``repeats`` runs per variant."""
+    ops = _bench_operator()
+    import dagster_sideinputs as dsi
+
+    local = args.master.startswith("local")
+    configs = {} if local else {"spark.executor.memory": args.executor_memory}
+    spark = dsi.build_spark_session(
+        master=args.master,
+        app_name=f"bench-cluster-{'local' if local else 'standalone'}",
+        shuffle_partitions=args.shuffle_partitions,
+        ui_enabled=False,
+        log_level="ERROR",
+        driver_memory=args.driver_memory,
+        configs={
+            **configs,
+            # Wait for both executors before the first job, as a long-running app would.
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        },
+    )
+    manifest = json.loads(Path(args.manifest).read_text())
+    lake = ops.Lake(
+        Path(args.work),
+        spark,
+        argparse.Namespace(side_rows=args.side_rows),
+        dict(manifest["tables"]),
+    )
+    results: dict[str, Any] = {
+        "master": args.master,
+        "default_parallelism": spark.sparkContext.defaultParallelism,
+        "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+    }
+    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    try:
+        for variant in VARIANTS:
+            keyed = variant == "keyed"
+            spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1" if keyed else threshold)
+
+            def run(label: str, keyed: bool = keyed) -> tuple[float, tuple[int, int]]:
+                root = lake.fresh_root(label)
+                op = ops.frames_operator(manifest["main"], lake, root, keyed=keyed)
+                started = time.perf_counter()
+                result = op.run(spark, trigger="available_now")
+                seconds = time.perf_counter() - started
+                shutil.rmtree(root, ignore_errors=True)
+                return seconds, (result.emitted("enriched"), result.emitted("suspicious"))
+
+            run(f"warmup_{variant}")
+            timed = [run(variant) for _ in range(args.repeats)]
+            results[variant] = {
+                "seconds": [s for s, _ in timed],
+                "counts": sorted({c for _, c in timed}),
+            }
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
+        spark.stop()
+    Path(args.out).write_text(json.dumps(results))
+
+
+# --- the orchestrator -------------------------------------------------------------------------
+
+
+def _driver(command: str, args: argparse.Namespace, out: Path, **extra: str) -> dict[str, Any]:
+    from tests.cluster import run_subprocess, spark_env
+
+    argv = [sys.executable, str(Path(__file__).resolve()), command, "--out", str(out)]
+    argv += ["--work", args.work, "--rows", str(args.rows), "--side-rows", str(args.side_rows)]
+    argv += ["--repeats", str(args.repeats), "--driver-memory", args.driver_memory]
+    argv += ["--executor-memory", args.executor_memory]
+    if args.shuffle_partitions:
+        argv += ["--shuffle-partitions", str(args.shuffle_partitions)]
+    for key, value in extra.items():
+        argv += [f"--{key.replace('_', '-')}", value]
+    run_subprocess(argv, env=spark_env(), log=out.with_suffix(".log"), timeout_s=3600)
+    return json.loads(out.read_text())
+
+
+def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO))
+    from tests.cluster import StandaloneCluster
+
+    work = Path(args.work)
+    started = time.perf_counter()
+    _driver("_prepare", args, work / "manifest.json")
+    print(f"input written in {time.perf_counter() - started:.0f}s (load {_load()})")
+    runs: dict[str, list[dict[str, Any]]] = {"local": [], "standalone": []}
+    with StandaloneCluster(work / "cluster", workers=2, cores=1, memory="2g") as cluster:
+        masters = {"local": LOCAL, "standalone": cluster.master_url}
+        for round_ in range(args.rounds):
+            order = list(masters) if round_ % 2 == 0 else list(reversed(masters))
+            for name in order:
+                out = work / f"{name}_{round_}.json"
+                started = time.perf_counter()
+                result = _driver(
+                    "_measure",
+                    args,
+                    out,
+                    master=masters[name],
+                    manifest=str(work / "manifest.json"),
+                )
+                runs[name].append(result)
+                seconds = time.perf_counter() - started
+                print(f"  round {round_ + 1} {name:<10} done in {seconds:4.0f}s (load {_load()})")
+                sys.stdout.flush()
+    return report(args, runs)
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "rows": args.rows,
+        "side_rows": args.side_rows,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "load_after": _load(),
+        "deployments": {
+            name: {
+                "master": results[0]["master"],
+                "default_parallelism": results[0]["default_parallelism"],
+                "shuffle_partitions": results[0]["shuffle_partitions"],
+            }
+            for name, results in runs.items()
+        },
+    }
+    labels = {
+        "local": "local[2] (one JVM)",
+        "standalone": "standalone, 2 workers x 1 core",
+    }
+    for name, deployment in figures["deployments"].items():
+        print(
+            f"{labels[name]:<32} master={deployment['master']} default_parallelism="
+            f"{deployment['default_parallelism']} shuffle_partitions="
+            f"{deployment['shuffle_partitions']}"
+        )
+    descriptions = {
+        "broadcast": "broadcast map + singleton",
+        "keyed": "keyed (shuffled) map + singleton, broadcast joins off",
+    }
+    for variant in VARIANTS:
+        print(
+            f"\n[frames, {descriptions[variant]}] {args.rows} main rows, {args.side_rows} profiles"
+        )
+        entry: dict[str, Any] = {}
+        for name, results in runs.items():
+            seconds = [s for r in results for s in r[variant]["seconds"]]
+            counts = sorted({tuple(c) for r in results for c in r[variant]["counts"]})
+            median = statistics.median(seconds)
+            entry[name] = {
+                "seconds": seconds,
+                "median_s": median,
+                "rec_s": args.rows / median,
+                "counts": counts,
+            }
+            print(
+                f"  {labels[name]:<32} {args.rows / median / 1e6:6.3f} M rec/s  "
+                f"(median {median:6.2f} s of {len(seconds)}: "
+                f"{', '.join(f'{s:.1f}' for s in seconds)})"
+            )
+        entry["ratio"] = entry["standalone"]["rec_s"] / entry["local"]["rec_s"]
+        entry["counts_match"] = entry["standalone"]["counts"] == entry["local"]["counts"]
+        print(
+            f"  throughput cluster / local {entry['ratio']:5.2f}x; rows (enriched, suspicious) "
+            f"{entry['local']['counts']} -> {'match' if entry['counts_match'] else 'MISMATCH'}"
+        )
+        figures[variant] = entry
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "command", nargs="?", default="run", choices=["run", "_prepare", "_measure"]
+    )
+    parser.add_argument("--rows", type=int, default=4_000_000, help="main records")
+    parser.add_argument("--side-rows", type=int, default=200_000, help="customer profiles")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both deployments")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per round")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--executor-memory", default="2g", help="per executor on the cluster")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        help="spark.sql.shuffle.partitions of both deployments (default: build_spark_session's "
+        "choice: 2 per core on local[2], Spark's 200 on the cluster)",
+    )
+    parser.add_argument("--work", help="working folder (default: a temporary one, removed)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--manifest", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.command == "_prepare":
+        prepare(args)
+        return
+    if args.command == "_measure":
+        measure(args)
+        return
+    temporary = args.work is None
+    args.work = args.work or tempfile.mkdtemp(prefix="dsi-bench-cluster-")
+    print(
+        f"rows={args.rows} side_rows={args.side_rows} rounds={args.rounds} "
+        f"repeats={args.repeats} shuffle_partitions={args.shuffle_partitions or 'default'} "
+        f"cpus={os.cpu_count()} load={_load()}"
+    )
+    try:
+        figures = orchestrate(args)
+    finally:
+        if temporary:
+            shutil.rmtree(args.work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The project on a Spark standalone cluster: a master and two workers of one core each,
+every one its own process on 127.0.0.1, so executors are other processes than the driver
+(as on a real cluster) and nothing may rely on the driver's memory or Python objects.
+
+Slow (minutes: two JVM daemons, executors, and the example pipeline twice), and part of
+the default run and of CI. The pipeline runs in subprocesses (see ``tests/cluster.py``):
+this test session already holds a ``local[2]`` SparkContext.
+"""
+
+from collections.abc import Iterator
+
+import pytest
+
+from resources import spark as example_spark
+from tests.cluster import (
+    StandaloneCluster,
+    assert_demo_matches_local_run,
+    check,
+    run_operator_client,
+    run_probe,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
+    work = tmp_path_factory.mktemp("standalone")
+    with StandaloneCluster(work, workers=2, cores=1, memory="2g") as running:
+        yield running
+
+
+def test_cluster_has_two_alive_workers_of_one_core(cluster):
+    state = cluster.state()
+    assert state["aliveworkers"] == 2
+    assert [w["cores"] for w in state["workers"]] == [1, 1]
+
+
+def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, tmp_path):
+    report = run_probe(tmp_path, master=cluster.master_url)
+    workers = {process.pid for process in cluster.worker_processes}
+    executors = set()
+    for task in report["tasks"]:
+        ancestors = {pid: command for pid, command in task["ancestors"]}
+        assert task["pid"] != report["driver_pid"]
+        assert report["driver_pid"] not in ancestors
+        assert len(workers & set(ancestors)) == 1
+        [executor] = [p for p, c in ancestors.items() if "CoarseGrainedExecutorBackend" in c]
+        executors.add(executor)
+        assert task["cwd"].startswith(str(cluster.work))
+    assert len(executors) == 2
+
+
+def test_tasks_run_under_the_driver_process_on_a_local_master(tmp_path):
+    # The control of the test above: the same probe sees the driver on local[2].
+    report = run_probe(tmp_path, master="local[2]")
+    assert report["tasks"]
+    for task in report["tasks"]:
+        assert report["driver_pid"] in {pid for pid, _ in task["ancestors"]}
+
+
+@pytest.fixture(scope="module")
+def client_report(cluster, tmp_path_factory) -> dict:
+    """What ``tests/operator_client.py`` found, as a driver of the cluster."""
+    return run_operator_client(tmp_path_factory.mktemp("cluster-client"), master=cluster.master_url)
+
+
+def test_frames_mode_operator_on_the_cluster_enriches_and_splits(client_report):
+    expected = check(client_report, "inputs")
+    assert check(client_report, "frames_mode") == {
+        "enriched": 200,
+        "big": expected["big"],
+        "named": expected["named"],
+        "plan_recorded": True,
+        "second_run_batches": 0,
+    }
+
+
+def test_rows_mode_ships_the_row_function_to_the_executors(client_report):
+    # The function is defined in the client script (__main__): pickled by value.
+    expected = check(client_report, "inputs")
+    assert check(client_report, "rows_mode") == {"rows": 200, "named": expected["named"]}
+
+
+def test_row_function_executors_cannot_import_is_a_declaration_error_naming_its_module(
+    client_report,
+):
+    outcome = client_report["rows_mode_module_function"]
+    assert not outcome["ok"]
+    assert outcome["error"] == "DeclarationError"
+    assert "module 'tests'" in outcome["message"]
+    assert "tests.operator_client.name_row" in outcome["message"]
+    assert "addPyFile" in outcome["message"]
+
+
+def test_pre_keyed_main_input_is_read_as_buckets_by_the_executors(client_report):
+    assert check(client_report, "pre_keyed") == {
+        "rows": 200,
+        "notes": ["pre-keyed: main files read as buckets (no shuffle)"],
+    }
+
+
+def test_delta_source_is_read_by_the_executors_python_workers(client_report):
+    assert check(client_report, "delta_source") == {"batch": 200, "stream": 200}
+
+
+def test_payments_pipeline_on_the_cluster_writes_what_a_local_run_writes(
+    cluster, tmp_path, tmp_path_factory
+):
+    assert_demo_matches_local_run(
+        tmp_path / "cluster-run", tmp_path_factory, master=cluster.master_url
+    )
+
+    [app] = cluster.applications(example_spark.app_name)
+    assert app["state"] == "FINISHED"
+    assert app["cores"] == 2
+    per_worker = [
+        [e for e in worker["finishedexecutors"] if e["appid"] == app["id"]]
+        for worker in cluster.worker_states()
+    ]
+    assert [len(executors) for executors in per_worker] == [1, 1]
+    logs = cluster.executor_logs(app["id"])
+    assert len(logs) == 2
+    for log in logs:
+        assert "Finished task" in log.read_text(errors="replace")
