@@ -41,14 +41,6 @@ def banner(version: str) -> str:
     return f"echo 'openjdk version \"{version}\" 2024-01-16' >&2\necho 'OpenJDK Runtime' >&2"
 
 
-def connect_client_installed() -> bool:
-    try:
-        import pyspark.sql.connect.session  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # --- the Java check --------------------------------------------------------------------
 
 
@@ -212,10 +204,3 @@ def test_remote_url_fails_fast_with_startup_error_and_keeps_the_classic_session(
     assert SparkSession.getActiveSession() is spark
     assert spark.range(3).count() == 3
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
-
-
-@pytest.mark.skipif(connect_client_installed(), reason="the Spark Connect client is installed")
-def test_remote_url_without_connect_client_says_what_to_install():
-    with pytest.raises(SparkStartupError, match="needs the Spark Connect client") as info:
-        build_spark_session(remote="sc://127.0.0.1:1")
-    assert 'pip install "pyspark[connect]==4.1.*"' in str(info.value.fix)
