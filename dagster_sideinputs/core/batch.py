@@ -49,7 +49,13 @@ from dagster_sideinputs.core.outputs import SideInputs, normalize_outputs
 from dagster_sideinputs.core.plan import BatchPlan, PlanLog
 from dagster_sideinputs.core.planner import Planned
 from dagster_sideinputs.core.routing import BUFFER_ROUTES, ROUTE, ROUTES, Router, lookup
-from dagster_sideinputs.core.rows import Lookup, Record, run_row_function, split_tagged
+from dagster_sideinputs.core.rows import (
+    Lookup,
+    LookupTable,
+    Record,
+    run_row_function,
+    split_tagged,
+)
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import (
     DUPLICATE_MARK,
@@ -109,7 +115,7 @@ class BatchRunner:
         self.explain = False
         self._views_of_batch = _Views()
         self._function_tags: set[OutputTag] = set()
-        self._lookup_tables: dict[tuple[str, int | None], dict[Any, Any]] = {}
+        self._lookup_tables: dict[tuple[str, int | None], LookupTable] = {}
 
     # --- reading -------------------------------------------------------------------------
 
@@ -689,36 +695,38 @@ def _explain(frame: DataFrame) -> str:
     return buffer.getvalue()
 
 
-def _lookup_table(data: SideData) -> dict[Any, Any]:
-    """A keyed side input as a Python dict (map: key -> row; multimap: key -> rows)."""
+def _lookup_table(data: SideData) -> LookupTable:
+    """A keyed side input as a :class:`LookupTable` (map: one row per key, a duplicate key
+    is an error unless the side declares ``pick``; multimap: every row, in a stable order)."""
     side = data.side
     assert side.key is not None
-    rows = [Record(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
+    arrow = data.rows(None).drop(SIDE_NS).toArrow()
+    rows = arrow.to_pylist()
     if side.view == "multimap":
-        grouped: dict[Any, list[Record]] = {}
-        for row in sorted(rows, key=repr):
-            grouped.setdefault(row[side.key], []).append(row)
-        return grouped
-    table: dict[Any, Record] = {}
-    duplicates: list[Any] = []
-    for row in rows:
-        if row[side.key] in table:
-            duplicates.append(row[side.key])
-        table[row[side.key]] = row
-    if duplicates and side.pick is None:
-        raise DuplicateKeyError(
-            f"{data.bound.label} is a map but holds several rows for key(s) "
-            f"{preview(sorted(set(duplicates), key=repr))}. Nothing was written.",
-            fix="deduplicate the side asset, declare SideInput.multimap(...), or pick one row "
-            "per key with SideInput.map(..., pick='<column, greatest wins>')",
-        )
-    if duplicates:
-        assert side.pick is not None
-        best: dict[Any, Record] = {}
-        for row in sorted(rows, key=lambda r: (r[side.pick] is not None, r[side.pick], repr(r))):
-            best[row[side.key]] = row
-        return best
-    return table
+        chosen = sorted(rows, key=repr)
+    else:
+        table: dict[Any, dict[str, Any]] = {}
+        duplicates: list[Any] = []
+        for row in rows:
+            if row[side.key] in table:
+                duplicates.append(row[side.key])
+            table[row[side.key]] = row
+        if duplicates and side.pick is None:
+            raise DuplicateKeyError(
+                f"{data.bound.label} is a map but holds several rows for key(s) "
+                f"{preview(sorted(set(duplicates), key=repr))}. Nothing was written.",
+                fix="deduplicate the side asset, declare SideInput.multimap(...), or pick one "
+                "row per key with SideInput.map(..., pick='<column, greatest wins>')",
+            )
+        if duplicates:
+            pick = side.pick
+            assert pick is not None
+            table = {}
+            for row in sorted(rows, key=lambda r: (r[pick] is not None, r[pick], repr(r))):
+                table[row[side.key]] = row
+        chosen = list(table.values())
+    chosen_table = pa.Table.from_pylist(chosen, schema=arrow.schema)
+    return LookupTable(chosen_table, side.key, multimap=side.view == "multimap")
 
 
 def _broadcast_threshold(spark: SparkSession) -> int:
