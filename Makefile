@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo dev test test-fast lint bench clean
+.PHONY: install demo dev test test-fast lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ lint: $(STAMP)  ## formatting, lint and types
 bench: $(STAMP)  ## the benchmarks (minutes; see bench/)
 	$(BIN)/python bench/delta_io.py
 	$(BIN)/python bench/operator.py
+	$(BIN)/python bench/cluster.py
+
+bench-scale: $(STAMP)  ## 50M main records, 10M side rows, growth curves (about an hour)
+	$(BIN)/python bench/scale.py
+
+crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared
+	$(BIN)/python bench/crash_harness.py --trials 20 --kill-at all
 
 clean:
 	rm -rf data .dagster_home
