@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -214,6 +215,23 @@ def _apply_remote_settings(
     )
 
 
+def _choose_worker_python(master: str, settings: Mapping[str, str]) -> None:
+    """The Python that runs UDFs, data sources and row functions on the executors.
+
+    PySpark starts its workers with ``PYSPARK_PYTHON`` (default ``python3`` from PATH,
+    often an interpreter without this project's packages). Unless it is set, the workers
+    of a local master run this interpreter, and ``spark.pyspark.python`` is honoured for
+    any master; on a cluster, set either to the executors' Python.
+    """
+    if os.environ.get("PYSPARK_PYTHON"):
+        return
+    chosen = settings.get("spark.pyspark.python")
+    if chosen is None and master.startswith("local"):
+        chosen = sys.executable
+    if chosen:
+        os.environ["PYSPARK_PYTHON"] = chosen
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -276,6 +294,7 @@ def build_spark_session(
         builder = SparkSession.builder.remote(remote)
     else:
         check_java()
+        _choose_worker_python(master, settings)
         builder = SparkSession.builder.appName(app_name).master(master)
         for key, value in settings.items():
             builder = builder.config(key, value)

@@ -7,15 +7,18 @@ parsing without starting a JVM. Everything else uses the one shared test session
 import datetime as dt
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.session import (
     MIN_JAVA_MAJOR,
     REQUIRED_CONFIGS,
+    _choose_worker_python,
     build_spark_session,
     check_java,
     default_shuffle_partitions,
@@ -204,3 +207,32 @@ def test_remote_url_fails_fast_with_startup_error_and_keeps_the_classic_session(
     assert SparkSession.getActiveSession() is spark
     assert spark.range(3).count() == 3
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+# --- the executors' Python ---------------------------------------------------------------
+
+
+def test_python_workers_of_the_local_session_run_this_interpreter(spark):
+    # Not `python3` from PATH, which may lack this project's packages (pyarrow, ...).
+    where = F.udf(lambda _: sys.executable, "string")
+    assert spark.range(1).select(where("id")).first()[0] == sys.executable
+
+
+@pytest.mark.parametrize(
+    ("preset", "master", "settings", "expected"),
+    [
+        (None, "local[2]", {}, sys.executable),
+        (None, "spark://10.0.0.5:7077", {}, None),
+        (None, "spark://10.0.0.5:7077", {"spark.pyspark.python": "/opt/py"}, "/opt/py"),
+        ("/usr/bin/python3.11", "local[2]", {}, "/usr/bin/python3.11"),
+    ],
+)
+def test_worker_python_defaults_to_this_interpreter_on_local_masters_only(
+    monkeypatch, preset, master, settings, expected
+):
+    if preset is None:
+        monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("PYSPARK_PYTHON", preset)
+    _choose_worker_python(master, settings)
+    assert os.environ.get("PYSPARK_PYTHON") == expected
