@@ -301,14 +301,6 @@ class StandaloneCluster(_Service):
         state = self.state()
         return [a for a in state["activeapps"] + state["completedapps"] if a["name"] == name]
 
-    def executor_logs(self, app_id: str) -> list[Path]:
-        """The stderr of every executor of an application, across the workers."""
-        return sorted(
-            path
-            for index in range(self.workers)
-            for path in (self.worker_dir(index) / app_id).glob("*/stderr")
-        )
-
 
 class ConnectServer(_Service):
     """A Spark Connect server on 127.0.0.1 (its own JVM, running ``master``).

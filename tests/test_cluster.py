@@ -118,8 +118,9 @@ def test_payments_pipeline_on_the_cluster_writes_what_a_local_run_writes(
         [e for e in worker["finishedexecutors"] if e["appid"] == app["id"]]
         for worker in cluster.worker_states()
     ]
-    assert [len(executors) for executors in per_worker] == [1, 1]
-    logs = cluster.executor_logs(app["id"])
-    assert len(logs) == 2
-    for log in logs:
-        assert "Finished task" in log.read_text(errors="replace")
+    # Both workers ran executors of the app (a lost executor is replaced by Spark, and
+    # the outputs above stay equal: on a loaded machine one worker may run two).
+    assert all(per_worker), [len(executors) for executors in per_worker]
+    for index in range(cluster.workers):
+        logs = sorted((cluster.worker_dir(index) / app["id"]).glob("*/stderr"))
+        assert any("Finished task" in log.read_text(errors="replace") for log in logs), index
