@@ -7,6 +7,7 @@ materialization metadata are read back through GraphQL.
 """
 
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -38,9 +39,21 @@ OUTPUTS = [
     "late_transactions",
 ]
 INPUTS = ["transactions", "customer_profiles", "fx_rates", "fraud_rules"]
-SMALL_BATCH = {"ops": {"transactions": {"config": {"count": 500}}}}
-# What the launchpad's executor section offers: one Spark driver for the run, not one per step.
-IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+# The FX partitions this module materializes, and the hour its transactions are in: fixed
+# when the module is imported, so that a run crossing the hour boundary stays consistent.
+PREVIOUS_HOUR, THIS_HOUR = hourly.get_partition_keys()[-2:]
+SMALL_BATCH = {
+    "ops": {
+        "transactions": {
+            "config": {
+                "count": 500,
+                "hour": dt.datetime.strptime(THIS_HOUR, hourly.fmt)
+                .replace(tzinfo=dt.timezone.utc)
+                .isoformat(),
+            }
+        }
+    }
+}
 STARTUP_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 420
 CANCEL_TIMEOUT_S = 90
@@ -273,16 +286,15 @@ def _files(folder: Path) -> int:
 @pytest.fixture(scope="module")
 def sources(webserver: Webserver) -> Webserver:
     """Profiles, fraud rules, 500 transactions and the FX rates of the last two hours."""
-    previous_hour, this_hour = hourly.get_partition_keys()[-2:]
     unpartitioned = launch(
         webserver,
         ASSET_JOB,
         ["fraud_rules", "customer_profiles", "transactions"],
-        run_config={**SMALL_BATCH, **IN_PROCESS},
+        run_config=SMALL_BATCH,  # the code location's executor is in-process
     )
     # One partition at a time: the first write creates the table, and two runs creating
     # it at once make one fail (ConcurrentWriteError).
-    for key in (previous_hour, this_hour):
+    for key in (PREVIOUS_HOUR, THIS_HOUR):
         fx = launch(webserver, ASSET_JOB, ["fx_rates"], tags={"dagster/partition": key})
         wait_for_run(webserver, fx, "SUCCESS", RUN_TIMEOUT_S)
     wait_for_run(webserver, unpartitioned, "SUCCESS", RUN_TIMEOUT_S)
