@@ -45,8 +45,15 @@ class BatchReader:
 
     def main_files(self, main: MainRange) -> tuple[list[Any], TableSnapshot | None]:
         """The files of a plan's main range (recomputed identically on replay)."""
-        if main.kind == "files" or main.is_empty:
+        if main.kind == "files" or main.end_version < 0:
             return [], None
+        if main.is_empty:
+            # A batch of buffered records only: no files, but the main input's schema
+            # (as the planner had it), so a replay builds the same columns.
+            snapshot = self.engine.snapshot(
+                self.spec.main_uri, version=main.end_version, name=self.spec.main.asset
+            )
+            return [], snapshot
         snapshot = self.engine.snapshot(
             self.spec.main_uri, version=main.end_version, name=self.spec.main.asset
         )

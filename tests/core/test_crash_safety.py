@@ -162,3 +162,24 @@ def test_crash_after_any_write_then_rerun_gives_the_reference_tables(
         lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
     )
     assert result == reference
+
+
+@pytest.mark.slow
+def test_crash_in_a_batch_without_new_main_records_then_rerun_replays_it(spark, tmp_path):
+    # Found by the SIGKILL harness: a batch that only releases buffered records (its
+    # main range is empty) could not be replayed (the main input's columns were lost).
+    lake = Lake(spark, dsi.DeltaStorage(str(tmp_path)))
+    clock = Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
+    STEPS[0](lake)  # transactions 3 and 4 wait for the profiles of customers 12 and 13
+    operator(lake.storage).run(lake.spark, clock=clock)
+    lake.append("profiles", [(12, "cy")], PROFILES)  # no new transactions
+
+    engine = CrashingEngine(DeltaRsEngine(), crash_after=1)
+    with pytest.raises(InjectedCrash):
+        operator(dsi.DeltaStorage(lake.storage.root, engine=engine)).run(lake.spark, clock=clock)
+    result = operator(lake.storage).run(lake.spark, clock=clock)
+
+    assert result.batches[0].replayed
+    tables = snapshot(lake, operator(lake.storage))
+    assert [r[0] for r in tables["enriched"]] == [1, 2, 3]
+    assert [r[0] for r in tables["buffer"]] == [4]
