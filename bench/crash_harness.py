@@ -1020,7 +1020,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     print(f"crash harness: {args.trials} trials from seed {args.seed} under {root}", flush=True)
     points = list(KILL_POINTS) if "all" in args.kill_at else args.kill_at
-    _, results = run(args.trials, args.seed, root, max_kills=args.max_kills, kill_points=points)
+    _, results = run(
+        args.trials,
+        args.seed,
+        root,
+        max_kills=args.max_kills,
+        kill_points=points,
+        script=args.script,
+    )
     print(summary(results, time.monotonic() - started))
     ok = all(r.ok for r in results)
     if ok and not (args.workdir or args.keep):
