@@ -232,6 +232,28 @@ def _remove_actions(files: Sequence[DataFile]) -> list[RemoveAction]:
     ]
 
 
+def _commit_properties(
+    app_transaction: AppTransaction | None, commit_metadata: Mapping[str, Any] | None
+) -> CommitProperties:
+    """Our commitInfo entries and, when given, the application transaction."""
+    return CommitProperties(
+        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+        app_transactions=(
+            [Transaction(app_transaction.app_id, app_transaction.version)]
+            if app_transaction
+            else None
+        ),
+    )
+
+
+def _already_committed(table: deltalake.DeltaTable, app_transaction: AppTransaction | None) -> bool:
+    """Whether the table holds this application transaction (or a later one of the app)."""
+    if app_transaction is None:
+        return False
+    committed = table.transaction_version(app_transaction.app_id)
+    return committed is not None and committed >= app_transaction.version
+
+
 def write_dataframe(
     df: DataFrame,
     uri: str,
@@ -303,10 +325,8 @@ def write_dataframe(
         )
 
     table = open_table(uri, storage_options=storage_options, name=label) if exists else None
-    if table is not None and app_transaction is not None:
-        committed = table.transaction_version(app_transaction.app_id)
-        if committed is not None and committed >= app_transaction.version:
-            return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
+    if table is not None and _already_committed(table, app_transaction):
+        return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
 
     target_schema, projected, new_fields, partition_by = _plan_schema(
         df,
@@ -497,14 +517,7 @@ def _commit(
     description: str | None,
     label: str,
 ) -> int:
-    properties = CommitProperties(
-        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-        app_transactions=(
-            [Transaction(app_transaction.app_id, app_transaction.version)]
-            if app_transaction
-            else None
-        ),
-    )
+    properties = _commit_properties(app_transaction, commit_metadata)
     actions: list[AddAction | RemoveAction] = [
         *_add_actions(staged),
         *_remove_actions(remove_files),
@@ -587,18 +600,9 @@ def commit_removals(
     uri = normalize_uri(uri)
     label = name or uri
     table = open_table(uri, storage_options=storage_options, name=label)
-    if app_transaction is not None:
-        committed = table.transaction_version(app_transaction.app_id)
-        if committed is not None and committed >= app_transaction.version:
-            return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
-    properties = CommitProperties(
-        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-        app_transactions=(
-            [Transaction(app_transaction.app_id, app_transaction.version)]
-            if app_transaction
-            else None
-        ),
-    )
+    if _already_committed(table, app_transaction):
+        return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
+    properties = _commit_properties(app_transaction, commit_metadata)
     try:
         table.create_write_transaction(
             list(_remove_actions(files)),
