@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import CommitProperties
 from py4j.protocol import Py4JJavaError
@@ -701,6 +702,9 @@ def _lookup_table(data: SideData) -> LookupTable:
     side = data.side
     assert side.key is not None
     arrow = data.rows(None).drop(SIDE_NS).toArrow()
+    multimap = side.view == "multimap"
+    if not multimap and pc.count_distinct(arrow[side.key], mode="all").as_py() == len(arrow):
+        return LookupTable(arrow, side.key, multimap=False)  # one row per key: ship as is
     rows = arrow.to_pylist()
     if side.view == "multimap":
         chosen = sorted(rows, key=repr)
