@@ -54,8 +54,8 @@ from dagster_sideinputs.core.rows import (
     Lookup,
     LookupTable,
     Record,
+    TaggedLayout,
     run_row_function,
-    split_tagged,
 )
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import (
@@ -356,10 +356,11 @@ class BatchRunner:
             lookups = self._local_lookups(views)
             joined = [name for name in views.joins if name not in lookups]
             function_input = self._function_input(classified, main_columns, views, lookups=lookups)
+            layout = TaggedLayout(user_tags)
             tagged = run_row_function(
                 function_input,
                 spec.fn,
-                tags=user_tags,
+                layout=layout,
                 broadcast_values=self._row_broadcasts(plan, views),
                 joined_columns=joined,
                 record_columns=[
@@ -371,7 +372,7 @@ class BatchRunner:
             ).persist(StorageLevel.MEMORY_AND_DISK)
             tagged.count()  # run the function once, before anything is written
             persisted.append(tagged)
-            outputs = split_tagged(tagged, user_tags)
+            outputs = layout.split(tagged)
         self._function_tags = set(outputs)
         for route, tag in spec.routes.by_route().items():
             columns = [F.col(f"`{c}`") for c in main_columns]

@@ -1,9 +1,14 @@
 """Row mode: Flink-style ``fn(record, ctx)`` with ``ctx.side_input`` and ``ctx.output``."""
 
+import datetime as dt
+
+import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.rows import TaggedLayout, python_values
+from dagster_sideinputs.delta.reader import read_table
 
 TX = "tx_id long, customer_id long, amount double"
 ENRICHED = dsi.OutputTag(
@@ -165,3 +170,130 @@ def test_broadcast_map_with_duplicate_keys_is_an_error_in_row_mode_too(lake):
     with pytest.raises(dsi.DuplicateKeyError, match=r"key\(s\) \[10\]"):
         broadcast_lookup_operator(lake).run(lake.spark)
     assert not lake.exists("names")
+
+
+# --- values as row functions see them ---------------------------------------------------------
+
+UTC = dt.timezone.utc
+INSTANTS = [
+    dt.datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC),
+    None,
+    dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    dt.datetime(1, 1, 1, tzinfo=UTC),
+    dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+]
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+@pytest.mark.parametrize("with_nulls", [True, False])
+def test_utc_timestamps_become_aware_datetimes_like_arrows_own_conversion(unit, with_nulls):
+    instants = [i for i in INSTANTS if with_nulls or i is not None]
+    if unit == "ns":  # nanoseconds since the epoch only reach years 1677-2262
+        instants = [i for i in instants if i is None or 1700 < i.year < 2200]
+    column = pa.array(instants, pa.timestamp("us", tz="UTC")).cast(
+        pa.timestamp(unit, tz="UTC"), safe=False
+    )
+    values = python_values(column)
+    assert values == column.to_pylist()
+    assert all(v is None or v.tzinfo is dt.timezone.utc for v in values)
+    assert python_values(pa.chunked_array([column, column])) == values + values
+
+
+STAMPED = dsi.OutputTag(
+    "stamped",
+    schema=T.StructType(
+        [
+            T.StructField("tx_id", T.LongType()),
+            T.StructField("next_day", T.TimestampType()),
+            T.StructField("opened_before", T.BooleanType()),
+        ]
+    ),
+)
+
+
+def test_row_functions_see_timestamps_as_aware_utc_datetimes(lake):
+    lake.append("profiles", [(10, INSTANTS[0])], "customer_id long, opened timestamp")
+    lake.append(
+        "transactions",
+        [(i, 10, at) for i, at in enumerate(INSTANTS[:3])],
+        "tx_id long, customer_id long, at timestamp",
+    )
+
+    def fn(record, ctx):
+        opened = ctx.side_input("profile").opened
+        assert opened.tzinfo is dt.timezone.utc, opened
+        at = record.at
+        assert at is None or at.tzinfo is dt.timezone.utc, at
+        yield {
+            "tx_id": record.tx_id,
+            "next_day": None if at is None else at + dt.timedelta(days=1),
+            "opened_before": None if at is None else opened < at,
+        }
+
+    lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="broadcast")
+        },
+        fn=fn,
+        mode="rows",
+        main_output=STAMPED,
+    ).run(lake.spark)
+    day = dt.timedelta(days=1)
+    assert lake.rows("stamped") == [
+        (0, (INSTANTS[0] + day).replace(tzinfo=None), False),
+        (1, None, None),
+        (2, (INSTANTS[2] + day).replace(tzinfo=None), False),
+    ]
+
+
+# --- several outputs travel as one flat result ---------------------------------------------------
+
+AS_NUMBER = dsi.OutputTag(
+    "as_number",
+    schema=T.StructType(
+        [T.StructField("tx_id", T.LongType()), T.StructField("value", T.DoubleType())]
+    ),
+)
+AS_TEXT = dsi.OutputTag(
+    "as_text",
+    schema=T.StructType(
+        [
+            T.StructField("value", T.StringType()),
+            T.StructField("tx_id", T.LongType()),
+            T.StructField("note", T.StringType(), nullable=False),
+        ]
+    ),
+)
+
+
+def test_outputs_share_columns_by_name_and_type_only():
+    layout = TaggedLayout([AS_NUMBER, AS_TEXT])
+    number_columns, text_columns = layout.columns
+    assert number_columns[0] == text_columns[1]  # tx_id long: one column
+    assert number_columns[1] != text_columns[0]  # value double / value string: two
+    assert len(layout.schema.fields) == 1 + 4
+    assert all(field.nullable for field in layout.schema.fields)
+
+
+def test_outputs_with_clashing_field_types_keep_their_own_schemas_and_values(lake):
+    lake.append("transactions", [(1, 10, 2.5), (2, 11, 7.0)], TX)
+
+    def fn(record, ctx):
+        yield {"tx_id": record.tx_id, "value": record.amount}
+        ctx.output(AS_TEXT, {"value": f"{record.amount:.1f}", "tx_id": record.tx_id, "note": "n"})
+
+    lake.operator(
+        main=dsi.MainInput("transactions"),
+        side_inputs={},
+        fn=fn,
+        mode="rows",
+        main_output=AS_NUMBER,
+        side_outputs=[AS_TEXT],
+    ).run(lake.spark)
+    assert lake.rows("as_number") == [(1, 2.5), (2, 7.0)]
+    assert lake.rows("as_text") == [("2.5", 1, "n"), ("7.0", 2, "n")]
+    written = read_table(lake.spark, lake.storage.table_uri("as_text")).schema
+    assert [(f.name, f.dataType) for f in written.fields] == [
+        (f.name, f.dataType) for f in AS_TEXT.schema.fields
+    ]
