@@ -1,15 +1,16 @@
 """Row mode: Flink-style per-record functions, ``fn(record, ctx)``.
 
-The released records (with keyed side inputs already joined) go through
-``mapInArrow``: on each executor, records are handed to the function one at a time
-as :class:`Record` dicts; the function yields main-output records and emits side
+The released records (keyed side inputs joined by Spark, or looked up in Python when
+broadcast) go through ``mapInArrow``: on each executor, records are handed to the
+function one at a time as :class:`Record` dicts; the function yields main-output records and emits side
 outputs with ``ctx.output(tag, record)``. Broadcast views (singletons, lists, maps
 without a key relation) are computed on the driver once per batch and shipped with
 the function, so ``ctx.side_input(name)`` is a local lookup.
 
 Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
-records come back as one DataFrame with a struct column per tag, which the operator
-persists and splits, so the Python function runs once per record.
+records come back as one flat DataFrame (a tag column and the union of the tags'
+fields, see :class:`TaggedLayout`), which the operator persists and splits, so the
+Python function runs once per record.
 """
 
 import datetime as dt
