@@ -3,12 +3,14 @@
 1. Read the new main records of the plan's range and the buffered records of the
    slots the plan releases (``ingest``); attach the joined views (``views``); give
    every record a route (``routing``).
-2. Persist that classification and count the routes in one Spark job: the counts
-   are the batch's metrics, and they are checked (invalid records without a tag,
-   buffer limits) before anything is written.
-3. Run the user function on the released records; validate every output against
-   its table.
-4. Write the outputs, then the buffer (removing the released slots' files in the
+2. Count the routes in one Spark job (or from the new files' Delta statistics when
+   every record is plainly released): the counts are the batch's metrics, and they
+   are checked (invalid records without a tag, buffer limits) before anything is
+   written.
+3. Declare the user function's outputs over the released records; validate every
+   output against its table.
+4. Write the outputs (the function's first: a rows-mode function runs inside the
+   first of these writes, once), then the buffer (removing the released slots' files in the
    same commit), each with the Delta application transaction (operator, batch), and
    finally the commit record.
 """
@@ -115,8 +117,10 @@ class BatchRunner:
         self.router = Router(spec)
         self.explain = False
         self._views_of_batch = _Views()
+        self._files_of_batch: list[Any] = []
         self._function_tags: set[OutputTag] = set()
         self._lookup_tables: dict[tuple[str, int | None], LookupTable] = {}
+        self._unique_checked: set[tuple[str, int | None, Any]] = set()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -202,6 +206,7 @@ class BatchRunner:
         buffered, state = self.reader.buffered(plan)
         views = self._views(plan, planned, new.withColumn(NS_ID, F.lit(GLOBAL)))
         self._views_of_batch = views
+        self._files_of_batch = files
         parts = [new] + ([buffered] if buffered is not None else [])
         enriched = []
         for part in parts:
@@ -344,6 +349,7 @@ class BatchRunner:
         function_input = self._function_input(classified, main_columns, views)
         persisted: list[DataFrame] = []
         outputs: dict[OutputTag, DataFrame] = {}
+        lookups: dict[str, Lookup] = {}
         if not released:
             pass
         elif spec.mode == "frames":
@@ -369,10 +375,16 @@ class BatchRunner:
                     if c not in joined and not c.startswith(LOOKUP_PREFIX)
                 ],
                 lookups=lookups,
-            ).persist(StorageLevel.MEMORY_AND_DISK)
-            tagged.count()  # run the function once, before anything is written
-            persisted.append(tagged)
+            )
+            if len(user_tags) > 1:  # several writes read it: run the function once for all
+                tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
+                persisted.append(tagged)
+            # No job of its own: the function runs inside the first output's write (function
+            # outputs are written first), so an error in it leaves nothing committed and
+            # Spark writes while Python computes.
             outputs = layout.split(tagged)
+        if released:
+            self._check_one_row_per_key(plan, views, skip=lookups)
         self._function_tags = set(outputs)
         for route, tag in spec.routes.by_route().items():
             columns = [F.col(f"`{c}`") for c in main_columns]
@@ -394,6 +406,26 @@ class BatchRunner:
             )
         return outputs, persisted
 
+    def _check_one_row_per_key(
+        self, plan: BatchPlan, views: _Views, *, skip: Mapping[str, Any]
+    ) -> None:
+        """Maps and singletons promise one row per key (per window): checked before
+        anything is written, once per side version and set of windows. (Their joins also
+        fail on a duplicate, but only in a job that reads the side value, which may be a
+        later write.) ``skip``: side inputs checked on the driver (row-mode lookups)."""
+        for name, join in views.joins.items():
+            if join.duplicates is None or name in skip:
+                continue
+            data = views.data[name]
+            version = data.snapshot.version if data.snapshot else None
+            windows = self._side_windows(data.bound, plan)
+            checked = (name, version, tuple(windows) if windows is not None else None)
+            if checked in self._unique_checked:
+                continue
+            if join.duplicates.take(1):
+                raise duplicate_error(data.bound, join, version)
+            self._unique_checked.add(checked)
+
     # --- writing -------------------------------------------------------------------------------
 
     def write(
@@ -413,7 +445,9 @@ class BatchRunner:
             route: sum(v["n"] for (r, _), v in counts.items() if r == route) for route in ROUTES
         }
         builtin = {t: r for r, t in spec.routes.by_route().items()}
-        for tag in spec.all_tags:
+        # The function's outputs first: in rows mode the first of them runs the function.
+        ordered = sorted(spec.all_tags, key=lambda tag: tag not in self._function_tags)
+        for tag in ordered:
             frame = outputs.get(tag)
             if frame is None:
                 continue
@@ -536,7 +570,11 @@ class BatchRunner:
                 classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
                 persisted.append(classified)
                 notes.append("classified records cached (a side input is joined by shuffle)")
-            counts = self._translate(lambda: self.router.counts(classified))
+            counts = self.router.counts_from_statistics(plan, self._files_of_batch, views.joins)
+            if counts is None:
+                counts = self._translate(lambda: self.router.counts(classified))
+            else:
+                notes.append("every record released: routes counted from Delta statistics")
             durations["classify"] = time.perf_counter() - started
             log.info(
                 "batch %s: %s in %.1fs",

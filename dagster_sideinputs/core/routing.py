@@ -2,12 +2,13 @@
 
 Routes: ``released`` (to the function), ``buffered`` (its namespace is not ready),
 ``key_wait`` (waiting for the side row of its key), ``late``, ``unmatched``,
-``overflow`` and ``invalid``. One Spark job counts the routes; the counts are the
-batch's metrics and decide, before any write, whether invalid records or the buffer's
-limits stop the batch.
+``overflow`` and ``invalid``. One Spark job counts the routes (or, when every record
+is plainly released, the new files' Delta statistics do); the counts are the batch's
+metrics and decide, before any write, whether invalid records or the buffer's limits
+stop the batch.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark import StorageLevel
@@ -27,13 +28,21 @@ from dagster_sideinputs.core.ingest import CORRUPT, ORIGIN, PRE_KEYED_MARK
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.views import JoinSpec
-from dagster_sideinputs.core.windows import NS_ID, NS_START, as_utc
+from dagster_sideinputs.core.windows import GLOBAL, NS_ID, NS_START, as_utc
+from dagster_sideinputs.delta.log import AddedFile
 from dagster_sideinputs.errors import BufferLimitExceededError, MainInputDataError, preview
 
 ROUTE = "_dsi_route"
 ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
 BUFFER_ROUTES = ("buffered", "key_wait")
 Counts = dict[tuple[str, str], dict[str, Any]]
+
+
+def _null_count(file: Any, column: str) -> int | None:
+    """Nulls of a column in one data file, from its Delta statistics (None: unknown)."""
+    counts = (file.stats.get("nullCount") or {}) if isinstance(file, AddedFile) else file.null_count
+    value = counts.get(column)
+    return value if isinstance(value, int) else None
 
 
 def lookup(mapping: Mapping[str, str], key: Column) -> Column:
@@ -167,6 +176,45 @@ class Router:
             )
         rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
         return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
+
+    def counts_from_statistics(
+        self, plan: BatchPlan, files: Sequence[Any], joins: Mapping[str, JoinSpec]
+    ) -> Counts | None:
+        """The counts without a Spark job, when the Delta statistics of the new files
+        settle them: every record is released (one ready global namespace, no buffered
+        records read, no per-key routing, no pre-keyed check, no event time to track)
+        and no key is null. None when a job must count."""
+        spec = self.spec
+        trivial = (
+            plan.main.kind == "delta"
+            and files
+            and not plan.read_slots
+            and spec.window is None
+            and spec.main.event_time is None
+            and spec.main.pre_keyed is None
+            and GLOBAL in plan.ready_namespaces
+            and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
+        )
+        if not trivial:
+            return None
+        total = 0
+        for file in files:
+            if file.num_records is None:
+                return None
+            if spec.main.key is not None and _null_count(file, spec.main.key) != 0:
+                return None  # unknown, or null keys: the job finds and describes them
+            total += file.num_records
+        if not total:
+            return {}
+        first_seen = as_utc(plan.now).replace(tzinfo=None)  # as Spark returns the timestamp
+        return {
+            ("released", "new"): {
+                ROUTE: "released",
+                ORIGIN: "new",
+                "n": total,
+                "oldest": first_seen,
+            }
+        }
 
     def check_invalid(self, classified: DataFrame, counts: Mapping[tuple[str, str], Any]) -> None:
         invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")

@@ -283,6 +283,30 @@ def test_map_with_duplicate_keys_names_the_keys(lake):
         lake.run(operator(lake))
 
 
+NAMED = dsi.OutputTag("named")
+
+
+@pytest.mark.parametrize("distribution", ["broadcast", "keyed"])
+def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_written(
+    lake, distribution
+):
+    lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+
+    def fn(main, sides):  # the main output does not read the side input; "named" does
+        return {
+            dsi.MAIN: main.select("tx_id"),
+            NAMED: main.select("tx_id", F.col("profile.name").alias("name")),
+        }
+
+    profile = dsi.SideInput.map("profiles", key="customer_id", distribution=distribution)
+    op = operator(lake, sides={"profile": profile}, fn=fn, side_outputs=[NAMED])
+    with pytest.raises(dsi.DuplicateKeyError, match=r"\[10\]"):
+        lake.run(op)
+    assert not lake.exists("enriched")
+    assert not lake.exists("named")
+
+
 def test_side_table_with_unsupported_delta_features_is_refused(lake):
     write_deltalake(
         lake.storage.table_uri("profiles"),

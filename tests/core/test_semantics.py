@@ -588,6 +588,26 @@ def test_every_record_is_accounted_for_in_the_metrics(lake):
     assert lake.rows("enriched", "tx_id") + lake.rows("unmatched", "tx_id") == [(1,), (2,)]
 
 
+def test_a_batch_releasing_every_record_counts_them_from_delta_statistics(lake):
+    statistics = "routes counted from Delta statistics"
+    invalid = dsi.OutputTag("invalid_transactions")
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0)], TX)
+    lake.append("transactions", [(3, 10, 7.0)], TX)
+    op = keyed_operator(lake, invalid=invalid)
+    [batch] = lake.run(op).batches
+    assert any(statistics in note for note in batch.notes)
+    assert (batch.rows_in, batch.routes["released"], batch.accounted) == (3, 3, True)
+
+    lake.append("transactions", [(4, 10, 1.0)], TX)
+    lake.append("transactions", [(5, None, 1.0)], TX)  # a null key: a Spark job counts
+    [batch] = lake.run(op).batches
+    assert not any(statistics in note for note in batch.notes)
+    assert (batch.rows_in, batch.routes["released"], batch.routes["invalid"]) == (2, 1, 1)
+    assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,), (4,)]
+    assert lake.rows("invalid_transactions", "tx_id") == [(5,)]
+
+
 def test_null_keys_are_an_error_unless_an_invalid_tag_is_declared(lake):
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, None, 5.0), (2, 10, 6.0)], TX)
