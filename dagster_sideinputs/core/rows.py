@@ -286,9 +286,9 @@ def run_row_function(
     """Apply a row function to every released record; returns the tagged DataFrame
     (``layout.split`` gives the per-tag DataFrames).
 
-    ``layout.tags[0]`` is the main output. ``joined_columns`` are
-    side values Spark joined to each record; ``lookups`` are keyed side values looked up
-    in Python (a dict shipped with the function) from a key column of the record.
+    ``layout.tags[0]`` is the main output. ``joined_columns`` are side values Spark
+    joined to each record; ``lookups`` are keyed side values looked up in Python (a dict
+    shipped with the function) from a key column of the record.
     """
     tag_names = [tag.name for tag in layout.tags]
     declared = {tag.name: tag for tag in layout.tags}
