@@ -9,10 +9,9 @@
    written.
 3. Declare the user function's outputs over the released records; validate every
    output against its table.
-4. Write the outputs (the function's first: a rows-mode function runs inside the
-   first of these writes, once), then the buffer (removing the released slots' files in the
-   same commit), each with the Delta application transaction (operator, batch), and
-   finally the commit record.
+4. Write the outputs, main first (a rows-mode function runs inside that write, once),
+   then the buffer (removing the released slots' files in the same commit), each with
+   the Delta application transaction (operator, batch), and finally the commit record.
 """
 
 import contextlib
@@ -379,9 +378,9 @@ class BatchRunner:
             if len(user_tags) > 1:  # several writes read it: run the function once for all
                 tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
                 persisted.append(tagged)
-            # No job of its own: the function runs inside the first output's write (function
-            # outputs are written first), so an error in it leaves nothing committed and
-            # Spark writes while Python computes.
+            # No job of its own: the function runs inside the main output's write (the
+            # first), so an error in it leaves nothing committed and Spark writes while
+            # Python computes.
             outputs = layout.split(tagged)
         if released:
             self._check_one_row_per_key(plan, views, skip=lookups)
@@ -445,9 +444,9 @@ class BatchRunner:
             route: sum(v["n"] for (r, _), v in counts.items() if r == route) for route in ROUTES
         }
         builtin = {t: r for r, t in spec.routes.by_route().items()}
-        # The function's outputs first: in rows mode the first of them runs the function.
-        ordered = sorted(spec.all_tags, key=lambda tag: tag not in self._function_tags)
-        for tag in ordered:
+        # The main output comes first; in rows mode it is always the function's, so its
+        # write runs the function before anything else is committed.
+        for tag in spec.all_tags:
             frame = outputs.get(tag)
             if frame is None:
                 continue
@@ -745,7 +744,7 @@ def _lookup_table(data: SideData) -> LookupTable:
     if not multimap and pc.count_distinct(arrow[side.key], mode="all").as_py() == len(arrow):
         return LookupTable(arrow, side.key, multimap=False)  # one row per key: ship as is
     rows = arrow.to_pylist()
-    if side.view == "multimap":
+    if multimap:
         chosen = sorted(rows, key=repr)
     else:
         table: dict[Any, dict[str, Any]] = {}
@@ -769,7 +768,7 @@ def _lookup_table(data: SideData) -> LookupTable:
                 table[row[side.key]] = row
         chosen = list(table.values())
     chosen_table = pa.Table.from_pylist(chosen, schema=arrow.schema)
-    return LookupTable(chosen_table, side.key, multimap=side.view == "multimap")
+    return LookupTable(chosen_table, side.key, multimap=multimap)
 
 
 def _broadcast_threshold(spark: SparkSession) -> int:

@@ -9,8 +9,8 @@ batch and shipped with the function, so ``ctx.side_input(name)`` is a local look
 
 Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
 records come back as one flat DataFrame (a tag column and the union of the tags'
-fields, see :class:`TaggedLayout`), which the operator persists and splits, so the
-Python function runs once per record.
+fields, see :class:`TaggedLayout`), which the operator splits into its outputs
+(persisted first when there are several, so the Python function runs once per record).
 """
 
 import contextlib
@@ -223,11 +223,14 @@ class TaggedLayout:
                 fix='declare OutputTag("name", schema=T.StructType([...])) (and main_output= '
                 "an OutputTag with a schema)",
             )
+        if len(tags) > 127:  # the tag column is a byte
+            raise DeclarationError(
+                f"Row mode supports at most 127 outputs; got {len(tags)}.",
+                fix="emit fewer tags (for example one tag with a column saying which kind)",
+            )
         self.tags = list(tags)
         columns: dict[tuple[str, T.DataType], str] = {}
         self.columns: list[list[str]] = []  # per tag: its fields' columns, in field order
-        if len(tags) > 127:
-            raise DeclarationError(f"Row mode supports at most 127 outputs; got {len(tags)}.")
         fields = [T.StructField(TAG_COLUMN, T.ByteType())]  # the index of the record's tag
         for tag in self.tags:
             assert tag.schema is not None

@@ -1,32 +1,27 @@
 """Row mode: Flink-style ``fn(record, ctx)`` with ``ctx.side_input`` and ``ctx.output``."""
 
 import datetime as dt
+import gc
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.rows import TaggedLayout, python_values
+from dagster_sideinputs.core.rows import TaggedLayout, _cyclic_gc_paused, python_values
 from dagster_sideinputs.delta.reader import read_table
 
+
+def tag(tag_name: str, /, **fields: T.DataType) -> dsi.OutputTag:
+    """An output tag whose schema has these (nullable) fields, in order."""
+    return dsi.OutputTag(
+        tag_name, schema=T.StructType([T.StructField(f, kind) for f, kind in fields.items()])
+    )
+
+
 TX = "tx_id long, customer_id long, amount double"
-ENRICHED = dsi.OutputTag(
-    "enriched",
-    schema=T.StructType(
-        [
-            T.StructField("tx_id", T.LongType()),
-            T.StructField("name", T.StringType()),
-            T.StructField("segment", T.StringType()),
-        ]
-    ),
-)
-ALERTS = dsi.OutputTag(
-    "alerts",
-    schema=T.StructType(
-        [T.StructField("tx_id", T.LongType()), T.StructField("why", T.StringType())]
-    ),
-)
+ENRICHED = tag("enriched", tx_id=T.LongType(), name=T.StringType(), segment=T.StringType())
+ALERTS = tag("alerts", tx_id=T.LongType(), why=T.StringType())
 
 
 def enrich(record, ctx):
@@ -122,16 +117,7 @@ def test_row_function_may_yield_several_records_or_none(lake):
     assert lake.rows("enriched", "tx_id") == [(2,), (3,), (3,)]
 
 
-NAMES = dsi.OutputTag(
-    "names",
-    schema=T.StructType(
-        [
-            T.StructField("tx_id", T.LongType()),
-            T.StructField("name", T.StringType()),
-            T.StructField("cards", T.LongType()),
-        ]
-    ),
-)
+NAMES = tag("names", tx_id=T.LongType(), name=T.StringType(), cards=T.LongType())
 
 
 def broadcast_lookup_operator(lake):
@@ -199,15 +185,8 @@ def test_utc_timestamps_become_aware_datetimes_like_arrows_own_conversion(unit, 
     assert python_values(pa.chunked_array([column, column])) == values + values
 
 
-STAMPED = dsi.OutputTag(
-    "stamped",
-    schema=T.StructType(
-        [
-            T.StructField("tx_id", T.LongType()),
-            T.StructField("next_day", T.TimestampType()),
-            T.StructField("opened_before", T.BooleanType()),
-        ]
-    ),
+STAMPED = tag(
+    "stamped", tx_id=T.LongType(), next_day=T.TimestampType(), opened_before=T.BooleanType()
 )
 
 
@@ -249,12 +228,7 @@ def test_row_functions_see_timestamps_as_aware_utc_datetimes(lake):
 
 # --- several outputs travel as one flat result ---------------------------------------------------
 
-AS_NUMBER = dsi.OutputTag(
-    "as_number",
-    schema=T.StructType(
-        [T.StructField("tx_id", T.LongType()), T.StructField("value", T.DoubleType())]
-    ),
-)
+AS_NUMBER = tag("as_number", tx_id=T.LongType(), value=T.DoubleType())
 AS_TEXT = dsi.OutputTag(
     "as_text",
     schema=T.StructType(
@@ -297,3 +271,53 @@ def test_outputs_with_clashing_field_types_keep_their_own_schemas_and_values(lak
     assert [(f.name, f.dataType) for f in written.fields] == [
         (f.name, f.dataType) for f in AS_TEXT.schema.fields
     ]
+
+
+def test_struct_fields_of_main_records_are_records_too(lake):
+    lake.append(
+        "transactions",
+        [(1, ("web", ("de", 3))), (2, None)],
+        "tx_id long, source struct<channel: string, origin: struct<country: string, hops: int>>",
+    )
+
+    def fn(record, ctx):
+        source = record.source
+        yield {
+            "tx_id": record.tx_id,
+            "value": None if source is None else f"{source.channel}/{source.origin.country}",
+        }
+
+    lake.operator(
+        main=dsi.MainInput("transactions"),
+        side_inputs={},
+        fn=fn,
+        mode="rows",
+        main_output=tag("sources", tx_id=T.LongType(), value=T.StringType()),
+    ).run(lake.spark)
+    assert lake.rows("sources") == [(1, "web/de"), (2, None)]
+
+
+def test_a_paused_collector_comes_back_as_it_was_even_after_an_error():
+    def fail_while_paused():
+        with _cyclic_gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("a row function failed")
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="a row function failed"):
+        fail_while_paused()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()  # the caller had it off: it stays off
+    finally:
+        gc.enable()
+
+
+def test_row_mode_refuses_more_outputs_than_its_tag_column_holds():
+    tags = [tag(f"out_{i}", tx_id=T.LongType()) for i in range(128)]
+    with pytest.raises(dsi.DeclarationError, match="at most 127 outputs"):
+        TaggedLayout(tags)
+    assert len(TaggedLayout(tags[:127]).schema.fields) == 2
