@@ -221,16 +221,16 @@ def _append(lake: Path, batch_index: int) -> None:
 
 
 KILL_POINTS = {
-    "before-first-plan": "dagster_sideinputs.core.plan:PlanLog.create:1",
-    "before-publish-1": "dagster_sideinputs.delta.writer:_Staging.publish:1",
-    "before-create-enriched": "dagster_sideinputs.delta.writer:_commit:1",
-    "before-create-buffer": "dagster_sideinputs.delta.writer:_commit:5",
-    "before-commit-8": "dagster_sideinputs.delta.writer:_commit:8",
-    "before-commit-record-2": "dagster_sideinputs.core.plan:PlanLog.commit:2",
+    "before-first-plan": "dagster_sideinputs.core.state:OperatorState.create_plan:1",
+    "before-publish-1": "dagster_sideinputs.delta.staging:Staging.publish:1",
+    "before-create-enriched": "dagster_sideinputs.delta.writer:commit_files:1",
+    "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
+    "before-commit-8": "dagster_sideinputs.delta.writer:commit_files:8",
+    "before-commit-record-2": "dagster_sideinputs.core.state:OperatorState.commit:2",
 }
 """Exact kill points (``--kill-at``): ``module:attribute:n`` kills the worker's process
 group with SIGKILL when ``attribute`` is called for the n-th time in that worker, before
-the call runs. ``_commit`` is the Delta commit of a write whose files Spark has written
+the call runs. ``commit_files`` is the Delta commit of a write whose files Spark has written
 and the bridge has already moved into the table (a new table was created empty just
 before: ``before-create-enriched`` once left a folder of files without a log, which every
 rerun refused); in the first job, calls 1-5 create

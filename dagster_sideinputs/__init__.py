@@ -13,25 +13,21 @@ Examples:
 import importlib
 from typing import Any
 
-from dagster_sideinputs.core.declarations import (
-    MAIN,
-    BufferLimits,
-    KeyGroups,
-    MainInput,
-    OutputTag,
-    SideInput,
-    Window,
-)
+from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.outputs import Outputs, SideInputs
+from dagster_sideinputs.core.options import OperatorOptions
+from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.rows import Record, RowContext
 from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
 from dagster_sideinputs.delta.source import register_delta_source
-from dagster_sideinputs.delta.storage import DeltaEngine, DeltaRsEngine, DeltaStorage
-from dagster_sideinputs.delta.writer import AppTransaction, WriteResult, write_dataframe
+from dagster_sideinputs.delta.storage import DeltaRsEngine, DeltaStorage
+from dagster_sideinputs.delta.writer import write_dataframe
 from dagster_sideinputs.errors import (
     BufferLimitExceededError,
     ConcurrentWriteError,
@@ -40,6 +36,7 @@ from dagster_sideinputs.errors import (
     DeltaTableError,
     DuplicateKeyError,
     EmptySingletonError,
+    FunctionError,
     MainInputDataError,
     NonAppendOnlyChangeError,
     NotADeltaTableError,
@@ -50,6 +47,7 @@ from dagster_sideinputs.errors import (
     SideInputDataError,
     SideInputError,
     SingletonCardinalityError,
+    SparkJobError,
     SparkStartupError,
     TableNotFoundError,
     UndeclaredOutputTagError,
@@ -98,12 +96,14 @@ __all__ = [
     "DeltaTableError",
     "DuplicateKeyError",
     "EmptySingletonError",
+    "FunctionError",
     "KeyGroups",
     "MainInput",
     "MainInputDataError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",
+    "OperatorOptions",
     "OperatorStateError",
     "OutputTag",
     "Outputs",
@@ -119,6 +119,7 @@ __all__ = [
     "SideInputOperator",
     "SideInputs",
     "SingletonCardinalityError",
+    "SparkJobError",
     "SparkResource",
     "SparkStartupError",
     "TableNotFoundError",

@@ -127,6 +127,16 @@ class OperatorStateError(SideInputError):
     """The operator's recorded state (batch plans, buffer) is inconsistent with its inputs."""
 
 
+class FunctionError(SideInputError):
+    """The operator's user function failed (raised, returned the wrong thing, or read a
+    column that does not exist)."""
+
+
+class SparkJobError(SideInputError):
+    """A Spark job of a batch failed for a reason outside the operator's checks (lost
+    executors, out of memory, an unreadable file...)."""
+
+
 __all__ = [
     "BufferLimitExceededError",
     "ConcurrentWriteError",
@@ -135,6 +145,7 @@ __all__ = [
     "DeltaTableError",
     "DuplicateKeyError",
     "EmptySingletonError",
+    "FunctionError",
     "MainInputDataError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
@@ -145,6 +156,7 @@ __all__ = [
     "SideInputDataError",
     "SideInputError",
     "SingletonCardinalityError",
+    "SparkJobError",
     "SparkStartupError",
     "TableNotFoundError",
     "UndeclaredOutputTagError",

@@ -20,39 +20,28 @@ shuffle) and says so in the batch metrics.
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.columns import quoted
 from dagster_sideinputs.core.declarations import KeyGroups
+from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.errors import PreKeyedViolationError, preview
 
 
-class _Split(Protocol):
-    @property
-    def path(self) -> str: ...
-    @property
-    def uri(self) -> str: ...
-    @property
-    def partition_values(self) -> Mapping[str, Any]: ...
-
-
 def key_group(key: str, max_key_groups: int) -> Column:
     """Spark expression of a key's key group."""
-    return F.expr(f"pmod(hash(`{key}`), {max_key_groups})")
+    return F.expr(f"pmod(hash({quoted(key)}), {max_key_groups})")
 
 
-def _stat(file: Any, kind: str, column: str) -> Any:
-    typed = getattr(file, f"{kind}_values", None)
-    if typed is not None:
-        return typed.get(column)
-    raw = getattr(file, "stats", {}) or {}
-    return (raw.get("minValues" if kind == "min" else "maxValues") or {}).get(column)
+def _stat(file: DataFile, kind: str, column: str) -> Any:
+    return (file.min_values if kind == "min" else file.max_values).get(column)
 
 
 @dataclass(frozen=True)
@@ -64,7 +53,7 @@ class KeyedSplit:
 
 
 def check_pre_keyed(
-    files: Sequence[_Split], groups: KeyGroups, *, key: str, table: str
+    files: Sequence[DataFile], groups: KeyGroups, *, key: str, table: str
 ) -> list[KeyedSplit]:
     """Verify the pre-keyed promise from metadata and give each file its key group.
 

@@ -11,20 +11,27 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.errors import OperatorBusyError
 
 
 @contextlib.contextmanager
-def operator_lock(state_uri: str, *, operator_id: str, wait_s: float = 0.0) -> Iterator[None]:
+def operator_lock(
+    state_uri: str,
+    *,
+    operator_id: str,
+    wait_s: float = 0.0,
+    storage_options: Mapping[str, str] | None = None,
+) -> Iterator[None]:
     """Hold the operator's lock for the duration of the block.
 
     Args:
         state_uri: the operator's state folder.
         operator_id: for the error message.
         wait_s: how long to wait for another run to finish before giving up.
+        storage_options: object store options of the state folder (object stores).
 
     Raises:
         OperatorBusyError: another process holds the lock (named in the message).

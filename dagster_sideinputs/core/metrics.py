@@ -44,6 +44,7 @@ class BatchMetrics:
         notes: how the batch ran (e.g. whether a pre-keyed input avoided its shuffle).
         physical_plan: Spark's physical plan of the classification step, when the run
             was asked to ``explain``.
+        engine: the Delta engine that committed the batch's tables.
     """
 
     operator_id: str
@@ -63,6 +64,7 @@ class BatchMetrics:
     durations: dict[str, float]
     notes: list[str] = field(default_factory=list)
     physical_plan: str | None = None
+    engine: str = ""
 
     @property
     def released(self) -> int:

@@ -1,9 +1,11 @@
 """The side-input operator, usable from any PySpark program.
 
 A run processes the main input in micro-batches. Each batch is planned (pinned side
-versions, readiness decisions), written down, executed and committed; a batch left
-incomplete by a crash is replayed from its plan by the next run before anything
-new, and its Delta application transactions keep every table exactly-once.
+versions, readiness decisions), written down, executed and committed. A batch left
+incomplete is either replayed exactly from its plan (when some table already committed
+it: its Delta application transactions keep every table exactly-once) or, when no table
+committed anything, planned again from the current inputs, so that a fix of the inputs
+takes effect.
 """
 
 import datetime as dt
@@ -11,25 +13,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core.batch import BatchRunner
-from dagster_sideinputs.core.buffer import BufferState
-from dagster_sideinputs.core.declarations import (
-    BufferLimits,
-    MainInput,
-    OutputTag,
-    SideInput,
-    Window,
-)
+from dagster_sideinputs.core import identity
+from dagster_sideinputs.core.batch import run_batch
+from dagster_sideinputs.core.buffer import BufferState, load_state
+from dagster_sideinputs.core.context import StageContext
+from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.lock import operator_lock
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
-from dagster_sideinputs.core.plan import BatchPlan, PlanLog
-from dagster_sideinputs.core.planner import Planned, Planner
+from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
+from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.planner import Planner
 from dagster_sideinputs.core.readiness import ReadinessProvider
-from dagster_sideinputs.core.spec import CachePolicy, Mode, OperatorSpec, Routes, build_spec
+from dagster_sideinputs.core.recovery import Recovery
+from dagster_sideinputs.core.reset import MainFrom, reset
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.sources import source_for
+from dagster_sideinputs.core.spec import OperatorSpec, build_spec
+from dagster_sideinputs.core.state import OperatorState, Unreadable
+from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
@@ -52,8 +59,8 @@ class SideInputOperator:
         fn: frames mode: ``fn(main: DataFrame, sides: SideInputs) -> Outputs``; rows
             mode: ``fn(record, ctx)`` yielding main-output records.
         main_output: the main output's asset name (or an OutputTag with a schema).
-        side_outputs: the declared side-output tags.
         storage: where the tables live.
+        side_outputs: the declared side-output tags.
         window: main windows (event time); by default the finest window of a windowed
             side input, else none (one global namespace).
         late / unmatched / overflow / invalid: tags for the records the operator routes
@@ -110,28 +117,44 @@ class SideInputOperator:
         future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
         cache: CachePolicy = "auto",
     ) -> None:
-        self.spec: OperatorSpec = build_spec(
-            main=main,
-            side_inputs=side_inputs,
-            fn=fn,
-            main_output=main_output,
-            side_outputs=side_outputs,
-            window=window,
-            routes=Routes(late, unmatched, overflow, invalid),
-            buffer=buffer or BufferLimits(),
-            mode=mode,
-            storage=storage,
-            operator_id=operator_id,
-            readiness=readiness,
-            schema_mode=schema_mode,
+        options = OperatorOptions(
+            main=main, side_inputs=side_inputs, fn=fn, main_output=main_output,  # type: ignore[arg-type]
+            side_outputs=tuple(side_outputs), window=window, late=late, unmatched=unmatched,
+            overflow=overflow, invalid=invalid, buffer=buffer or BufferLimits(), mode=mode,
+            operator_id=operator_id, schema_mode=schema_mode,
             max_versions_per_batch=max_versions_per_batch,
-            max_files_per_batch=max_files_per_batch,
-            future_tolerance=future_tolerance,
+            max_files_per_batch=max_files_per_batch, future_tolerance=future_tolerance,
             cache=cache,
+        )  # fmt: skip
+        self._bind(options, storage, readiness)
+
+    @classmethod
+    def from_options(
+        cls,
+        options: OperatorOptions,
+        storage: DeltaStorage,
+        readiness: ReadinessProvider | None = None,
+    ) -> "SideInputOperator":
+        """The operator of an :class:`OperatorOptions` value (the Dagster layer's path)."""
+        operator = cls.__new__(cls)
+        operator._bind(options, storage, readiness)
+        return operator
+
+    def _bind(
+        self, options: OperatorOptions, storage: DeltaStorage, readiness: ReadinessProvider | None
+    ) -> None:
+        if not isinstance(storage, DeltaStorage):
+            raise DeclarationError(
+                f"storage= must be a dsi.DeltaStorage, got {type(storage).__name__}.",
+                fix='storage=dsi.DeltaStorage(root="/data/lake")',
+            )
+        self.options = options
+        self.spec: OperatorSpec = build_spec(options, storage, readiness)
+        self.state = OperatorState(
+            TableFiles(self.spec.state_uri, storage.storage_options), self.spec.operator_id
         )
-        self.plans = PlanLog(TableFiles(self.spec.state_uri, storage.storage_options))
-        self._runner: BatchRunner | None = None
-        self._runner_spark: SparkSession | None = None
+        self.recovery = Recovery(self.spec, self.state)
+        self._context: StageContext | None = None
 
     def __repr__(self) -> str:
         return (
@@ -140,7 +163,7 @@ class SideInputOperator:
             f"outputs={[t.name for t in self.spec.all_tags]})"
         )
 
-    # --- introspection -----------------------------------------------------------------------
+    # --- introspection ------------------------------------------------------------------
 
     @property
     def operator_id(self) -> str:
@@ -158,47 +181,41 @@ class SideInputOperator:
 
     def buffer(self) -> BufferState:
         """The buffer's current state (from the Delta log; no Spark needed)."""
-        engine = self.spec.storage.delta
-        if not engine.exists(self.spec.buffer_uri):
-            return BufferState(None)
-        return BufferState(engine.snapshot(self.spec.buffer_uri, name="buffer"))
+        return load_state(self.spec)
 
     def last_committed_batch(self) -> int | None:
-        return self.plans.last_committed()
+        return self.state.last_committed()
 
     def last_plan(self) -> BatchPlan | None:
-        planned = self.plans.last_planned()
-        return None if planned is None else self.plans.load(planned)
+        planned = self.state.last_planned()
+        if planned is None:
+            return None
+        loaded = self.state.load_plan(planned)
+        return None if isinstance(loaded, Unreadable) else loaded
 
     def peek(self, *, now: dt.datetime | None = None) -> BatchPlan | None:
         """The plan the next batch would make now, without writing it (None: no work).
 
         Uses no Spark unless windows of new records cannot be told from statistics.
-        An incomplete batch (to be replayed) is returned as is.
+        An incomplete batch that some table committed (to be replayed) is returned as is.
         """
-        pending = self._pending_replay()
-        if pending is not None:
+        pending = self.recovery.pending()
+        if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
+            pending.batch_id, pending.tables
+        ):
             return pending
-        planner = Planner(self.spec, spark=None)
-        previous, commit = self._previous()
+        verdict = identity.check(self.spec, self.state)
+        planner = Planner(self.spec, source_for(self.spec), spark=None)
         planned = planner.plan(
-            batch_id=self._next_batch_id(),
+            batch_id=self.recovery.next_batch_id(),
             now=now or _utc_now(),
-            previous=previous,
-            previous_commit=commit,
-            new_rows=self._no_spark_rows,
+            previous=self.recovery.previous(),
+            routing=verdict.routing,
+            reroute=verdict.reroute,
         )
         return None if planned is None else planned.plan
 
-    @staticmethod
-    def _no_spark_rows(*_: Any) -> DataFrame:
-        raise OperatorStateError(
-            "Peeking at this batch needs Spark: the event-time windows of new records are "
-            "not in the file statistics.",
-            fix="run the operator instead of peeking",
-        )
-
-    # --- running -------------------------------------------------------------------------------
+    # --- running --------------------------------------------------------------------------
 
     def run(
         self,
@@ -236,19 +253,22 @@ class SideInputOperator:
         if trigger not in ("available_now", "continuous"):
             raise DeclarationError(f"trigger={trigger!r} is not 'available_now' or 'continuous'.")
         stop = stop or threading.Event()
-        self._runner_for(spark).explain = explain
         batches: list[BatchMetrics] = []
-        with operator_lock(self.state_uri, operator_id=self.operator_id, wait_s=wait_for_lock):
+        with self._lock(wait_for_lock):
+            context = self._context_for(spark)
+            context.explain = explain
+            verdict = identity.check(self.spec, self.state)
             while not stop.is_set():
                 started = time.monotonic()
-                metrics = self._step(spark, clock())
+                metrics = self._step(context, clock(), verdict)
                 if metrics is not None:
                     batches.append(metrics)
+                    verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
                         on_batch(metrics)
                 if max_batches is not None and len(batches) >= max_batches:
                     return RunResult(batches, "max_batches")
-                if metrics is None and trigger == "available_now":
+                if trigger == "available_now" and (metrics is None or _idle(metrics)):
                     return RunResult(batches, "caught_up")
                 if trigger == "continuous":
                     stop.wait(max(0.0, interval.total_seconds() - (time.monotonic() - started)))
@@ -258,45 +278,40 @@ class SideInputOperator:
         self, spark: SparkSession, *, now: dt.datetime | None = None
     ) -> BatchMetrics | None:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
-        with operator_lock(self.state_uri, operator_id=self.operator_id):
-            return self._step(spark, now or _utc_now())
+        with self._lock(0.0):
+            verdict = identity.check(self.spec, self.state)
+            return self._step(self._context_for(spark), now or _utc_now(), verdict)
 
-    def _runner_for(self, spark: SparkSession) -> BatchRunner:
-        if self._runner is None or self._runner_spark is not spark:
-            self._runner = BatchRunner(self.spec, spark, self.plans)
-            self._runner_spark = spark
-        return self._runner
+    def _lock(self, wait_s: float) -> Any:
+        return operator_lock(
+            self.state_uri,
+            operator_id=self.operator_id,
+            wait_s=wait_s,
+            storage_options=self.spec.storage.storage_options,
+        )
 
-    def _pending_replay(self) -> BatchPlan | None:
-        planned, committed = self.plans.last_planned(), self.plans.last_committed()
-        if planned is not None and (committed is None or planned > committed):
-            return self.plans.load(planned)
-        return None
+    def _context_for(self, spark: SparkSession) -> StageContext:
+        if self._context is None or self._context.spark is not spark:
+            self._context = StageContext(self.spec, spark, self.state)
+        return self._context
 
-    def _previous(self) -> tuple[BatchPlan | None, dict[str, Any] | None]:
-        committed = self.plans.last_committed()
-        if committed is None:
-            return None, None
-        return self.plans.load(committed), self.plans.load_commit(committed)
+    # --- one step: replay, re-plan, or plan ------------------------------------------------
 
-    def _next_batch_id(self) -> int:
-        committed = self.plans.last_committed()
-        return 0 if committed is None else committed + 1
-
-    def _step(self, spark: SparkSession, now: dt.datetime) -> BatchMetrics | None:
-        runner = self._runner_for(spark)
-        pending = self._pending_replay()
+    def _step(
+        self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
+    ) -> BatchMetrics | None:
+        previous = self.recovery.previous()
+        pending = self.recovery.settle_pending()
         if pending is not None:
             log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
-            return runner.execute(pending, None, replayed=True)
-        previous, commit = self._previous()
-        planner = Planner(self.spec, spark)
-        planned: Planned | None = planner.plan(
-            batch_id=self._next_batch_id(),
+            return self._finish(run_batch(context, pending, replayed=True), pending)
+        planner = Planner(self.spec, context.source, context.spark)
+        planned = planner.plan(
+            batch_id=self.recovery.next_batch_id(),
             now=now,
             previous=previous,
-            previous_commit=commit,
-            new_rows=lambda main, files, snapshot: runner.reader.raw_main(main, files, snapshot),
+            routing=verdict.routing,
+            reroute=verdict.reroute,
         )
         if planned is None:
             return None
@@ -306,10 +321,61 @@ class SideInputOperator:
             self.operator_id,
             plan.batch_id,
             plan.main.describe(),
-            plan.side_versions,
-            plan.read_slots or "nothing from the buffer",
+            dict(plan.side_versions),
+            list(plan.read_slots) or "nothing from the buffer",
         )
-        if not self.plans.create(planned.plan):
+        if not self.state.create_plan(plan):
             # Another process planned this batch between our check and our write.
-            return runner.execute(self.plans.load(planned.plan.batch_id), None, replayed=True)
-        return runner.execute(planned.plan, planned, replayed=False)
+            raise OperatorStateError(
+                f"Operator {self.operator_id!r}: batch {plan.batch_id} was planned by another "
+                "run at the same time; two runs must not process one operator at once.",
+                fix="rerun (the other run's plan is replayed); limit the job's concurrency",
+            )
+        metrics = run_batch(context, plan, replayed=False, source=planned.source)
+        return self._finish(metrics, plan)
+
+    def reset(
+        self,
+        *,
+        main_from: MainFrom = "keep",
+        drop_buffered: bool = False,
+        wait_for_lock: float = 0.0,
+    ) -> int:
+        """Start over explicitly after a change the operator refuses to guess about.
+
+        Commits a *reset batch* (see :mod:`~dagster_sideinputs.core.reset`): batch ids keep
+        increasing, the main-input position moves as asked, the current declaration
+        becomes the operator's identity, and a pending batch is set aside. Output tables
+        are never touched.
+
+        Args:
+            main_from: where the next batch reads the main input from: ``beginning`` (a
+                Delta table's first version; a landing folder's every file again),
+                ``latest`` (only what arrives from now on), or ``keep`` (the recorded
+                position, when only the identity or the buffer needs resetting).
+            drop_buffered: delete the buffered records (a removal committed by the reset
+                batch); otherwise they are kept and routed again by the next batch.
+            wait_for_lock: seconds to wait for a running run of the operator.
+
+        Returns:
+            The reset batch's id.
+        """
+        with self._lock(wait_for_lock):
+            return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
+
+    def _finish(self, metrics: BatchMetrics, plan: BatchPlan) -> BatchMetrics:
+        if plan.routing:
+            identity.confirm_routing(self.spec, self.state, plan.routing)
+        identity.record_buffer(self.spec, self.state)
+        return metrics
+
+
+def _idle(metrics: BatchMetrics) -> bool:
+    """A batch that read no new records and moved none out of the buffer: running again
+    now would repeat it (an ``available_now`` run stops there)."""
+    moved = sum(v for route, v in metrics.routes.items() if route not in ("buffered", "key_wait"))
+    rebuffered = metrics.routes.get("buffered", 0) + metrics.routes.get("key_wait", 0)
+    return metrics.rows_in == 0 and moved == 0 and rebuffered == metrics.released_from_buffer
+
+
+__all__ = ["SideInputOperator", "Trigger"]

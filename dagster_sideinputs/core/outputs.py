@@ -1,12 +1,60 @@
-"""What the user function receives (side input views) and returns (tagged outputs)."""
+"""Outputs: output tags, what the user function receives (side input views) and
+what it returns (tagged outputs)."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
-from dagster_sideinputs.core.declarations import MAIN, OutputTag
+from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.errors import DeclarationError, UndeclaredOutputTagError, did_you_mean
+
+
+@dataclass(frozen=True)
+class OutputTag:
+    """The name of one output of the operator: one Dagster asset, one Delta table.
+
+    Two tags are equal when their names are equal (the schema does not count).
+
+    Args:
+        name: asset name of the output (``"suspicious_transactions"`` or
+            ``"payments/suspicious"``).
+        schema: output schema; required in rows mode, where records are built in Python;
+            in frames mode the function's DataFrame for this tag must have it (same
+            columns and types, in any order).
+        description: shown on the Dagster asset.
+
+    Examples:
+        >>> OutputTag("suspicious_transactions")
+        OutputTag('suspicious_transactions')
+    """
+
+    name: str
+    schema: T.StructType | None = field(default=None, compare=False, hash=False)
+    description: str | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise DeclarationError(
+                f"OutputTag names are strings, got {self.name!r}.", fix='OutputTag("name")'
+            )
+        asset_path(self.name)
+        if self.schema is not None and not isinstance(self.schema, T.StructType):
+            raise DeclarationError(
+                f"OutputTag {self.name!r}: schema must be a pyspark StructType, "
+                f"got {type(self.schema).__name__}.",
+                fix='pass e.g. T.StructType([T.StructField("id", T.LongType())])',
+            )
+
+    def __repr__(self) -> str:
+        return "MAIN" if self.name == _MAIN_NAME else f"OutputTag({self.name!r})"
+
+
+_MAIN_NAME = "__main__"
+MAIN = OutputTag(_MAIN_NAME, description="The untagged main output of the operator.")
+"""The main output. Use it as a key of the mapping a function returns: ``{MAIN: df}``."""
 
 Outputs: TypeAlias = DataFrame | Mapping[OutputTag | str, DataFrame]
 """A frames-mode function returns the main output, or ``{MAIN: df, tag: df, ...}``."""

@@ -4,22 +4,20 @@ A plan pins the main input range, the version of every side table, every readine
 decision, the buffer version it reads and the clock. A replay of the batch (after a
 crash) loads the plan instead of making a new one, so it computes exactly the same
 output; the Delta application transactions then keep it from writing anything twice.
-
-Plans and commit records are small JSON files in the operator's state folder:
-``plans/<batch>.json`` (created exclusively: two runs cannot plan the same batch) and
-``commits/<batch>.json`` (written last: the batch is complete).
+Plans are frozen values with an exact JSON round trip.
 """
 
 import datetime as dt
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dagster_sideinputs.core.readiness import Decision
-from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.errors import OperatorStateError
+
+PLAN_FORMAT = 2
 
 
 def _ts(value: dt.datetime | None) -> str | None:
@@ -30,18 +28,20 @@ def _parse_ts(value: str | None) -> dt.datetime | None:
     return None if value is None else dt.datetime.fromisoformat(value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MainRange:
     """The slice of the main input a batch reads.
 
-    Delta main inputs: the versions ``(start_version, end_version]``. Landing folders:
-    the new files by name, with their sizes.
+    Delta main inputs: the versions ``(start_version, end_version]`` of the table whose
+    id is ``table_id``. Landing folders: the new files by name, with their sizes and
+    modification times.
     """
 
     kind: Literal["delta", "files"]
     start_version: int = -1
     end_version: int = -1
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: tuple[Mapping[str, Any], ...] = ()
+    table_id: str | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -54,33 +54,65 @@ class MainRange:
             return f"versions ({self.start_version}, {self.end_version}]"
         return f"{len(self.files)} new file(s)"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "start_version": self.start_version,
+            "end_version": self.end_version,
+            "files": [dict(f) for f in self.files],
+            "table_id": self.table_id,
+        }
 
-@dataclass
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MainRange":
+        return cls(
+            kind=data["kind"],
+            start_version=data.get("start_version", -1),
+            end_version=data.get("end_version", -1),
+            files=tuple(data.get("files") or ()),
+            table_id=data.get("table_id"),
+        )
+
+
+@dataclass(frozen=True)
 class NamespacePlan:
     """One main namespace in play: its window, its side namespaces, and the verdict."""
 
     start: dt.datetime | None
     end: dt.datetime | None
-    side_namespaces: dict[str, str]
+    side_namespaces: Mapping[str, str]
     ready: bool
     late: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchPlan:
-    """Everything a batch decides before it reads or writes data."""
+    """Everything a batch decides before it reads or writes data.
+
+    Attributes:
+        read_slots: buffer slots the batch reads (their records are routed again and
+            their files removed in the batch's buffer commit).
+        reroute: the declaration changed since the buffered records were written: they
+            get fresh namespaces and key groups under the current one.
+        routing: fingerprint of the declaration the batch routes under.
+        tables: every table the batch may commit to (outputs, buffer, ledger): a plan
+            none of them committed is planned again rather than replayed.
+    """
 
     operator_id: str
     batch_id: int
     now: dt.datetime
     main: MainRange
-    side_versions: dict[str, int | None]
-    decisions: dict[str, dict[str, Decision]]
-    namespaces: dict[str, NamespacePlan]
-    read_slots: list[str]
+    side_versions: Mapping[str, int | None]
+    decisions: Mapping[str, Mapping[str, Decision]]
+    namespaces: Mapping[str, NamespacePlan]
+    read_slots: tuple[str, ...]
     buffer_version: int
     watermark: dt.datetime | None
     max_event_time: dt.datetime | None
+    reroute: bool = False
+    routing: str = ""
+    tables: tuple[str, ...] = ()
     planned_by: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
@@ -91,24 +123,55 @@ class BatchPlan:
     def late_namespaces(self) -> list[str]:
         return sorted(ns for ns, plan in self.namespaces.items() if plan.late)
 
+    def with_batch_id(self, batch_id: int) -> "BatchPlan":
+        return replace(self, batch_id=batch_id)
+
     def to_json(self) -> str:
-        data = asdict(self)
-        data["now"] = _ts(self.now)
-        data["watermark"] = _ts(self.watermark)
-        data["max_event_time"] = _ts(self.max_event_time)
-        for ns in data["namespaces"].values():
-            ns["start"], ns["end"] = _ts(ns["start"]), _ts(ns["end"])
+        data = {
+            "format": PLAN_FORMAT,
+            "operator_id": self.operator_id,
+            "batch_id": self.batch_id,
+            "now": _ts(self.now),
+            "main": self.main.to_dict(),
+            "side_versions": dict(self.side_versions),
+            "decisions": {
+                side: {ns: {"ready": d.ready, "reason": d.reason} for ns, d in per_ns.items()}
+                for side, per_ns in self.decisions.items()
+            },
+            "namespaces": {
+                ns: {
+                    "start": _ts(p.start),
+                    "end": _ts(p.end),
+                    "side_namespaces": dict(p.side_namespaces),
+                    "ready": p.ready,
+                    "late": p.late,
+                }
+                for ns, p in self.namespaces.items()
+            },
+            "read_slots": list(self.read_slots),
+            "buffer_version": self.buffer_version,
+            "watermark": _ts(self.watermark),
+            "max_event_time": _ts(self.max_event_time),
+            "reroute": self.reroute,
+            "routing": self.routing,
+            "tables": list(self.tables),
+            "planned_by": self.planned_by,
+        }
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "BatchPlan":
+        """Raises ValueError / KeyError / TypeError on a malformed plan (the caller
+        names the file)."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a plan is a JSON object")
         return cls(
             operator_id=data["operator_id"],
-            batch_id=data["batch_id"],
+            batch_id=int(data["batch_id"]),
             now=_parse_ts(data["now"]),  # type: ignore[arg-type]
-            main=MainRange(**data["main"]),
-            side_versions=data["side_versions"],
+            main=MainRange.from_dict(data["main"]),
+            side_versions=dict(data["side_versions"]),
             decisions={
                 side: {ns: Decision(**d) for ns, d in per_ns.items()}
                 for side, per_ns in data["decisions"].items()
@@ -117,62 +180,18 @@ class BatchPlan:
                 ns: NamespacePlan(
                     start=_parse_ts(p["start"]),
                     end=_parse_ts(p["end"]),
-                    side_namespaces=p["side_namespaces"],
-                    ready=p["ready"],
-                    late=p.get("late", False),
+                    side_namespaces=dict(p["side_namespaces"]),
+                    ready=bool(p["ready"]),
+                    late=bool(p.get("late", False)),
                 )
                 for ns, p in data["namespaces"].items()
             },
-            read_slots=data["read_slots"],
-            buffer_version=data["buffer_version"],
+            read_slots=tuple(data["read_slots"]),
+            buffer_version=int(data["buffer_version"]),
             watermark=_parse_ts(data["watermark"]),
             max_event_time=_parse_ts(data["max_event_time"]),
+            reroute=bool(data.get("reroute", False)),
+            routing=str(data.get("routing", "")),
+            tables=tuple(data.get("tables") or ()),
             planned_by=data.get("planned_by", ""),
         )
-
-
-class PlanLog:
-    """The plans and commit records of one operator."""
-
-    def __init__(self, state: TableFiles) -> None:
-        self._files = state
-
-    def _ids(self, folder: str) -> list[int]:
-        ids = []
-        for entry in self._files.list_files(folder):
-            name = entry.path.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                ids.append(int(name[:-5]))
-        return sorted(ids)
-
-    def last_planned(self) -> int | None:
-        ids = self._ids("plans")
-        return ids[-1] if ids else None
-
-    def last_committed(self) -> int | None:
-        ids = self._ids("commits")
-        return ids[-1] if ids else None
-
-    def create(self, plan: BatchPlan) -> bool:
-        """Write a new plan; False when a plan for that batch already exists."""
-        return self._files.write_bytes_atomic(
-            f"plans/{plan.batch_id:020d}.json", plan.to_json().encode(), exclusive=True
-        )
-
-    def load(self, batch_id: int) -> BatchPlan:
-        try:
-            raw = self._files.read_bytes(f"plans/{batch_id:020d}.json")
-        except FileNotFoundError as exc:
-            raise OperatorStateError(
-                f"The plan of batch {batch_id} is missing from {self._files.root}/plans.",
-                fix="restore the operator's state folder, or reset the operator (see README)",
-            ) from exc
-        return BatchPlan.from_json(raw.decode())
-
-    def commit(self, batch_id: int, record: dict[str, Any]) -> None:
-        self._files.write_bytes_atomic(
-            f"commits/{batch_id:020d}.json", json.dumps(record, default=str, indent=1).encode()
-        )
-
-    def load_commit(self, batch_id: int) -> dict[str, Any]:
-        return json.loads(self._files.read_bytes(f"commits/{batch_id:020d}.json"))

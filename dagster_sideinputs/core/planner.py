@@ -1,32 +1,31 @@
-"""Planning a micro-batch: what is new, what is ready, what to release.
+"""Plan stage: what is new, what is ready, what to release.
 
-The planner looks only at metadata (Delta logs, file listings, file statistics and
-the readiness provider) plus, when statistics cannot tell, one small Spark job for
-the event-time windows of new records. Its result, a
+The planner looks only at metadata (Delta logs, file listings, file statistics and the
+readiness provider) plus, when statistics cannot tell, one small Spark job for the
+event-time windows of new records. Its result, a
 :class:`~dagster_sideinputs.core.plan.BatchPlan`, is written down before the batch
 reads or writes any data.
 """
 
 import datetime as dt
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import pyarrow as pa
-from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.buffer import BufferState, keywait_slot, namespace_slot
-from dagster_sideinputs.core.keyed import check_pre_keyed
-from dagster_sideinputs.core.plan import BatchPlan, MainRange, NamespacePlan
+from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
+from dagster_sideinputs.core.columns import NS_START, SIDE_NS, quoted
+from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision, SideFacts
-from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.views import SIDE_NS, SideData
+from dagster_sideinputs.core.side_data import SideData
+from dagster_sideinputs.core.sources import MainSource, SourceSlice
+from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.windows import (
     GLOBAL,
-    NS_START,
+    WindowSpan,
     as_utc,
     assign_windows,
     map_to_side_window,
@@ -34,27 +33,30 @@ from dagster_sideinputs.core.windows import (
     parse_namespace_id,
     windows_between,
 )
-from dagster_sideinputs.delta.files import TableFiles, normalize_uri
-from dagster_sideinputs.delta.log import added_files
-from dagster_sideinputs.delta.table import TableSnapshot
-from dagster_sideinputs.errors import SideInputDataError, TableNotFoundError
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
+from dagster_sideinputs.errors import SideInputDataError
 
 MAX_ENUMERATED_WINDOWS = 2000
-_HIDDEN = (".", "_")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Planned:
-    """A plan and what was learned while making it (reused by a fresh batch)."""
+    """A plan and what was learned while making it (reused by the batch that runs it)."""
 
     plan: BatchPlan
-    main_files: list[Any] = field(default_factory=list)
-    main_snapshot: TableSnapshot | None = None
-    side_snapshots: dict[str, TableSnapshot | None] = field(default_factory=dict)
+    source: SourceSlice
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The last committed batch: its plan and commit record (None for the first batch)."""
+
+    plan: BatchPlan | None = None
+    record: Mapping[str, Any] | None = None
 
 
 def parse_stat_time(value: Any) -> dt.datetime | None:
-    """A timestamp statistic (typed, or an ISO string from a commit's JSON stats)."""
+    """A timestamp statistic or recorded time (typed, or an ISO string)."""
     if value is None:
         return None
     if isinstance(value, dt.datetime):
@@ -66,150 +68,33 @@ def parse_stat_time(value: Any) -> dt.datetime | None:
         return None
 
 
-def _file_stat(file: Any, kind: str, column: str) -> Any:
-    typed = getattr(file, f"{kind}_values", None)
-    if typed is not None:
-        return typed.get(column)
-    stats = getattr(file, "stats", None) or {}
-    return (stats.get("minValues" if kind == "min" else "maxValues") or {}).get(column)
-
-
 class Planner:
     """Makes the plan of the next batch of one operator."""
 
-    def __init__(self, spec: OperatorSpec, spark: SparkSession | None) -> None:
+    def __init__(self, spec: OperatorSpec, source: MainSource, spark: SparkSession | None) -> None:
         self.spec = spec
+        self.source = source
         self.spark = spark
-        self.engine = spec.storage.delta
-
-    # --- main input ------------------------------------------------------------------
-
-    def main_range(
-        self, previous: BatchPlan | None
-    ) -> tuple[MainRange, list[Any], TableSnapshot | None]:
-        if self.spec.main.is_files:
-            return self._files_range()
-        start = previous.main.end_version if previous is not None else -1
-        try:
-            latest = self.engine.snapshot(self.spec.main_uri, name=self.spec.main.asset)
-        except TableNotFoundError:  # not materialized yet (a non-Delta folder is an error)
-            return MainRange("delta", start, start), [], None
-        end = latest.version
-        if self.spec.max_versions_per_batch is not None:
-            end = min(end, start + self.spec.max_versions_per_batch)
-        if end <= start:
-            return MainRange("delta", start, start), [], latest
-        snapshot = (
-            latest
-            if end == latest.version
-            else self.engine.snapshot(self.spec.main_uri, version=end, name=self.spec.main.asset)
-        )
-        if start < 0:
-            files: list[Any] = list(snapshot.files)
-        else:
-            files = added_files(
-                TableFiles(self.spec.main_uri, self.spec.storage.storage_options),
-                start,
-                end,
-                table=self.spec.main.asset,
-            )
-        if self.spec.main.pre_keyed is not None and self.spec.main.key is not None:
-            check_pre_keyed(
-                files, self.spec.main.pre_keyed, key=self.spec.main.key, table=self.spec.main.asset
-            )
-        return MainRange("delta", start, end), files, snapshot
-
-    def files_seen(self) -> set[str]:
-        uri = self.spec.files_seen_uri
-        if not self.engine.exists(uri):
-            return set()
-        table = DeltaTable(
-            normalize_uri(uri), storage_options=dict(self.spec.storage.storage_options) or None
-        )
-        return set(pa.table(table.to_pyarrow_table(columns=["path"])).column("path").to_pylist())
-
-    def _files_range(self) -> tuple[MainRange, list[Any], None]:
-        folder = self.spec.main.path
-        assert folder is not None
-        files = TableFiles(folder, self.spec.storage.storage_options)
-        if not files.exists():
-            return MainRange("files"), [], None
-        seen = self.files_seen()
-        fresh = [
-            entry
-            for entry in files.list_files("")
-            if "/" not in entry.path
-            and not entry.path.startswith(_HIDDEN)
-            and entry.path not in seen
-        ]
-        fresh.sort(key=lambda e: (e.modification_time_ms, e.path))
-        if self.spec.max_files_per_batch is not None:
-            fresh = fresh[: self.spec.max_files_per_batch]
-        listed = [{"path": e.path, "size": e.size} for e in fresh]
-        return MainRange("files", files=listed), [], None
-
-    # --- namespaces ------------------------------------------------------------------
-
-    def new_windows(
-        self, main_files: Sequence[Any], new_rows: Callable[[], DataFrame]
-    ) -> list[tuple[dt.datetime, dt.datetime]]:
-        """The windows new records fall in: from statistics when they suffice, else one job."""
-        window = self.spec.window
-        assert window is not None
-        assert window.time_column is not None
-        column = window.time_column
-        lows = [parse_stat_time(_file_stat(f, "min", column)) for f in main_files]
-        highs = [parse_stat_time(_file_stat(f, "max", column)) for f in main_files]
-        known_lows = [v for v in lows if v is not None]
-        known_highs = [v for v in highs if v is not None]
-        if main_files and len(known_lows) == len(lows) and len(known_highs) == len(highs):
-            spans = windows_between(
-                window, min(known_lows), max(known_highs), MAX_ENUMERATED_WINDOWS
-            )
-            if spans is not None:
-                return spans
-        rows = assign_windows(new_rows().select(column), window, column)
-        starts = [
-            r[0]
-            for r in rows.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
-        ]
-        return sorted((as_utc(s), as_utc(s) + window.size) for s in starts)
-
-    # --- the plan ------------------------------------------------------------------------
+        self.engine = spec.engine
 
     def plan(
         self,
         *,
         batch_id: int,
         now: dt.datetime,
-        previous: BatchPlan | None,
-        previous_commit: dict[str, Any] | None,
-        new_rows: Callable[[MainRange, list[Any], TableSnapshot | None], DataFrame],
+        previous: Previous,
+        routing: str,
+        reroute: bool,
     ) -> Planned | None:
         """The next batch's plan, or None when there is nothing to do."""
         spec = self.spec
-        main_range, main_files, main_snapshot = self.main_range(previous)
-        buffer = BufferState(
-            self.engine.snapshot(spec.buffer_uri) if self.engine.exists(spec.buffer_uri) else None
-        )
-        side_snapshots = {b.name: self._side_snapshot(b.name, previous) for b in spec.sides}
-
-        namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
-        if spec.window is None:
-            if not main_range.is_empty or GLOBAL in buffer.namespaces():
-                namespaces[GLOBAL] = (None, None)
-        else:
-            if not main_range.is_empty:
-                rows = lambda: new_rows(main_range, main_files, main_snapshot)  # noqa: E731
-                for start, end in self.new_windows(main_files, rows):
-                    namespaces[namespace_id(start)] = (start, end)
-            for ns in buffer.namespaces():
-                buffered_start = parse_namespace_id(ns)
-                if buffered_start is not None:
-                    namespaces[ns] = (buffered_start, buffered_start + spec.window.size)
-
+        last = previous.plan
+        piece = self.source.next_range(last.main if last is not None else None)
+        buffer = load_state(spec)
+        side_snapshots = {b.name: self._side_snapshot(b, last) for b in spec.sides}
+        namespaces = self._namespaces(piece, buffer)
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
-        watermark = self._watermark(previous_commit)
+        watermark = self._watermark(previous.record)
         plans = {
             ns: NamespacePlan(
                 start=start,
@@ -217,7 +102,7 @@ class Planner:
                 side_namespaces=mapping[ns],
                 ready=all(decisions[side][mapping[ns][side]].ready for side in mapping[ns]),
                 late=bool(
-                    spec.routes.late is not None
+                    spec.options.late is not None
                     and watermark is not None
                     and end is not None
                     and as_utc(end) <= watermark
@@ -225,35 +110,106 @@ class Planner:
             )
             for ns, (start, end) in namespaces.items()
         }
-        read_slots = self._read_slots(buffer, plans, side_snapshots, previous, main_files, now)
-        if main_range.is_empty and not read_slots:
+        side_changed = any(
+            snapshot is not None
+            and (last is None or snapshot.version != last.side_versions.get(b.name))
+            for b, snapshot in ((b, side_snapshots[b.name]) for b in spec.keyed_waits)
+        )
+        slots = choose_slots(
+            spec,
+            buffer,
+            plans,
+            side_changed=side_changed,
+            incoming=_incoming(piece.files) if piece.range.kind == "delta" else None,
+            now=now,
+            reroute=reroute,
+        )
+        if piece.range.is_empty and not slots:
             return None
         plan = BatchPlan(
             operator_id=spec.operator_id,
             batch_id=batch_id,
             now=now,
-            main=main_range,
+            main=piece.range,
             side_versions={
                 name: (snap.version if snap is not None else None)
                 for name, snap in side_snapshots.items()
             },
             decisions=decisions,
             namespaces=plans,
-            read_slots=read_slots,
+            read_slots=slots,
             buffer_version=buffer.version,
             watermark=watermark,
-            max_event_time=parse_stat_time((previous_commit or {}).get("max_event_time")),
+            max_event_time=parse_stat_time((previous.record or {}).get("max_event_time")),
+            reroute=reroute and bool(slots),
+            routing=routing,
+            tables=tuple(spec.written_tables()),
         )
-        return Planned(plan, main_files, main_snapshot, side_snapshots)
+        return Planned(plan, piece)
 
-    def _side_snapshot(self, name: str, previous: BatchPlan | None) -> TableSnapshot | None:
-        bound = self.spec.side(name)
+    # --- namespaces ----------------------------------------------------------------------
+
+    def _namespaces(
+        self, piece: SourceSlice, buffer: BufferState
+    ) -> dict[str, tuple[dt.datetime | None, dt.datetime | None]]:
+        spec = self.spec
+        namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
+        if spec.window is None:
+            if not piece.range.is_empty or buffer.slots():
+                namespaces[GLOBAL] = (None, None)
+            return namespaces
+        if not piece.range.is_empty:
+            for start, end in self.new_windows(piece):
+                namespaces[namespace_id(start)] = (start, end)
+        for ns in buffer.namespaces():
+            buffered = parse_namespace_id(ns)
+            if buffered is not None:
+                namespaces[ns] = (buffered, buffered + spec.window.size)
+            else:
+                namespaces[GLOBAL] = (None, None)  # left by an earlier, unwindowed declaration
+        return namespaces
+
+    def new_windows(self, piece: SourceSlice) -> list[WindowSpan]:
+        """The windows new records fall in: from statistics when they suffice, else one job."""
+        window = self.spec.window
+        assert window is not None
+        assert window.time_column is not None
+        column = window.time_column
+        files = piece.files
+        lows = [parse_stat_time(f.min_values.get(column)) for f in files]
+        highs = [parse_stat_time(f.max_values.get(column)) for f in files]
+        if files and None not in lows and None not in highs:
+            spans = windows_between(
+                window,
+                min(v for v in lows if v is not None),
+                max(v for v in highs if v is not None),
+                MAX_ENUMERATED_WINDOWS,
+            )
+            if spans is not None:
+                return spans
+        if self.spark is None:
+            raise SideInputDataError(
+                "Peeking at this batch needs Spark: the event-time windows of new records "
+                "are not in the file statistics.",
+                fix="run the operator instead of peeking",
+            )
+        raw = self.source.read(self.spark, piece)
+        rows = assign_windows(raw.select(quoted(column)), window, column)
+        starts = [
+            r[0]
+            for r in rows.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
+        ]
+        return sorted((as_utc(s), as_utc(s) + window.size) for s in starts)
+
+    # --- side inputs -----------------------------------------------------------------------
+
+    def _side_snapshot(self, bound: BoundSide, last: BatchPlan | None) -> TableSnapshot | None:
         if self.engine.exists(bound.uri):
             return self.engine.snapshot(bound.uri, name=bound.side.asset)
-        used = previous.side_versions.get(name) if previous is not None else None
+        used = last.side_versions.get(bound.name) if last is not None else None
         if used is not None:
             raise SideInputDataError(
-                f"{bound.label}: table {bound.uri} is gone, but batch {previous.batch_id} "  # type: ignore[union-attr]
+                f"{bound.label}: table {bound.uri} is gone, but batch {last.batch_id} "  # type: ignore[union-attr]
                 f"used its version {used}. Waiting for it would hold records forever.",
                 fix="restore or rematerialize the side input asset; buffered records are kept",
             )
@@ -261,34 +217,38 @@ class Planner:
 
     def _readiness(
         self,
-        namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]],
-        side_snapshots: dict[str, TableSnapshot | None],
+        namespaces: Mapping[str, tuple[dt.datetime | None, dt.datetime | None]],
+        side_snapshots: Mapping[str, TableSnapshot | None],
         now: dt.datetime,
     ) -> tuple[dict[str, dict[str, Decision]], dict[str, dict[str, str]]]:
         decisions: dict[str, dict[str, Decision]] = {}
         mapping: dict[str, dict[str, str]] = {ns: {} for ns in namespaces}
         for bound in self.spec.sides:
-            snapshot = side_snapshots[bound.name]
-            side_windows: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+            side = bound.side
+            side_windows: dict[str, WindowSpan] = {}
             for ns, (start, end) in namespaces.items():
-                if bound.side.window is None or start is None or end is None:
+                if side.window is None or start is None or end is None:
                     mapping[ns][bound.name] = GLOBAL
                     continue
-                side_start, side_end = map_to_side_window(bound.side, start, end)
-                side_ns = namespace_id(side_start)
-                mapping[ns][bound.name] = side_ns
-                side_windows[side_ns] = (side_start, side_end)
-            facts = self._facts(bound.name, snapshot)
-            windows = None if bound.side.window is None else sorted(side_windows.values())
-            if windows == [] and bound.side.window is not None:
+                span = map_to_side_window(side.window, side.window_mapping, start, end)
+                mapping[ns][bound.name] = namespace_id(span[0])
+                side_windows[namespace_id(span[0])] = span
+            facts = self._facts(bound, side_snapshots[bound.name])
+            windows = None if side.window is None else sorted(side_windows.values())
+            if side.window is not None and not windows:
                 decisions[bound.name] = {}
                 continue
-            decisions[bound.name] = self.spec.readiness.decide(facts, windows, now)
+            decided = dict(self.spec.readiness.decide(facts, windows, now))
+            wanted = [GLOBAL] if windows is None else [namespace_id(s) for s, _ in windows]
+            if side.window is not None and GLOBAL in {m[bound.name] for m in mapping.values()}:
+                wanted.append(GLOBAL)
+            for key in wanted:  # a provider that forgets a namespace must not lose records
+                decided.setdefault(key, Decision(False, "no readiness decision"))
+            decisions[bound.name] = decided
         return decisions, mapping
 
-    def _facts(self, name: str, snapshot: TableSnapshot | None) -> SideFacts:
-        bound = self.spec.side(name)
-        facts = SideFacts(name=name, side=bound.side, snapshot=snapshot)
+    def _facts(self, bound: BoundSide, snapshot: TableSnapshot | None) -> SideFacts:
+        facts = SideFacts(name=bound.name, side=bound.side, snapshot=snapshot)
         window = bound.side.window
         if snapshot is None or window is None:
             return facts
@@ -299,10 +259,10 @@ class Planner:
         def max_event_time() -> dt.datetime | None:
             highs = [parse_stat_time(f.max_values.get(column)) for f in snapshot.files]
             if snapshot.files and all(h is not None for h in highs):
-                return max(highs)  # type: ignore[type-var]
-            return self._side_max_time(name, snapshot)
+                return max(h for h in highs if h is not None)
+            return self._side_max_time(bound, snapshot)
 
-        def window_row_counts(windows: Sequence[tuple[dt.datetime, dt.datetime]]) -> dict[str, int]:
+        def window_row_counts(windows: Sequence[WindowSpan]) -> dict[str, int]:
             if self.spark is None:
                 raise SideInputDataError(
                     f"{bound.label}: deciding 'present' for side windows needs Spark here."
@@ -311,83 +271,30 @@ class Planner:
             frame = data.rows(windows)
             return {r[SIDE_NS]: r["count"] for r in frame.groupBy(SIDE_NS).count().collect()}
 
-        facts.max_event_time = max_event_time
-        facts.window_row_counts = window_row_counts
-        return facts
+        return SideFacts(
+            name=bound.name,
+            side=bound.side,
+            snapshot=snapshot,
+            window_row_counts=window_row_counts,
+            max_event_time=max_event_time,
+        )
 
-    def _side_max_time(self, name: str, snapshot: TableSnapshot) -> dt.datetime | None:
+    def _side_max_time(self, bound: BoundSide, snapshot: TableSnapshot) -> dt.datetime | None:
         if self.spark is None:
             return None
-        bound = self.spec.side(name)
         column = bound.side.window.time_column  # type: ignore[union-attr]
         frame = self.engine.read_snapshot(self.spark, snapshot, name=bound.side.asset)
-        value = frame.agg(F.max(F.col(f"`{column}`"))).collect()[0][0]
+        value = frame.agg(F.max(F.col(quoted(column)))).collect()[0][0]  # type: ignore[arg-type]
         return None if value is None else as_utc(value)
 
-    def _watermark(self, previous_commit: dict[str, Any] | None) -> dt.datetime | None:
+    def _watermark(self, record: Mapping[str, Any] | None) -> dt.datetime | None:
         window = self.spec.window
-        if window is None or window.watermark is None or not previous_commit:
+        if window is None or window.watermark is None or not record:
             return None
-        seen = parse_stat_time(previous_commit.get("max_event_time"))
+        seen = parse_stat_time(record.get("max_event_time"))
         return None if seen is None else seen - window.watermark
 
-    def _read_slots(
-        self,
-        buffer: BufferState,
-        plans: dict[str, NamespacePlan],
-        side_snapshots: dict[str, TableSnapshot | None],
-        previous: BatchPlan | None,
-        main_files: Sequence[Any],
-        now: dt.datetime,
-    ) -> list[str]:
-        slots = buffer.slots()
-        if not slots:
-            return []
-        if self._overflow_due(buffer, main_files, now):
-            return slots
-        ready = {ns for ns, plan in plans.items() if plan.ready}
-        chosen = [namespace_slot(ns) for ns in ready if namespace_slot(ns) in slots]
-        waiting = [keywait_slot(ns) for ns in ready if keywait_slot(ns) in slots]
-        if waiting and self._recheck_keys(buffer, side_snapshots, previous, now):
-            chosen.extend(waiting)
-        return sorted(chosen)
 
-    def _recheck_keys(
-        self,
-        buffer: BufferState,
-        side_snapshots: dict[str, TableSnapshot | None],
-        previous: BatchPlan | None,
-        now: dt.datetime,
-    ) -> bool:
-        waits = self.spec.keyed_waits
-        if not waits:
-            return True  # records left by an earlier declaration: let them through once
-        for bound in waits:
-            snapshot = side_snapshots[bound.name]
-            before = previous.side_versions.get(bound.name) if previous else None
-            if snapshot is not None and snapshot.version != before:
-                return True
-        oldest = buffer.oldest(buffer.keywait_slots())
-        shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
-        return oldest is None or as_utc(oldest) + shortest <= as_utc(now)
-
-    def _overflow_due(
-        self, buffer: BufferState, main_files: Sequence[Any], now: dt.datetime
-    ) -> bool:
-        limits = self.spec.buffer
-        if limits.on_exceed != "overflow":
-            return False
-        oldest = buffer.oldest()
-        if (
-            limits.max_age is not None
-            and oldest is not None
-            and as_utc(oldest) < as_utc(now) - limits.max_age
-        ):
-            return True
-        if limits.max_rows is None:
-            return False
-        counts = [getattr(f, "num_records", None) for f in main_files]
-        incoming = sum(c for c in counts if c) if all(c is not None for c in counts) else None
-        if incoming is None:
-            return buffer.rows() > 0
-        return buffer.rows() + incoming > limits.max_rows
+def _incoming(files: Sequence[DataFile]) -> int | None:
+    counts = [f.num_records for f in files]
+    return None if any(c is None for c in counts) else sum(c or 0 for c in counts)

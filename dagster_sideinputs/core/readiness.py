@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dagster_sideinputs.core.declarations import Readiness, SideInput
+from dagster_sideinputs.core.declarations import Readiness
+from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
-from dagster_sideinputs.delta.table import TableSnapshot
+from dagster_sideinputs.delta.engine import TableSnapshot
 
 WindowSpan = tuple[dt.datetime, dt.datetime]
 

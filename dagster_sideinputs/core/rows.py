@@ -29,11 +29,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dagster_sideinputs.core.declarations import MAIN, OutputTag
-from dagster_sideinputs.core.outputs import undeclared_tag_error
-from dagster_sideinputs.errors import DeclarationError
-
-TAG_COLUMN = "_dsi_tag"
+from dagster_sideinputs.core.columns import ROW_ERROR_MARK
+from dagster_sideinputs.core.columns import TAG as TAG_COLUMN
+from dagster_sideinputs.core.outputs import MAIN, OutputTag, undeclared_tag_error
+from dagster_sideinputs.core.spark_errors import encode
+from dagster_sideinputs.errors import DeclarationError, FunctionError, SideInputError
 
 RowFunction = Callable[["Record", "RowContext"], Iterable[Any] | None]
 
@@ -129,6 +129,31 @@ def record_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     return values
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _returned_a_record(value: Any) -> FunctionError:
+    return FunctionError(
+        f"The row function returned {_short(value)} ({type(value).__name__}) instead of yielding "
+        "records. Nothing was written.",
+        fix="use `yield record` (or return a list of records); emit side outputs with "
+        "ctx.output(tag, record)",
+    )
+
+
+def _misfit(name: str, tag: OutputTag, items: list[Any], error: Exception) -> FunctionError:
+    schema = tag.schema.simpleString() if tag.schema is not None else "?"
+    return FunctionError(
+        f"The row function emitted records to output {name!r} that do not fit its schema "
+        f"{schema}: {type(error).__name__}: {error} (first record: {_short(items[0])}). "
+        "Nothing was written.",
+        fix="yield dicts (or Rows / tuples) whose values have the declared types; None "
+        "for missing values",
+    )
+
+
 def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
     if isinstance(record, Row):
         return record.asDict(recursive=True)
@@ -136,8 +161,10 @@ def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
         return record
     if isinstance(record, tuple | list):
         return dict(zip(schema.fieldNames(), record, strict=False))
-    raise DeclarationError(
-        f"Row functions must yield dicts, Rows or tuples; got {type(record).__name__}."
+    raise FunctionError(
+        f"Row functions must yield dicts, Rows or tuples; got {_short(record)} "
+        f"({type(record).__name__}). Nothing was written.",
+        fix="yield one dict per output record (a bare `yield` or `yield None` emits nothing valid)",
     )
 
 
@@ -316,17 +343,35 @@ def run_row_function(
             zip(*sides) if sides else [()] * batch.num_rows,  # noqa: B905
         ):
             ctx._values = side_values
-            produced = fn(Record(zip(record_fields, values)), ctx)  # noqa: B905
-            if produced is not None:
-                main_out.extend(produced)
+            record = Record(zip(record_fields, values))  # noqa: B905
+            try:
+                produced = fn(record, ctx)
+                if produced is not None:
+                    if isinstance(produced, dict | Row | str | bytes):
+                        raise _returned_a_record(produced)
+                    main_out.extend(produced)
+            except SideInputError as error:
+                raise RuntimeError(encode(error)) from None
+            except Exception as error:
+                raise RuntimeError(
+                    f"{ROW_ERROR_MARK}: {type(error).__name__}: {error} (on record "
+                    f"{_short(record)})"
+                ) from None
         out = []
         for index, (name, tag) in enumerate(declared.items()):
             items = ctx.emitted[name]
             if not items:
                 continue
             assert tag.schema is not None
-            records = [item if type(item) is dict else _as_dict(item, tag.schema) for item in items]
-            out.append(layout.batch(index, records))
+            try:
+                records = [
+                    item if type(item) is dict else _as_dict(item, tag.schema) for item in items
+                ]
+                out.append(layout.batch(index, records))
+            except SideInputError as error:
+                raise RuntimeError(encode(error)) from None
+            except (pa.ArrowException, TypeError, ValueError) as error:
+                raise RuntimeError(encode(_misfit(name, tag, items, error))) from None
             ctx.emitted[name] = []
         return out
 

@@ -1,79 +1,79 @@
-"""The resolved, validated configuration of one operator (internal).
+"""The resolved, validated declaration of one operator bound to its storage (internal).
 
-:class:`~dagster_sideinputs.core.operator.SideInputOperator` turns its arguments into
-an :class:`OperatorSpec` once: table locations, the effective main window, the
-declared output tags, and every cross-declaration check (a route needs its tag, a
-freshness rule needs a max age, row mode needs schemas...).
+:func:`build_spec` turns :class:`~dagster_sideinputs.core.options.OperatorOptions`, a
+storage and a readiness provider into an :class:`OperatorSpec` once: table locations,
+the effective main window, the declared output tags, and every cross-declaration check
+(a route needs its tag, a freshness rule needs a max age, row mode needs schemas, an
+operator must not write its own inputs, names must be usable as paths...). Every
+inconsistency is a ``DeclarationError`` raised here, where the declaration was written.
 """
 
-import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from dagster_sideinputs.core.declarations import (
-    MAIN,
-    BufferLimits,
-    MainInput,
-    OutputTag,
-    SideInput,
-    Window,
-    asset_path,
-)
+from dagster_sideinputs.core.declarations import MainInput, asset_path
+from dagster_sideinputs.core.options import OperatorOptions
+from dagster_sideinputs.core.outputs import MAIN, OutputTag
 from dagster_sideinputs.core.readiness import DeltaReadiness, ReadinessProvider
-from dagster_sideinputs.core.views import BoundSide
-from dagster_sideinputs.delta.files import join_uri
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.delta.engine import DeltaEngine
+from dagster_sideinputs.delta.files import join_uri, normalize_uri
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
-Mode = Literal["frames", "rows"]
-CachePolicy = Literal["auto", "always", "never"]
 STATE_FOLDER = "_sideinputs"
+# Characters that Hadoop paths treat as globs, or URIs as delimiters or escapes: a table
+# name holding one would be read as a pattern or a different path.
+_SPECIAL = re.compile(r"[*?\[\]{}\\#%]")
+_OPERATOR_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 @dataclass(frozen=True)
-class Routes:
-    """The built-in tags the operator itself emits to (None: not declared)."""
+class BoundSide:
+    """A side input as an operator uses it: its handle, declaration and table."""
 
-    late: OutputTag | None = None
-    unmatched: OutputTag | None = None
-    overflow: OutputTag | None = None
-    invalid: OutputTag | None = None
+    name: str
+    side: SideInput
+    uri: str
 
-    def declared(self) -> list[OutputTag]:
-        return list(self.by_route().values())
-
-    def by_route(self) -> dict[str, OutputTag]:
-        """Route name -> its declared tag."""
-        routes = {
-            "late": self.late,
-            "unmatched": self.unmatched,
-            "overflow": self.overflow,
-            "invalid": self.invalid,
-        }
-        return {route: tag for route, tag in routes.items() if tag is not None}
+    @property
+    def label(self) -> str:
+        return f"side input {self.name!r} (asset {self.side.asset!r})"
 
 
 @dataclass(frozen=True)
 class OperatorSpec:
+    """One operator's declaration, resolved against its storage."""
+
+    options: OperatorOptions
     operator_id: str
-    main: MainInput
     main_uri: str
     sides: tuple[BoundSide, ...]
     window: Window | None
-    main_tag: OutputTag
     side_tags: tuple[OutputTag, ...]
-    routes: Routes
-    buffer: BufferLimits
-    mode: Mode
-    fn: Callable[..., Any]
     storage: DeltaStorage
     readiness: ReadinessProvider
-    schema_mode: Literal["merge"] | None
-    max_versions_per_batch: int | None
-    max_files_per_batch: int | None
-    future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
-    cache: CachePolicy = "auto"
+
+    # --- declaration shortcuts ------------------------------------------------------
+
+    @property
+    def main(self) -> MainInput:
+        return self.options.main
+
+    @property
+    def main_tag(self) -> OutputTag:
+        return self.options.main_output
+
+    @property
+    def engine(self) -> DeltaEngine:
+        return self.storage.delta
+
+    # --- tables ------------------------------------------------------------------------
 
     @property
     def state_uri(self) -> str:
@@ -87,9 +87,19 @@ class OperatorSpec:
     def files_seen_uri(self) -> str:
         return join_uri(self.state_uri, "files_seen")
 
+    def table_uri(self, tag: OutputTag) -> str:
+        return self.storage.table_uri(asset_path(tag.name))
+
+    def written_tables(self) -> list[str]:
+        """Every table a batch may commit to: outputs, buffer, and a landing folder's ledger."""
+        tables = [self.table_uri(tag) for tag in self.all_tags] + [self.buffer_uri]
+        if self.main.is_files:
+            tables.append(self.files_seen_uri)
+        return tables
+
     @property
     def all_tags(self) -> list[OutputTag]:
-        """Every output: the main one first, then side outputs in declaration order."""
+        """Every output: the main one first, then side outputs and routes in declaration order."""
         return [self.main_tag, *self.side_tags]
 
     @property
@@ -99,8 +109,9 @@ class OperatorSpec:
         tags[MAIN.name] = self.main_tag
         return tags
 
-    def table_uri(self, tag: OutputTag) -> str:
-        return self.storage.table_uri(asset_path(tag.name))
+    @property
+    def routes(self) -> dict[str, OutputTag]:
+        return self.options.routes
 
     def side(self, name: str) -> BoundSide:
         return next(b for b in self.sides if b.name == name)
@@ -109,11 +120,79 @@ class OperatorSpec:
     def keyed_waits(self) -> list[BoundSide]:
         return [b for b in self.sides if b.side.missing == "wait"]
 
+    # --- identity ------------------------------------------------------------------------
 
-def _main_tag(main_output: str | OutputTag) -> OutputTag:
-    if isinstance(main_output, OutputTag):
-        return main_output
-    return OutputTag(main_output)
+    def identity(self) -> dict[str, Any]:
+        """What the operator's recorded position and transactions refer to: changing any
+        of it under the same operator id would skip or repeat records."""
+        main = self.main
+        return {
+            "operator_id": self.operator_id,
+            "main_output": self.main_tag.name,
+            "main_input": {
+                "kind": "files" if main.is_files else "delta",
+                "uri": normalize_uri(self.main_uri),
+                "format": main.format,
+            },
+        }
+
+    def routing(self) -> dict[str, Any]:
+        """What decides where a buffered record goes (namespaces, keys, readiness rules):
+        when it changes, the next batch re-routes every buffered record."""
+        window = self.window
+        return {
+            "key": self.main.key,
+            "event_time": self.main.event_time,
+            "pre_keyed": repr(self.main.pre_keyed),
+            "window": None if window is None else _window_identity(window),
+            "sides": {
+                b.name: {
+                    "view": b.side.view,
+                    "asset": b.side.asset,
+                    "key": b.side.key,
+                    "missing": b.side.missing,
+                    "timeout": None if b.side.timeout is None else b.side.timeout.total_seconds(),
+                    "on_timeout": b.side.on_timeout,
+                    "window": None if b.side.window is None else _window_identity(b.side.window),
+                    "mapping": b.side.window_mapping is not None,
+                    "readiness": b.side.readiness,
+                }
+                for b in self.sides
+            },
+            "routes": {route: tag.name for route, tag in sorted(self.routes.items())},
+        }
+
+
+def fingerprint(values: dict[str, Any]) -> str:
+    """A short, stable digest of a JSON-able value."""
+    text = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _window_identity(window: Window) -> dict[str, Any]:
+    return {
+        "size": window.size.total_seconds(),
+        "slide": window.slide.total_seconds(),
+        "offset": window.offset.total_seconds(),
+        "time_column": window.time_column,
+    }
+
+
+def default_operator_id(main_output: OutputTag) -> str:
+    """The operator id of an operator that does not name one: its main output's name."""
+    return "__".join(asset_path(main_output.name))
+
+
+def check_location(uri: str, *, what: str) -> None:
+    """Refuse table locations Spark or object stores would read as something else."""
+    found = sorted(set(_SPECIAL.findall(uri.split("://", 1)[-1])))
+    if found:
+        raise DeclarationError(
+            f"{what} is located at {uri!r}, whose characters {found} Spark's file system "
+            "reads as glob patterns, URI delimiters or escapes: it would read or write "
+            "another path.",
+            fix="use letters, digits, '_', '-', '.' and '/' in asset names and paths",
+        )
 
 
 def _effective_window(
@@ -135,58 +214,73 @@ def _effective_window(
     return window.with_time_column(column)
 
 
-def build_spec(
-    *,
-    main: MainInput,
-    side_inputs: Mapping[str, SideInput],
-    fn: Callable[..., Any],
-    main_output: str | OutputTag,
-    side_outputs: Sequence[OutputTag],
-    window: Window | None,
-    routes: Routes,
-    buffer: BufferLimits,
-    mode: Mode,
-    storage: DeltaStorage,
-    operator_id: str | None,
-    readiness: ReadinessProvider | None,
-    schema_mode: Literal["merge"] | None,
-    max_versions_per_batch: int | None,
-    max_files_per_batch: int | None,
-    future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
-    cache: CachePolicy = "auto",
-) -> OperatorSpec:
-    """Resolve and check an operator declaration; every inconsistency is a DeclarationError."""
-    if mode not in ("frames", "rows"):
-        raise DeclarationError(f"mode={mode!r} is not 'frames' or 'rows'.")
-    if cache not in ("auto", "always", "never"):
-        raise DeclarationError(f"cache={cache!r} is not 'auto', 'always' or 'never'.")
-    if not callable(fn):
-        raise DeclarationError(f"fn must be callable, got {type(fn).__name__}.")
-    main_tag = _main_tag(main_output)
-    tags: list[OutputTag] = list(side_outputs)
-    for route in routes.declared():
-        if route not in tags:
-            tags.append(route)
-    names = [main_tag.name, *[t.name for t in tags]]
+def _tags(options: OperatorOptions) -> tuple[OutputTag, ...]:
+    tags: list[OutputTag] = list(options.side_outputs)
+    for tag in options.routes.values():
+        if tag not in tags:
+            tags.append(tag)
+    names = [options.main_output.name, *[t.name for t in tags]]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise DeclarationError(
             f"Output names must be unique; {duplicates} appear more than once (main output "
-            f"{main_tag.name!r}, side outputs {[t.name for t in tags]}).",
+            f"{options.main_output.name!r}, side outputs {[t.name for t in tags]}).",
         )
+    return tuple(tags)
+
+
+def build_spec(
+    options: OperatorOptions, storage: DeltaStorage, readiness: ReadinessProvider | None = None
+) -> OperatorSpec:
+    """Resolve and check an operator declaration; every inconsistency is a DeclarationError."""
+    if options.mode not in ("frames", "rows"):
+        raise DeclarationError(f"mode={options.mode!r} is not 'frames' or 'rows'.")
+    if options.cache not in ("auto", "always", "never"):
+        raise DeclarationError(f"cache={options.cache!r} is not 'auto', 'always' or 'never'.")
+    if options.schema_mode not in (None, "merge"):
+        raise DeclarationError(f"schema_mode={options.schema_mode!r} is not None or 'merge'.")
+    for limit in ("max_versions_per_batch", "max_files_per_batch"):
+        value = getattr(options, limit)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise DeclarationError(f"{limit} must be an integer >= 1, got {value!r}.")
+    if not callable(options.fn):
+        raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
+    main = options.main
+    operator_id = options.operator_id or default_operator_id(options.main_output)
+    if not _OPERATOR_ID.match(operator_id):
+        raise DeclarationError(
+            f"operator_id {operator_id!r} must use letters, digits, '_', '-' and '.' only (it "
+            "names a folder and the Delta application transactions of the operator).",
+            fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
+        )
+    tags = _tags(options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
-        for name, side in side_inputs.items()
+        for name, side in options.side_inputs.items()
     )
+    main_uri = main.path or storage.table_uri(asset_path(main.asset))
+    spec = OperatorSpec(
+        options=options,
+        operator_id=operator_id,
+        main_uri=main_uri,
+        sides=sides,
+        window=_effective_window(options.window, main, sides),
+        side_tags=tags,
+        storage=storage,
+        readiness=readiness or DeltaReadiness(),
+    )
+    _check_tables(spec)
     for bound in sides:
-        _check_side(bound, main, routes, readiness)
-    if buffer.on_exceed == "overflow" and routes.overflow is None:
+        _check_side(bound, options, readiness)
+    if options.buffer.on_exceed == "overflow" and options.overflow is None:
         raise DeclarationError(
             "BufferLimits(on_exceed='overflow') needs an overflow tag.",
             fix='pass overflow=dsi.OutputTag("<name>") to the operator',
         )
-    if mode == "rows":
-        missing = [t for t in [main_tag, *tags] if t.schema is None and t not in routes.declared()]
+    if options.mode == "rows":
+        missing = [
+            t for t in spec.all_tags if t.schema is None and t not in options.routes.values()
+        ]
         if missing:
             raise DeclarationError(
                 f"Row mode builds records in Python, so every output needs a schema; "
@@ -194,36 +288,37 @@ def build_spec(
                 fix='use OutputTag("name", schema=T.StructType([...])) for main_output and '
                 "side_outputs",
             )
-    return OperatorSpec(
-        operator_id=operator_id or main_tag.name.replace("/", "__"),
-        main=main,
-        main_uri=main.path or storage.table_uri(asset_path(main.asset)),
-        sides=sides,
-        window=_effective_window(window, main, sides),
-        main_tag=main_tag,
-        side_tags=tuple(tags),
-        routes=routes,
-        buffer=buffer,
-        mode=mode,
-        fn=fn,
-        storage=storage,
-        readiness=readiness or DeltaReadiness(),
-        schema_mode=schema_mode,
-        max_versions_per_batch=max_versions_per_batch,
-        max_files_per_batch=max_files_per_batch,
-        future_tolerance=future_tolerance,
-        cache=cache,
-    )
+    return spec
+
+
+def _check_tables(spec: OperatorSpec) -> None:
+    """Names usable as paths, and no output that is also an input of the operator."""
+    check_location(spec.main_uri, what=f"Main input {spec.main.asset!r}")
+    inputs = {normalize_uri(spec.main_uri): f"main input {spec.main.asset!r}"}
+    for bound in spec.sides:
+        check_location(bound.uri, what=bound.label)
+        inputs.setdefault(normalize_uri(bound.uri), bound.label)
+    for tag in spec.all_tags:
+        uri = spec.table_uri(tag)
+        check_location(uri, what=f"Output {tag.name!r}")
+        if normalize_uri(uri) in inputs:
+            raise DeclarationError(
+                f"Output {tag.name!r} of operator {spec.operator_id!r} is also its "
+                f"{inputs[normalize_uri(uri)]} ({uri}): every batch would read what it wrote, "
+                "duplicating records and never catching up.",
+                fix="write the output to another asset; to reprocess an output's records, use "
+                "dsi.build_replay_job(...) (replays read a route's table once)",
+            )
 
 
 def _check_side(
-    bound: BoundSide, main: MainInput, routes: Routes, readiness: ReadinessProvider | None
+    bound: BoundSide, options: OperatorOptions, readiness: ReadinessProvider | None
 ) -> None:
     side = bound.side
     needs_unmatched = side.missing == "unmatched" or (
         side.missing == "wait" and side.on_timeout == "unmatched"
     )
-    if needs_unmatched and routes.unmatched is None:
+    if needs_unmatched and options.unmatched is None:
         raise DeclarationError(
             f"{bound.label} sends records without a side row to the unmatched tag, but the "
             "operator declares none.",
@@ -237,5 +332,9 @@ def _check_side(
             fix="pass max_age=timedelta(hours=...) (Dagster supplies the asset's "
             "FreshnessPolicy instead)",
         )
-    if side.timeout is not None and side.timeout <= dt.timedelta(0):
-        raise DeclarationError(f"{bound.label}: timeout must be positive.")
+    if bound.name.startswith("_dsi_"):
+        raise DeclarationError(
+            f"Side input name {bound.name!r} starts with '_dsi_', which the operator reserves "
+            "for its own columns.",
+            fix="rename the side input in side_inputs={...}",
+        )

@@ -1,51 +1,47 @@
-"""Side input views: what a main record sees of a side input, built as Spark DataFrames.
+"""Side input views: what a main record sees of a side input, one class per view kind.
 
-- ``map``: key -> one row, joined to each main record as a struct column named after
-  the side input (null when the key has no row).
-- ``multimap``: key -> all rows, joined as an array column (empty when none).
-- ``singleton``: one row; a Python value in ``sides[name]`` when there is one
+- :class:`MapView` (key -> one row): joined to each main record as a struct column
+  named after the side input (null when the key has no row).
+- :class:`MultimapView` (key -> all rows): joined as an array column (empty when none).
+- :class:`SingletonView` (one row): a Python value in ``sides[name]`` when there is one
   namespace, a struct column per window when the side input is windowed.
-- ``list``: all rows; a DataFrame in ``sides[name]``, or an array column when
+- :class:`ListView` (all rows): a DataFrame in ``sides[name]``, or an array column when
   ``forwarded`` (the rows sharing the record's ``forward_column`` value).
 
-Side rows are read at the batch's pinned version and, for windowed side inputs,
-only for the side windows in play (files pruned by their min/max statistics).
-Views are checked (duplicate keys of a map, several rows of a singleton) when built,
-and cached while the side table's version does not change.
+Side rows are read at the batch's pinned version (:mod:`~dagster_sideinputs.core.side_data`)
+and joined by :func:`build_join` / :func:`apply_join`. Views that promise one row per
+key (maps, singletons) are checked before anything is written.
 """
 
-import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.declarations import SideInput
-from dagster_sideinputs.core.windows import (
-    GLOBAL,
-    as_utc,
-    assign_windows,
-    namespace_id,
-    namespace_id_column,
+from dagster_sideinputs.core.columns import (
+    DUPLICATE_MARK,
+    SIDE_NS,
+    forward_key,
+    matched,
+    quoted,
+    side_key,
 )
-from dagster_sideinputs.delta.storage import DeltaEngine
-from dagster_sideinputs.delta.table import TableSnapshot
+from dagster_sideinputs.core.side_data import SideData, value_columns
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.spec import BoundSide
+from dagster_sideinputs.core.windows import WindowSpan
 from dagster_sideinputs.errors import (
     DeclarationError,
     DuplicateKeyError,
-    EmptySingletonError,
-    SideInputDataError,
     SideInputError,
     SingletonCardinalityError,
     did_you_mean,
     preview,
 )
 
-SIDE_NS = "_dsi_side_ns"
-DUPLICATE_MARK = "dsi-duplicate-key"
 _NUMERIC = (
     T.ByteType,
     T.ShortType,
@@ -55,19 +51,6 @@ _NUMERIC = (
     T.FloatType,
     T.DoubleType,
 )
-
-
-@dataclass(frozen=True)
-class BoundSide:
-    """A side input as an operator uses it: its handle, declaration and table."""
-
-    name: str
-    side: SideInput
-    uri: str
-
-    @property
-    def label(self) -> str:
-        return f"side input {self.name!r} (asset {self.side.asset!r})"
 
 
 @dataclass
@@ -95,12 +78,8 @@ class JoinSpec:
     duplicates: DataFrame | None = None
 
 
-def value_columns(schema: T.StructType) -> list[str]:
-    return [f.name for f in schema.fields if not f.name.startswith("_dsi_")]
-
-
 def _struct_of(schema: T.StructType) -> Column:
-    return F.struct(*[F.col(f"`{name}`") for name in value_columns(schema)])
+    return F.struct(*[F.col(quoted(name)) for name in value_columns(schema)])
 
 
 def _orderable(data_type: T.DataType) -> bool:
@@ -113,23 +92,111 @@ def _orderable(data_type: T.DataType) -> bool:
     return True
 
 
-def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
-    """The main-record expression giving the side key: the translator, or the same column."""
-    translator = bound.side.key_translator
-    if translator is None:
-        assert bound.side.key is not None
-        return F.col(f"`{bound.side.key}`")
-    if isinstance(translator, str):
-        return F.col(f"`{translator}`")
-    if isinstance(translator, Column):
-        return translator
-    result = translator(main)
-    if not isinstance(result, Column):
-        raise DeclarationError(
-            f"The key_translator of {bound.label} returned {type(result).__name__}, not a Column.",
-            fix="return a Column, e.g. lambda main: F.upper(main.currency)",
+def _element_type(schema: T.StructType) -> T.StructType:
+    return T.StructType([f for f in schema.fields if not f.name.startswith("_dsi_")])
+
+
+class View:
+    """What one view kind does: how its rows aggregate per join key, and its empty value."""
+
+    kind: ClassVar[str]
+    keyed: ClassVar[bool] = False
+    one_per_key: ClassVar[bool] = False
+
+    def aggregate(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        """(one row per join key with the value column, the duplicated keys, empty value)."""
+        raise NotImplementedError
+
+    def _unique(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame]:
+        """One value per key, failing inside Spark (and listing the keys) on a duplicate."""
+        value = _struct_of(data.schema())
+        counted = rows.groupBy(*group).agg(
+            F.first(value).alias("_dsi_value"), F.count(F.lit(1)).alias("_dsi_count")
         )
-    return result
+        guarded = F.when(
+            F.col("_dsi_count") > 1, F.raise_error(F.lit(f"{DUPLICATE_MARK}:{data.bound.name}"))
+        ).otherwise(F.col("_dsi_value"))
+        aggregated = counted.select(*keys, guarded.alias(data.bound.name))
+        return aggregated, counted.filter(F.col("_dsi_count") > 1).select(*keys)
+
+    def _collected(
+        self, data: SideData, rows: DataFrame, group: list[Column]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        element = _element_type(data.schema())
+        collected = F.collect_list(_struct_of(data.schema()))
+        if _orderable(element):
+            collected = F.array_sort(collected)  # a stable order, so replays agree
+        aggregated = rows.groupBy(*group).agg(collected.alias(data.bound.name))
+        return aggregated, None, F.array().cast(T.ArrayType(element))
+
+
+class SingletonView(View):
+    kind = "singleton"
+    one_per_key = True
+
+    def aggregate(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        aggregated, duplicates = self._unique(data, rows, group, keys)
+        return aggregated, duplicates, _default_struct(data.side.default, data.schema())
+
+
+class ListView(View):
+    kind = "list"
+
+    def aggregate(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        return self._collected(data, rows, group)
+
+
+class MapView(View):
+    kind = "map"
+    keyed = True
+    one_per_key = True
+
+    def aggregate(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        side, schema = data.side, data.schema()
+        if side.pick is None:
+            aggregated, duplicates = self._unique(data, rows, group, keys)
+            return aggregated, duplicates, None
+        if side.pick not in schema.fieldNames():
+            raise DeclarationError(
+                f"{data.bound.label}: pick={side.pick!r} is not a column of the side table."
+                f"{did_you_mean(side.pick, schema.fieldNames())}"
+            )
+        # Ties on the pick column are broken by the whole row, so replays agree.
+        value = _struct_of(schema)
+        order = F.col(quoted(side.pick))
+        if _orderable(_element_type(schema)):
+            order = F.struct(order, value)
+        aggregated = rows.groupBy(*group).agg(F.max_by(value, order).alias(data.bound.name))
+        return aggregated, None, None
+
+
+class MultimapView(View):
+    kind = "multimap"
+    keyed = True
+
+    def aggregate(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        return self._collected(data, rows, group)
+
+
+VIEWS: dict[str, View] = {
+    view.kind: view for view in (SingletonView(), ListView(), MapView(), MultimapView())
+}
+
+
+def view_of(side: SideInput) -> View:
+    return VIEWS[side.view]
 
 
 def has_join_relation(side: SideInput, main_columns: Sequence[str]) -> bool:
@@ -139,10 +206,51 @@ def has_join_relation(side: SideInput, main_columns: Sequence[str]) -> bool:
     return side.key_translator is not None or side.key in main_columns
 
 
+def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
+    """The main-record expression giving the side key: the translator, or the same column."""
+    translator = bound.side.key_translator
+    if translator is None:
+        assert bound.side.key is not None
+        return F.col(quoted(bound.side.key))
+    if isinstance(translator, str):
+        if translator not in main.columns:
+            raise DeclarationError(
+                f"The key_translator of {bound.label} names column {translator!r}, which main "
+                f"records do not have.{did_you_mean(translator, main.columns)}",
+                fix="name a column of the main input, or pass a Column expression",
+            )
+        return F.col(quoted(translator))
+    if isinstance(translator, Column):
+        return translator
+    try:
+        result = translator(main)
+    except SideInputError:
+        raise
+    except Exception as exc:
+        raise DeclarationError(
+            f"The key_translator of {bound.label} failed: {type(exc).__name__}: {exc}",
+            fix="make it a function of the main DataFrame returning a Column, e.g. "
+            "lambda main: F.upper(main.currency)",
+        ) from exc
+    if not isinstance(result, Column):
+        raise DeclarationError(
+            f"The key_translator of {bound.label} returned {type(result).__name__}, not a Column.",
+            fix="return a Column, e.g. lambda main: F.upper(main.currency)",
+        )
+    return result
+
+
 def _cast_main_key(
     bound: BoundSide, expr: Column, main: DataFrame, side_type: T.DataType
 ) -> Column:
-    main_type = main.select(expr.alias("k")).schema["k"].dataType
+    try:
+        main_type = main.select(expr.alias("k")).schema["k"].dataType
+    except Exception as exc:
+        raise DeclarationError(
+            f"{bound.label}: the main-record key expression cannot be evaluated on the main "
+            f"input: {str(exc).splitlines()[0][:300]}",
+            fix="fix key_translator= (or the main input's key column)",
+        ) from exc
     if main_type == side_type:
         return expr
     if isinstance(main_type, _NUMERIC) and isinstance(side_type, _NUMERIC):
@@ -158,127 +266,19 @@ def _cast_main_key(
     )
 
 
-@dataclass
-class SideData:
-    """One side input at the batch's pinned version."""
-
-    bound: BoundSide
-    snapshot: TableSnapshot | None
-    spark: SparkSession
-    engine: DeltaEngine
-    _rows_cache: dict[Any, DataFrame] = field(default_factory=dict)
-
-    @property
-    def side(self) -> SideInput:
-        return self.bound.side
-
-    def schema(self) -> T.StructType:
-        if self.snapshot is None:
-            raise SideInputDataError(
-                f"{self.bound.label}: table {self.bound.uri} does not exist.",
-                fix="materialize the side input asset first",
-            )
-        return self.snapshot.schema
-
-    def rows(self, windows: Sequence[tuple[dt.datetime, dt.datetime]] | None) -> DataFrame:
-        """Side rows (with the side namespace column when windowed), at the pinned version."""
-        cache_key = None if windows is None else tuple(windows)
-        if cache_key in self._rows_cache:
-            return self._rows_cache[cache_key]
-        assert self.snapshot is not None
-        if windows is not None and not windows:
-            schema = T.StructType(
-                [*self.snapshot.schema.fields, T.StructField(SIDE_NS, T.StringType())]
-            )
-            return self.spark.createDataFrame([], schema)
-        schema = self.snapshot.schema
-        files = list(self.snapshot.files)
-        window = self.side.window
-        if window is not None and windows is not None:
-            column = window.time_column
-            assert column is not None
-            if column not in schema.fieldNames():
-                raise SideInputDataError(
-                    f"{self.bound.label} is windowed on {column!r}, which the side table does "
-                    f"not have (columns: {schema.fieldNames()})."
-                    + did_you_mean(column, schema.fieldNames()),
-                    fix="fix window=Window...(time_column=...) or the side asset",
-                )
-            low, high = min(s for s, _ in windows), max(e for _, e in windows)
-            files = [f for f in files if _may_overlap(f, column, low, high)]
-        frame = self.engine.read_snapshot(
-            self.spark, self.snapshot, files=files, name=self.side.asset
-        )
-        if window is None:
-            frame = frame.withColumn(SIDE_NS, F.lit(GLOBAL))
-        else:
-            assert window.time_column is not None
-            frame = assign_windows(frame, window, window.time_column)
-            frame = frame.withColumn(SIDE_NS, namespace_id_column(F.col("_dsi_ns_start"))).drop(
-                "_dsi_ns_start", "_dsi_ns_end"
-            )
-            if windows is not None:
-                wanted = sorted({namespace_id(start) for start, _ in windows})
-                frame = frame.filter(F.col(SIDE_NS).isin(wanted))
-        self._rows_cache[cache_key] = frame
-        return frame
-
-    def check_key_column(self) -> None:
-        schema = self.schema()
-        key = self.side.key
-        if key is not None and key not in schema.fieldNames():
-            raise SideInputDataError(
-                f"{self.bound.label} is keyed by {key!r}, but the side table has no such column "
-                f"(columns: {schema.fieldNames()}).{did_you_mean(key, schema.fieldNames())}",
-                fix="fix key= in the declaration, or restore the side table's schema",
-            )
-
-    def singleton_value(self, namespace: str = GLOBAL) -> Any:
-        """The singleton's row (or declared default) for one namespace."""
-        frame = self.rows(None).drop(SIDE_NS)
-        found = frame.limit(2).collect()
-        return self._one(found, namespace)
-
-    def _one(self, found: list[Row], namespace: str) -> Any:
-        if len(found) > 1:
-            raise SingletonCardinalityError(
-                f"{self.bound.label} is a singleton but holds more than one row in namespace "
-                f"{namespace!r} (version {self.snapshot.version if self.snapshot else '-'}).",
-                fix="make the side asset produce exactly one row, or declare it as "
-                "SideInput.list(...) / SideInput.map(..., key=...)",
-            )
-        if not found:
-            if self.side.default is not None:
-                return self.side.default
-            raise EmptySingletonError(
-                f"{self.bound.label} is ready for namespace {namespace!r} but holds no row, "
-                "and declares no default.",
-                fix="materialize a row, or declare SideInput.singleton(..., default=<value>)",
-            )
-        return found[0]
-
-
-def _may_overlap(file: Any, column: str, low: dt.datetime, high: dt.datetime) -> bool:
-    """Whether a file's [min, max] of a time column can overlap [low, high)."""
-    lo, hi = file.min_values.get(column), file.max_values.get(column)
-    if lo is None or hi is None:
-        return True
-    return as_utc(lo) < as_utc(high) and as_utc(hi) >= as_utc(low) - dt.timedelta(milliseconds=1)
-
-
 def build_join(
     data: SideData,
     main: DataFrame,
     *,
-    windows: Sequence[tuple[dt.datetime, dt.datetime]] | None,
+    windows: Sequence[WindowSpan] | None,
     main_side_ns: Column,
 ) -> JoinSpec | None:
     """The join that attaches a view to main records, or None when the view is not joined."""
-    side = data.side
-    bound = data.bound
+    side, bound = data.side, data.bound
+    view = view_of(side)
     forward = side.distribution == "forwarded"
     windowed = side.window is not None
-    joins_by_key = side.view in ("map", "multimap") and has_join_relation(side, main.columns)
+    joins_by_key = view.keyed and has_join_relation(side, main.columns)
     if not (joins_by_key or forward or (windowed and side.view == "singleton")):
         return None
     if bound.name in main.columns:
@@ -289,7 +289,6 @@ def build_join(
         )
     rows = data.rows(windows if windowed else None)
     schema = data.schema()
-    value = _struct_of(schema)
     keys: list[str] = []
     main_keys: list[Column] = []
     group: list[Column] = []
@@ -306,56 +305,23 @@ def build_join(
                     f"{bound.label} is forwarded on {column!r}, which the {where} lacks."
                     f"{did_you_mean(column, columns)}"
                 )
-        keys.append(f"_dsi_fwd_{bound.name}")
-        main_keys.append(F.col(f"`{column}`"))
-        group.append(F.col(f"`{column}`").alias(f"_dsi_fwd_{bound.name}"))
+        keys.append(forward_key(bound.name))
+        main_keys.append(F.col(quoted(column)))
+        group.append(F.col(quoted(column)).alias(forward_key(bound.name)))
     if joins_by_key:
         data.check_key_column()
         assert side.key is not None
-        side_type = schema[side.key].dataType
-        expr = _cast_main_key(bound, _resolve_main_key(bound, main), main, side_type)
-        keys.append(f"_dsi_key_{bound.name}")
-        main_keys.append(expr)
-        group.append(F.col(f"`{side.key}`").alias(f"_dsi_key_{bound.name}"))
-
-    matched = f"_dsi_matched_{bound.name}"
-    if side.view == "map" and side.pick is not None:
-        if side.pick not in schema.fieldNames():
-            raise DeclarationError(
-                f"{bound.label}: pick={side.pick!r} is not a column of the side table."
-                f"{did_you_mean(side.pick, schema.fieldNames())}"
-            )
-        # Ties on the pick column are broken by the whole row, so replays agree.
-        order = F.col(f"`{side.pick}`")
-        if _orderable(T.StructType([f for f in schema.fields if not f.name.startswith("_dsi_")])):
-            order = F.struct(order, value)
-        aggregated = rows.groupBy(*group).agg(F.max_by(value, order).alias(bound.name))
-        empty = None
-        duplicates = None
-    elif side.view in ("map", "singleton"):
-        # One row per key is checked inside the batch's first Spark job (which runs
-        # before anything is written), not by a job of its own.
-        counted = rows.groupBy(*group).agg(
-            F.first(value).alias("_dsi_value"), F.count(F.lit(1)).alias("_dsi_count")
+        expr = _cast_main_key(
+            bound, _resolve_main_key(bound, main), main, schema[side.key].dataType
         )
-        guarded = F.when(
-            F.col("_dsi_count") > 1, F.raise_error(F.lit(f"{DUPLICATE_MARK}:{bound.name}"))
-        ).otherwise(F.col("_dsi_value"))
-        aggregated = counted.select(*keys, guarded.alias(bound.name))
-        duplicates = counted.filter(F.col("_dsi_count") > 1).select(*keys)
-        empty = _default_struct(side.default, schema) if side.view == "singleton" else None
-    else:  # multimap, or a forwarded list
-        element = T.StructType([f for f in schema.fields if not f.name.startswith("_dsi_")])
-        collected = F.collect_list(value)
-        if _orderable(element):
-            collected = F.array_sort(collected)  # a stable order, so replays agree
-        aggregated = rows.groupBy(*group).agg(collected.alias(bound.name))
-        empty = F.array().cast(T.ArrayType(element))
-        duplicates = None
-    view = aggregated.withColumn(matched, F.lit(True))
+        keys.append(side_key(bound.name))
+        main_keys.append(expr)
+        group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
+    aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
+    joined = aggregated.withColumn(matched(bound.name), F.lit(True))
     # Explicit broadcast, or a view without a key (per window / per forward value).
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
-    return JoinSpec(view, main_keys, keys, empty, broadcast, matched, duplicates)
+    return JoinSpec(joined, main_keys, keys, empty, broadcast, matched(bound.name), duplicates)
 
 
 def _default_struct(default: Any, schema: T.StructType) -> Column | None:
@@ -382,7 +348,7 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
     joined = keyed.join(view, condition, "left").drop(*aliases, *spec.keys)
     joined = joined.withColumn(spec.matched, F.coalesce(F.col(spec.matched), F.lit(False)))
     if spec.empty_value is not None:
-        joined = joined.withColumn(name, F.coalesce(F.col(f"`{name}`"), spec.empty_value))
+        joined = joined.withColumn(name, F.coalesce(F.col(quoted(name)), spec.empty_value))
     return joined
 
 

@@ -1,27 +1,122 @@
-"""Namespaces: the global window and event-time windows, and how main windows map to side windows.
+"""Windows: the ``Window`` declaration, namespaces, and how main windows map to side windows.
 
 A namespace is the scope of readiness and buffering. Non-windowed operators have
 one, ``global``; windowed operators have one per main window, identified by its
 start in ISO form (``2024-05-01T10:00:00Z``). Windows are half-open ``[start, end)``
 and aligned to the epoch plus an offset, like Spark's ``window()``.
+
+Records are assigned to windows with plain arithmetic on their event time rather than
+Spark's ``window()``, which drops records whose time is null (sliding windows filter
+them out): a record with a null time keeps one row with null window columns, and the
+router sends it to ``invalid`` instead of losing it.
 """
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from dagster_sideinputs.core.declarations import SideInput, Window
+from dagster_sideinputs.core.columns import NS_END, NS_START, quoted
+from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 GLOBAL = "global"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 LAST_INSTANT = dt.timedelta(microseconds=1)
+WindowSpan: TypeAlias = tuple[dt.datetime, dt.datetime]
+WindowMapping: TypeAlias = Callable[[dt.datetime, dt.datetime], WindowSpan]
+_TIME_TYPES = (T.TimestampType, T.TimestampNTZType, T.DateType)
 
-# Columns the operator adds to main records while they are in flight.
-NS_START = "_dsi_ns_start"
-NS_END = "_dsi_ns_end"
-NS_ID = "_dsi_ns"
+
+@dataclass(frozen=True)
+class Window:
+    """Event-time windows over a timestamp column: tumbling or sliding.
+
+    Windows are half-open ``[start, end)`` and aligned to the Unix epoch (plus
+    ``offset``), like Spark's ``window()`` and Dagster's time partitions.
+
+    Attributes:
+        size: window length.
+        slide: distance between window starts (``size`` for tumbling windows).
+        time_column: the event-time column the windows are computed on.
+        watermark: allowed lateness: a record is late when its window ended before
+            (max event time seen) - watermark.
+        offset: shift of window starts from the epoch.
+    """
+
+    size: dt.timedelta
+    slide: dt.timedelta
+    time_column: str | None = None
+    watermark: dt.timedelta | None = None
+    offset: dt.timedelta = dt.timedelta(0)
+
+    def __post_init__(self) -> None:
+        if self.size <= dt.timedelta(0) or self.slide <= dt.timedelta(0):
+            raise DeclarationError(
+                f"Window size and slide must be positive (size={self.size}, slide={self.slide}).",
+                fix="e.g. Window.tumbling(timedelta(hours=1), time_column='ts')",
+            )
+        if self.slide > self.size:
+            raise DeclarationError(
+                f"Window slide {self.slide} is longer than its size {self.size}: records "
+                "between windows would belong to none.",
+                fix="use a slide <= size",
+            )
+        if (self.size % self.slide) != dt.timedelta(0):
+            raise DeclarationError(
+                f"Window size {self.size} is not a multiple of its slide {self.slide}.",
+                fix="choose a slide that divides the size",
+            )
+        if self.watermark is not None and self.watermark < dt.timedelta(0):
+            raise DeclarationError(f"Window watermark must be >= 0, got {self.watermark}.")
+
+    @classmethod
+    def tumbling(
+        cls,
+        size: dt.timedelta,
+        *,
+        time_column: str | None = None,
+        watermark: dt.timedelta | None = None,
+        offset: dt.timedelta = dt.timedelta(0),
+    ) -> "Window":
+        """Consecutive, non-overlapping windows of ``size``."""
+        return cls(size, size, time_column, watermark, offset)
+
+    @classmethod
+    def sliding(
+        cls,
+        size: dt.timedelta,
+        *,
+        slide: dt.timedelta,
+        time_column: str | None = None,
+        watermark: dt.timedelta | None = None,
+        offset: dt.timedelta = dt.timedelta(0),
+    ) -> "Window":
+        """Overlapping windows of ``size`` starting every ``slide``; a record is in several."""
+        return cls(size, slide, time_column, watermark, offset)
+
+    @property
+    def is_tumbling(self) -> bool:
+        return self.size == self.slide
+
+    def with_time_column(self, column: str) -> "Window":
+        return Window(self.size, self.slide, column, self.watermark, self.offset)
+
+    def __repr__(self) -> str:
+        kind = (
+            f"Window.tumbling({self.size!r}"
+            if self.is_tumbling
+            else f"Window.sliding({self.size!r}, slide={self.slide!r}"
+        )
+        extras = [f"time_column={self.time_column!r}"] if self.time_column else []
+        if self.watermark is not None:
+            extras.append(f"watermark={self.watermark!r}")
+        if self.offset:
+            extras.append(f"offset={self.offset!r}")
+        return kind + "".join(", " + e for e in extras) + ")"
 
 
 def namespace_id(start: dt.datetime | None) -> str:
@@ -48,20 +143,17 @@ def as_utc(value: dt.datetime) -> dt.datetime:
     )
 
 
-def _duration(value: dt.timedelta) -> str:
-    return f"{int(value / dt.timedelta(microseconds=1))} microseconds"
+def _micros(value: dt.timedelta) -> int:
+    return value // dt.timedelta(microseconds=1)
 
 
 def window_start_containing(window: Window, instant: dt.datetime) -> dt.datetime:
     """Start of the latest window of ``window`` that contains ``instant``."""
-    instant = as_utc(instant)
-    steps = (instant - EPOCH - window.offset) // window.slide
+    steps = (as_utc(instant) - EPOCH - window.offset) // window.slide
     return EPOCH + window.offset + steps * window.slide
 
 
-def windows_containing(
-    window: Window, instant: dt.datetime
-) -> list[tuple[dt.datetime, dt.datetime]]:
+def windows_containing(window: Window, instant: dt.datetime) -> list[WindowSpan]:
     """Every window of ``window`` containing ``instant`` (one when tumbling), oldest first."""
     last = window_start_containing(window, instant)
     count = window.size // window.slide
@@ -71,7 +163,7 @@ def windows_containing(
 
 def default_side_window(
     side_window: Window, main_start: dt.datetime, main_end: dt.datetime
-) -> tuple[dt.datetime, dt.datetime]:
+) -> WindowSpan:
     """Beam's default mapping: the side window containing the main window's last instant.
 
     It covers the three cases of the side-input proposal: equal windows map one to
@@ -83,33 +175,63 @@ def default_side_window(
 
 
 def map_to_side_window(
-    side: SideInput, main_start: dt.datetime, main_end: dt.datetime
-) -> tuple[dt.datetime, dt.datetime]:
-    """The side window a main window reads, by the side input's mapping."""
-    assert side.window is not None
-    if side.window_mapping is not None:
-        start, end = side.window_mapping(as_utc(main_start), as_utc(main_end))
+    side_window: Window,
+    mapping: WindowMapping | None,
+    main_start: dt.datetime,
+    main_end: dt.datetime,
+) -> WindowSpan:
+    """The side window a main window reads: by ``mapping`` when given, else Beam's default."""
+    if mapping is not None:
+        start, end = mapping(as_utc(main_start), as_utc(main_end))
         return as_utc(start), as_utc(end)
-    return default_side_window(side.window, main_start, main_end)
+    return default_side_window(side_window, main_start, main_end)
+
+
+def check_time_column(schema: T.StructType, column: str, *, where: str) -> None:
+    """A window's time column must exist and hold timestamps (or dates).
+
+    Raises:
+        DeclarationError: naming the column, its type, and the fix.
+    """
+    if column not in schema.fieldNames():
+        raise DeclarationError(
+            f"{where} is processed in windows on column {column!r}, which it does not have "
+            f"(columns: {schema.fieldNames()}).{did_you_mean(column, schema.fieldNames())}",
+            fix="fix time_column= / event_time= in the declaration, or the data's schema",
+        )
+    kind = schema[column].dataType
+    if not isinstance(kind, _TIME_TYPES):
+        raise DeclarationError(
+            f"{where}: event-time column {column!r} is {kind.simpleString()}, not a timestamp.",
+            fix=f'convert it upstream, e.g. F.to_timestamp("{column}"), or name a timestamp '
+            "column in event_time= / time_column=",
+        )
 
 
 def assign_windows(df: DataFrame, window: Window, time_column: str) -> DataFrame:
     """Add the namespace columns of each window a record belongs to.
 
     Sliding windows give a record several rows, one per window (as Beam processes an
-    element once per window it is in). A null event time gives null namespace columns.
+    element once per window it is in). A null event time gives one row with null
+    namespace columns (Spark's ``window()`` would drop it).
     """
-    spec = F.window(
-        F.col(time_column),
-        _duration(window.size),
-        _duration(window.slide),
-        _duration(window.offset),
-    )
-    return (
-        df.withColumn("_dsi_window", spec)
-        .withColumn(NS_START, F.col("_dsi_window.start"))
-        .withColumn(NS_END, F.col("_dsi_window.end"))
-        .drop("_dsi_window")
+    column = F.col(quoted(time_column))
+    if not isinstance(df.schema[time_column].dataType, T.TimestampType):
+        column = column.cast("timestamp")
+    micros = F.unix_micros(column)
+    slide, size, offset = _micros(window.slide), _micros(window.size), _micros(window.offset)
+    last = micros - F.pmod(micros - F.lit(offset), F.lit(slide))
+    count = size // slide
+    if count == 1:
+        start = last
+        framed = df.withColumn(NS_START, F.timestamp_micros(start))
+    else:
+        starts = F.array(*[last - F.lit(i * slide) for i in range(count - 1, -1, -1)])
+        starts = F.when(micros.isNull(), F.array(F.lit(None).cast("long"))).otherwise(starts)
+        exploded = df.withColumn(NS_START, F.explode(starts))
+        framed = exploded.withColumn(NS_START, F.timestamp_micros(F.col(NS_START)))
+    return framed.withColumn(
+        NS_END, F.timestamp_micros(F.unix_micros(F.col(NS_START)) + F.lit(size))
     )
 
 
@@ -132,7 +254,7 @@ def namespace_id_column(start: Column) -> Column:
 
 def windows_between(
     window: Window, first: dt.datetime, last: dt.datetime, limit: int
-) -> list[tuple[dt.datetime, dt.datetime]] | None:
+) -> list[WindowSpan] | None:
     """Every window overlapping ``[first, last]``, or None when there are more than ``limit``."""
     start = windows_containing(window, first)[0][0]
     end = window_start_containing(window, last)
@@ -144,7 +266,7 @@ def windows_between(
     ]
 
 
-def describe(window: tuple[dt.datetime, dt.datetime] | None) -> str:
+def describe(window: WindowSpan | None) -> str:
     if window is None:
         return GLOBAL
     return f"[{namespace_id(window[0])}, {namespace_id(window[1])})"

@@ -15,16 +15,13 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import (
-    BufferLimits,
-    MainInput,
-    OutputTag,
-    SideInput,
-    Window,
-    asset_path,
-)
+from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.spec import CachePolicy, Mode, OperatorSpec
+from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
+from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
@@ -66,14 +63,14 @@ class SideInputAssets:
 
     Attributes:
         name: the op / multi-asset name.
-        options: the ``SideInputOperator`` keyword arguments (all but storage and
-            readiness, which a run supplies).
+        options: the operator's declaration (all but storage and readiness, which a run
+            supplies).
         spark_resource_key / io_manager_key: the resources a run reads.
         group_name / tags: of the output assets.
     """
 
     name: str
-    options: Mapping[str, Any]
+    options: OperatorOptions
     spark_resource_key: str = "spark"
     io_manager_key: str = "io_manager"
     group_name: str | None = None
@@ -125,17 +122,17 @@ class SideInputAssets:
     ) -> SideInputOperator:
         """The core operator of this declaration (or of its replay of a side output)."""
         if replay is None:
-            return SideInputOperator(**self.options, storage=storage, readiness=readiness)
+            return SideInputOperator.from_options(self.options, storage, readiness)
         return self._replay_operator(storage, readiness, replay)
 
     def _replay_operator(
         self, storage: DeltaStorage, readiness: Any, tag: OutputTag
     ) -> SideInputOperator:
         routes = self.spec.routes
-        if tag not in routes.declared():
+        if tag not in routes.values():
             raise DeclarationError(
                 f"Only the operator's own routes can be replayed; {tag.name!r} is not one "
-                f"(declared routes: {[t.name for t in routes.declared()]}).",
+                f"(declared routes: {[t.name for t in routes.values()]}).",
                 fix="pass replay=<the name of the late / unmatched / overflow output>",
             )
         # Records still without a side row wait in the replay's own buffer instead of
@@ -148,30 +145,28 @@ class SideInputAssets:
             )
             for name, side in self.side_inputs.items()
         }
-        fn = self.spec.fn
+        fn = self.options.fn
 
         def without_reason(main: Any, *args: Any) -> Any:
             if hasattr(main, "columns") and "reason" in main.columns:
                 main = main.drop("reason")
             return fn(main, *args)
 
-        options = {
-            key: value
-            for key, value in self.options.items()
-            if key in ("window", "buffer", "mode", "schema_mode", "future_tolerance", "cache")
-        }
-        return SideInputOperator(
-            **options,
+        options = replace(
+            self.options,
             main=MainInput(tag.name, key=self.main.key, event_time=self.main.event_time),
             side_inputs=sides,
-            fn=without_reason if self.spec.mode == "frames" else fn,
-            main_output=self.main_output,
-            side_outputs=[t for t in self.options.get("side_outputs", ()) if t != tag],
-            storage=storage,
-            invalid=routes.invalid if tag != routes.invalid else None,
+            fn=without_reason if self.options.mode == "frames" else fn,
+            side_outputs=tuple(t for t in self.options.side_outputs if t != tag),
+            late=None,
+            unmatched=None,
+            overflow=None,
+            invalid=routes.get("invalid") if tag != routes.get("invalid") else None,
             operator_id=f"{self.spec.operator_id}__replay__{tag.name.replace('/', '__')}",
-            readiness=readiness,
+            max_versions_per_batch=None,
+            max_files_per_batch=None,
         )
+        return SideInputOperator.from_options(options, storage, readiness)
 
 
 _DECLARATIONS: dict[str, SideInputAssets] = {}
@@ -299,26 +294,26 @@ def side_input_assets(
         op_name = name or fn.__name__
         decl = SideInputAssets(
             name=op_name,
-            options={
-                "main": main,
-                "side_inputs": dict(side_inputs),
-                "fn": fn,
-                "main_output": main_tag,
-                "side_outputs": tuple(side_outputs),
-                "window": window,
-                "late": late,
-                "unmatched": unmatched,
-                "overflow": overflow,
-                "invalid": invalid,
-                "buffer": buffer or BufferLimits(),
-                "mode": mode,
-                "operator_id": operator_id,
-                "schema_mode": schema_mode,
-                "max_versions_per_batch": max_versions_per_batch,
-                "max_files_per_batch": max_files_per_batch,
-                "future_tolerance": future_tolerance,
-                "cache": cache,
-            },
+            options=OperatorOptions(
+                main=main,
+                side_inputs=side_inputs,
+                fn=fn,
+                main_output=main_tag,
+                side_outputs=tuple(side_outputs),
+                window=window,
+                late=late,
+                unmatched=unmatched,
+                overflow=overflow,
+                invalid=invalid,
+                buffer=buffer or BufferLimits(),
+                mode=mode,
+                operator_id=operator_id,
+                schema_mode=schema_mode,
+                max_versions_per_batch=max_versions_per_batch,
+                max_files_per_batch=max_files_per_batch,
+                future_tolerance=future_tolerance,
+                cache=cache,
+            ),
             spark_resource_key=spark_resource_key,
             io_manager_key=io_manager_key,
             group_name=group_name,

@@ -16,9 +16,9 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import OutputTag
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.dagster_layer.assets import (
     CHECK_ACCOUNTED,
     CHECK_BUFFER,
@@ -154,7 +154,7 @@ def check_results(
 ) -> list[dg.AssetCheckResult]:
     """The operator's asset checks, on its main output."""
     key = dg.AssetKey(op.spec.main_tag.name.split("/"))
-    limits = op.spec.buffer
+    limits = op.spec.options.buffer
     buffer = op.buffer()
     rows, oldest = buffer.rows(), buffer.oldest()
     age = (dt.datetime.now(dt.timezone.utc) - oldest) if oldest is not None else None

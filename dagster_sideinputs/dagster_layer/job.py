@@ -5,7 +5,7 @@ from typing import Any, TypeAlias
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import OutputTag
+from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.dagster_layer.assets import declaration_of
 
 AssetJob: TypeAlias = Any

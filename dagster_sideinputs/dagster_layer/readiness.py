@@ -21,7 +21,6 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import SideInput
 from dagster_sideinputs.core.readiness import (
     Decision,
     DeltaReadiness,
@@ -29,6 +28,7 @@ from dagster_sideinputs.core.readiness import (
     WindowSpan,
     effective_readiness,
 )
+from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.errors import DeclarationError
 

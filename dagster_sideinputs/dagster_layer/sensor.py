@@ -30,7 +30,7 @@ _ACTIVE = [
 
 def work_key(op: SideInputOperator, plan: BatchPlan) -> str:
     """A stable name for the work a plan describes."""
-    replay = op.plans.last_planned() == plan.batch_id  # an interrupted batch
+    replay = op.state.last_planned() == plan.batch_id  # an interrupted batch
     digest = hashlib.sha1(
         json.dumps(
             {

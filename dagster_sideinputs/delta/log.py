@@ -6,27 +6,19 @@ an append-only stream cannot represent a delete). Commit JSON files are read thr
 the same storage as the table.
 """
 
+import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.delta.files import TableFiles, resolve_log_path
+from dagster_sideinputs.delta.stats import typed_stats
 from dagster_sideinputs.errors import NonAppendOnlyChangeError, TableNotFoundError
-
-
-@dataclass(frozen=True)
-class AddedFile:
-    """A file a commit added with new data (``dataChange: true``)."""
-
-    version: int
-    path: str
-    uri: str
-    size: int
-    partition_values: Mapping[str, str | None]
-    num_records: int | None
-    stats: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -35,7 +27,7 @@ class CommitChanges:
 
     version: int
     operation: str
-    added: tuple[AddedFile, ...]
+    added: tuple[DataFile, ...]
     removed_data: tuple[str, ...]
     schema_changed: bool
 
@@ -54,9 +46,11 @@ def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[s
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
-def read_commit(files: TableFiles, version: int, *, table: str) -> CommitChanges:
-    """The data-changing actions of one commit."""
-    added: list[AddedFile] = []
+def read_commit(
+    files: TableFiles, version: int, *, table: str, schema: T.StructType
+) -> CommitChanges:
+    """The data-changing actions of one commit (statistics typed by ``schema``)."""
+    added: list[DataFile] = []
     removed: list[str] = []
     operation = "UNKNOWN"
     schema_changed = False
@@ -69,15 +63,19 @@ def read_commit(files: TableFiles, version: int, *, table: str) -> CommitChanges
             add = action["add"]
             path, location = resolve_log_path(files.root, add["path"])
             stats = json.loads(add["stats"]) if add.get("stats") else {}
+            records, mins, maxs, nulls = typed_stats(stats, schema)
             added.append(
-                AddedFile(
-                    version=version,
+                DataFile(
                     path=path,
                     uri=location,
                     size=int(add["size"]),
-                    partition_values=add.get("partitionValues") or {},
-                    num_records=stats.get("numRecords"),
-                    stats=stats,
+                    partition_values=_typed_partitions(add.get("partitionValues") or {}, schema),
+                    num_records=records,
+                    min_values=mins,
+                    max_values=maxs,
+                    null_count=nulls,
+                    version=version,
+                    modification_time_ms=add.get("modificationTime"),
                 )
             )
         elif "remove" in action and action["remove"].get("dataChange", True):
@@ -85,16 +83,45 @@ def read_commit(files: TableFiles, version: int, *, table: str) -> CommitChanges
     return CommitChanges(version, operation, tuple(added), tuple(removed), schema_changed)
 
 
+def _typed_partitions(values: dict[str, Any], schema: T.StructType) -> dict[str, Any]:
+    """Partition values as typed Python values, as delta-rs gives them for live files."""
+    typed: dict[str, Any] = {}
+    for column, raw in values.items():
+        if raw is None or raw == "" or column not in schema.fieldNames():
+            typed[column] = None if raw in (None, "") else raw
+            continue
+        kind = schema[column].dataType
+        if isinstance(kind, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+            typed[column] = int(raw)
+        elif isinstance(kind, T.BooleanType):
+            typed[column] = raw.lower() == "true"
+        elif isinstance(kind, T.DateType):
+            typed[column] = dt.date.fromisoformat(raw)
+        else:
+            typed[column] = raw
+    return typed
+
+
 def iter_commits(
-    files: TableFiles, start_exclusive: int, end_inclusive: int, *, table: str
+    files: TableFiles,
+    start_exclusive: int,
+    end_inclusive: int,
+    *,
+    table: str,
+    schema: T.StructType,
 ) -> Iterator[CommitChanges]:
     for version in range(start_exclusive + 1, end_inclusive + 1):
-        yield read_commit(files, version, table=table)
+        yield read_commit(files, version, table=table, schema=schema)
 
 
 def added_files(
-    files: TableFiles, start_exclusive: int, end_inclusive: int, *, table: str
-) -> list[AddedFile]:
+    files: TableFiles,
+    start_exclusive: int,
+    end_inclusive: int,
+    *,
+    table: str,
+    schema: T.StructType,
+) -> list[DataFile]:
     """Files added with new data by the commits in ``(start_exclusive, end_inclusive]``.
 
     Commits that only rearrange data (``OPTIMIZE``: adds and removes with
@@ -103,8 +130,8 @@ def added_files(
     Raises:
         NonAppendOnlyChangeError: a commit in the range removed or rewrote data.
     """
-    result: list[AddedFile] = []
-    for commit in iter_commits(files, start_exclusive, end_inclusive, table=table):
+    result: list[DataFile] = []
+    for commit in iter_commits(files, start_exclusive, end_inclusive, table=table, schema=schema):
         if commit.removed_data:
             raise NonAppendOnlyChangeError(
                 f"Version {commit.version} of table {table} removed data "

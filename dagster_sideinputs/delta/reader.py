@@ -11,34 +11,24 @@ import contextlib
 import functools
 import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.schema import partition_string
-from dagster_sideinputs.delta.table import TableSnapshot, load_snapshot
+from dagster_sideinputs.delta.table import load_snapshot
 from dagster_sideinputs.errors import CorruptDataFileError
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
-class _FileLike(Protocol):
-    @property
-    def path(self) -> str: ...
-    @property
-    def uri(self) -> str: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def partition_values(self) -> Mapping[str, Any]: ...
-
-
-def _conforms(file: _FileLike, partition_columns: Sequence[str]) -> bool:
+def _conforms(file: DataFile, partition_columns: Sequence[str]) -> bool:
     """Whether the file sits in ``col=value/...`` folders Spark can parse back exactly."""
     segments = file.path.split("/")[:-1]
     if len(segments) != len(partition_columns):
@@ -54,7 +44,7 @@ def _conforms(file: _FileLike, partition_columns: Sequence[str]) -> bool:
     return True
 
 
-def verify_files(files: Sequence[_FileLike], *, table: str) -> None:
+def verify_files(files: Sequence[DataFile], *, table: str) -> None:
     """Cheap integrity check before reading: every file exists with its logged size.
 
     Only for local and shared filesystems, where a ``stat`` costs microseconds.
@@ -84,7 +74,7 @@ def verify_files(files: Sequence[_FileLike], *, table: str) -> None:
 
 def read_files(
     spark: SparkSession,
-    files: Sequence[_FileLike],
+    files: Sequence[DataFile],
     *,
     schema: T.StructType,
     partition_columns: Sequence[str],
@@ -146,7 +136,7 @@ def _driver_side_listing(spark: SparkSession, *, local: bool) -> Iterator[None]:
 
 def _read_by_partition_groups(
     spark: SparkSession,
-    files: Sequence[_FileLike],
+    files: Sequence[DataFile],
     schema: T.StructType,
     partition_columns: Sequence[str],
 ) -> DataFrame:
@@ -166,8 +156,8 @@ def _read_by_partition_groups(
 
 
 def select_partitions(
-    files: Sequence[_FileLike], partition_filter: Mapping[str, Collection[Any]] | None
-) -> list[_FileLike]:
+    files: Sequence[DataFile], partition_filter: Mapping[str, Collection[Any]] | None
+) -> list[DataFile]:
     """Files whose partition values are all in the allowed sets (pruning on the driver)."""
     if not partition_filter:
         return list(files)
@@ -257,8 +247,12 @@ def read_changes(
     snapshot = load_snapshot(uri, version=end_version, storage_options=storage_options, name=label)
     if start_version < 0:
         return read_snapshot(spark, snapshot, name=label), snapshot.version
-    files: Sequence[_FileLike] = added_files(
-        TableFiles(snapshot.uri, storage_options), start_version, snapshot.version, table=label
+    files: Sequence[DataFile] = added_files(
+        TableFiles(snapshot.uri, storage_options),
+        start_version,
+        snapshot.version,
+        table=label,
+        schema=snapshot.schema,
     )
     frame = read_files(
         spark,

@@ -5,15 +5,16 @@ conversion is exact both ways: no type guessing through Arrow.
 """
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import deltalake
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.errors import SchemaMismatchError, did_you_mean
+from dagster_sideinputs.errors import DeltaTableError, SchemaMismatchError, did_you_mean
 
 # Column metadata that Spark adds for its own bookkeeping and Delta must not store.
 _SPARK_INTERNAL_METADATA_PREFIX = "__"
@@ -228,3 +229,64 @@ def delta_field(field: T.StructField) -> deltalake.Field:
     nullable = as_nullable(T.StructType([field]))
     assert isinstance(nullable, T.StructType)
     return deltalake.Field.from_json(nullable.fields[0].json())
+
+
+def _nullable_fields(fields: list[T.StructField]) -> list[T.StructField]:
+    nullable = as_nullable(T.StructType(fields))
+    assert isinstance(nullable, T.StructType)
+    return nullable.fields
+
+
+def plan_write_schema(
+    df: DataFrame,
+    existing: T.StructType | None,
+    existing_partitions: list[str],
+    *,
+    mode: Literal["append", "overwrite"],
+    partition_by: list[str],
+    schema_mode: Literal["merge", "overwrite"] | None,
+    label: str,
+    replace_partition: Mapping[str, Any] | None,
+) -> tuple[T.StructType, DataFrame, list[T.StructField], list[str]]:
+    """How a write of ``df`` fits the table: (table schema after the write, the projected
+    DataFrame, columns to add to the table, partition columns).
+
+    Raises:
+        SchemaMismatchError / DeltaTableError: naming the mismatch and the fix.
+    """
+    if replace_partition and mode != "overwrite":
+        raise DeltaTableError(
+            f"replace_partition is only meaningful with mode='overwrite' (table {label}).",
+            fix='pass mode="overwrite" together with replace_partition',
+        )
+    full_replace = mode == "overwrite" and not replace_partition
+    if existing is None or (full_replace and schema_mode == "overwrite"):
+        check_partition_columns(df.schema, partition_by, table=label)
+        if replace_partition:
+            unknown = set(replace_partition) - set(partition_by)
+            if unknown:
+                raise SchemaMismatchError(
+                    f"replace_partition names {sorted(unknown)}, which are not partition "
+                    f"columns of table {label} (partition_by={partition_by}).",
+                    fix="pass the table's partition columns in partition_by",
+                )
+        spark_to_delta_schema(df.schema)  # fail early on types Delta cannot store
+        schema = as_nullable(df.schema)
+        assert isinstance(schema, T.StructType)
+        return schema, df, [], partition_by
+
+    if partition_by and partition_by != existing_partitions:
+        raise SchemaMismatchError(
+            f"Table {label} is partitioned by {existing_partitions}, not {partition_by}.",
+            fix=f"pass partition_by={existing_partitions} (or none), or write to a new table",
+        )
+    if replace_partition and set(replace_partition) != set(existing_partitions):
+        shown = ", ".join(repr(c) + ": ..." for c in existing_partitions)
+        raise SchemaMismatchError(
+            f"replace_partition must give every partition column of table {label} "
+            f"({existing_partitions}); got {sorted(replace_partition)}.",
+            fix=f"pass replace_partition={{{shown}}}",
+        )
+    plan = plan_append(df.schema, existing, table=label, merge=schema_mode == "merge")
+    schema = T.StructType(list(existing.fields) + list(_nullable_fields(plan.new_fields)))
+    return schema, df.select(*plan.columns), plan.new_fields, existing_partitions

@@ -123,7 +123,10 @@ class _StreamReader(DataSourceStreamReader):
         if start["version"] < 0:
             snapshot = load_snapshot(path, version=end["version"], storage_options=storage)
             return [_FilePartition(f.uri, dict(f.partition_values)) for f in snapshot.files]
-        files = added_files(TableFiles(path, storage), start["version"], end["version"], table=path)
+        schema = load_snapshot(path, version=end["version"], storage_options=storage).schema
+        files = added_files(
+            TableFiles(path, storage), start["version"], end["version"], table=path, schema=schema
+        )
         return [_FilePartition(f.uri, dict(f.partition_values)) for f in files]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -15,6 +15,7 @@ wide decimals) are left out.
 import datetime as dt
 import decimal
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -143,3 +144,75 @@ def file_stats(metadata: pq.FileMetaData, schema: T.StructType) -> dict[str, Any
             if value is not _Missing and value is not None:
                 _put(result[key], list(path), value)
     return result
+
+
+def _parse_timestamp(value: Any, *, utc: bool) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        parsed = value
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "T")
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        try:
+            parsed = dt.datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    else:
+        return None
+    if utc:
+        return (
+            parsed.replace(tzinfo=dt.timezone.utc)
+            if parsed.tzinfo is None
+            else parsed.astimezone(dt.timezone.utc)
+        )
+    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed
+
+
+def decode_bound(value: Any, data_type: T.DataType) -> Any:
+    """A Delta stats JSON value as a typed Python value (None when it cannot be read)."""
+    if value is None:
+        return None
+    if isinstance(data_type, T.StructType):
+        if not isinstance(value, dict):
+            return None
+        return {
+            f.name: decode_bound(value.get(f.name), f.dataType)
+            for f in data_type.fields
+            if f.name in value
+        }
+    if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
+        return _parse_timestamp(value, utc=isinstance(data_type, T.TimestampType))
+    if isinstance(data_type, T.DateType):
+        if isinstance(value, dt.date):
+            return value
+        try:
+            return dt.date.fromisoformat(str(value)[:10])
+        except ValueError:
+            return None
+    if isinstance(data_type, T.StringType):
+        return value if isinstance(value, str) else None
+    if isinstance(data_type, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+        return int(value) if isinstance(value, int | float) else None
+    if isinstance(data_type, T.FloatType | T.DoubleType | T.DecimalType):
+        return float(value) if isinstance(value, int | float) else None
+    if isinstance(data_type, T.BooleanType):
+        return value if isinstance(value, bool) else None
+    return None
+
+
+def typed_stats(
+    stats: Mapping[str, Any], schema: T.StructType
+) -> tuple[int | None, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Delta ``stats`` JSON (already parsed) as ``(numRecords, min, max, nullCount)``,
+    values typed by the table schema, as delta-rs gives them for live files."""
+    records = stats.get("numRecords")
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    for raw, typed in ((stats.get("minValues") or {}, mins), (stats.get("maxValues") or {}, maxs)):
+        for f in schema.fields:
+            if f.name in raw:
+                value = decode_bound(raw[f.name], f.dataType)
+                if value is not None:
+                    typed[f.name] = value
+    nulls = dict(stats.get("nullCount") or {})
+    return (records if isinstance(records, int) else None), mins, maxs, nulls

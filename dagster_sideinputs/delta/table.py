@@ -1,21 +1,20 @@
 """Opening Delta tables with delta-rs, and what the bridge may rely on about them.
 
-A :class:`TableSnapshot` is everything the bridge and the operator need to know
-about one version of a table without reading data: schema, partition columns, the
-live data files with their partition values and statistics, and the commit time.
+:func:`load_snapshot` gives a :class:`~dagster_sideinputs.delta.engine.TableSnapshot`:
+everything the bridge and the operator need to know about one version of a table
+without reading data (schema, partition columns, the live data files with their
+partition values and statistics, the commit time, the table id).
 """
 
 import datetime as dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import deltalake
 import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
-from pyspark.sql import types as T
 
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri, resolve_log_path
 from dagster_sideinputs.delta.schema import delta_to_spark_schema
 from dagster_sideinputs.errors import (
@@ -39,55 +38,6 @@ _FIXES = {
     "typeWidening": "rewrite the files with the widened type (delta-spark: "
     "`REORG TABLE t APPLY (UPGRADE ...)`) or copy the table",
 }
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One live data file of a table version.
-
-    Attributes:
-        path: path relative to the table root, as in the Delta log (decoded).
-        uri: absolute location, as delta-rs resolves it.
-        size: bytes.
-        partition_values: partition column -> typed value (None for null).
-        num_records: rows in the file, when the writer recorded statistics.
-        min_values / max_values / null_count: column statistics (typed), possibly empty.
-        version: the commit that added the file, when known (incremental reads).
-    """
-
-    path: str
-    uri: str
-    size: int
-    partition_values: Mapping[str, Any] = field(default_factory=dict)
-    num_records: int | None = None
-    min_values: Mapping[str, Any] = field(default_factory=dict)
-    max_values: Mapping[str, Any] = field(default_factory=dict)
-    null_count: Mapping[str, Any] = field(default_factory=dict)
-    version: int | None = None
-
-
-@dataclass(frozen=True)
-class TableSnapshot:
-    """Metadata of one version of a Delta table (no data read)."""
-
-    uri: str
-    version: int
-    schema: T.StructType
-    partition_columns: tuple[str, ...]
-    files: tuple[DataFile, ...]
-    commit_timestamp: dt.datetime
-    configuration: Mapping[str, str | None]
-
-    @property
-    def num_records(self) -> int | None:
-        """Total rows, or None when some file has no statistics."""
-        counts = [f.num_records for f in self.files]
-        return None if any(c is None for c in counts) else sum(c for c in counts if c)
-
-    @property
-    def data_schema(self) -> T.StructType:
-        """The schema of the columns stored in the data files (no partition columns)."""
-        return T.StructType([f for f in self.schema.fields if f.name not in self.partition_columns])
 
 
 def open_table(
@@ -199,6 +149,7 @@ def _data_files(table: deltalake.DeltaTable, root: str) -> tuple[DataFile, ...]:
             min_values=row.get("min") or {},
             max_values=row.get("max") or {},
             null_count=row.get("null_count") or {},
+            modification_time_ms=row.get("modification_time"),
         )
         for row, (path, location) in zip(actions, resolved, strict=True)
     )
@@ -232,4 +183,5 @@ def load_snapshot(
         files=_data_files(table, uri),
         commit_timestamp=_commit_timestamp(files, table.version()),
         configuration=dict(metadata.configuration or {}),
+        table_id=str(metadata.id),
     )

@@ -1,257 +1,246 @@
 """Writing a Spark DataFrame to a Delta table: executors write, the driver commits.
 
-1. If the write carries an application transaction ``(app_id, version)`` that the
-   table already recorded, nothing is written (exactly-once replays).
-2. The schema is checked against the table (or becomes the table's schema).
-3. Spark writes parquet files natively into a hidden staging folder of the table.
-4. The driver reads only the footers of the new files (statistics, row counts), moves
-   the files into the table layout and commits them as add actions with delta-rs, in
-   one commit together with the application transaction.
+A write has two phases, so that several tables can be written "all or nothing visible":
 
-No data passes through the driver. A failure before the commit leaves no data
-visible: staged and moved files are deleted, and unreferenced files are invisible to
-Delta readers anyway.
+1. :func:`stage_dataframe`: the schema is checked against the table (or becomes the
+   table's schema); Spark writes parquet files natively into a hidden staging folder of
+   the table; the driver reads only their footers (statistics, row counts) and checks
+   them. Nothing is visible yet, and every error of the data or of the code computing
+   it surfaces here.
+2. :func:`commit_staged`: the driver moves the files into the table layout and commits
+   them as add actions with delta-rs, in one commit together with the application
+   transaction ``(app_id, version)`` (skipped when the table already holds it).
+
+:func:`write_dataframe` does both. No data passes through the driver. A failure before
+the commit leaves no data visible: staged and moved files are deleted, and unreferenced
+files are invisible to Delta readers anyway.
 """
 
-import json
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import unquote
+from typing import Any
 
 import deltalake
-from deltalake import Transaction
-from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import (
-    AddAction,
-    CommitProperties,
-    RemoveAction,
-    create_table_with_add_actions,
-)
+import pyarrow as pa
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.files import (
-    TableFiles,
-    normalize_uri,
-    spark_uri,
+from dagster_sideinputs.delta.commit import (
+    ENGINE_NAME,
+    already_committed,
+    commit_files,
+    commit_properties,
+    commit_removals,
 )
-from dagster_sideinputs.delta.schema import (
-    as_nullable,
-    check_partition_columns,
-    delta_field,
-    partition_string,
-    plan_append,
-    spark_to_delta_schema,
+from dagster_sideinputs.delta.engine import (
+    AppTransaction,
+    DataFile,
+    SchemaMode,
+    StagedWrite,
+    WriteMode,
+    WriteResult,
 )
-from dagster_sideinputs.delta.stats import file_stats
-from dagster_sideinputs.delta.table import DataFile, load_snapshot, open_table
-from dagster_sideinputs.errors import (
-    ConcurrentWriteError,
-    DeltaTableError,
-    NotADeltaTableError,
-    SchemaMismatchError,
+from dagster_sideinputs.delta.files import TableFiles, normalize_uri
+from dagster_sideinputs.delta.schema import plan_append, plan_write_schema
+from dagster_sideinputs.delta.staging import (
+    CREATING_MARKER,
+    STAGING_DIR,
+    StagedFile,
+    Staging,
+    check_not_null,
+    check_partition,
 )
+from dagster_sideinputs.delta.table import load_snapshot, open_table
+from dagster_sideinputs.errors import DeltaTableError, NotADeltaTableError
 
-WriteMode = Literal["append", "overwrite"]
-SchemaMode = Literal["merge", "overwrite"]
-
-STAGING_DIR = "_dsi_staging"
-CREATING_MARKER = f"{STAGING_DIR}/_creating"
-"""Written before the first files are moved into a folder that is not yet a Delta table:
-files found there without a log are then the uncommitted files of an interrupted first
-write (never referenced by a commit, so invisible), not a foreign dataset."""
-_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-
-
-@dataclass(frozen=True)
-class AppTransaction:
-    """A Delta application transaction: the write of ``version`` by application ``app_id``.
-
-    A table remembers the highest version committed per application; a write whose
-    version is not above it is skipped. The operator uses ``(operator id, batch id)``.
-    """
-
-    app_id: str
-    version: int
+__all__ = [
+    "AppTransaction",
+    "WriteResult",
+    "append_rows",
+    "commit_removals",
+    "commit_staged",
+    "discard_staged",
+    "stage_dataframe",
+    "validate_append",
+    "write_dataframe",
+]
 
 
-@dataclass(frozen=True)
-class WriteResult:
-    """What a write did.
+@dataclass
+class _BridgeStage:
+    """What the bridge keeps between staging and committing."""
 
-    Attributes:
-        uri: the table.
-        version: the table version after the write (the existing one when skipped).
-        num_rows: rows written, from the parquet footers (0 when skipped).
-        num_files: data files added.
-        num_bytes: bytes added.
-        skipped: True when the application transaction was already committed.
-        duration_s: wall time of the whole write.
-    """
-
-    uri: str
-    version: int
-    num_rows: int
-    num_files: int
-    num_bytes: int
-    skipped: bool
-    duration_s: float
+    staging: Staging
+    files: list[StagedFile]
+    schema: T.StructType
+    new_fields: list[T.StructField]
+    table_existed: bool
+    storage_options: Mapping[str, str] | None
 
 
-@dataclass(frozen=True)
-class _StagedFile:
-    path: str  # final path relative to the table root, decoded
-    size: int
-    partition_values: dict[str, str | None]
-    stats: dict[str, Any]
+def _is_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
+    return deltalake.DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None)
 
 
-def _partition_values(relative_dir: str, partition_by: list[str]) -> dict[str, str | None]:
-    values: dict[str, str | None] = {}
-    for segment in [s for s in relative_dir.split("/") if s]:
-        column, _, raw = segment.partition("=")
-        if column in partition_by:
-            value = unquote(raw)  # Spark escapes special characters as %XX
-            values[column] = None if value == _HIVE_NULL else value
-    return values
-
-
-def _allowed_values(replace: Mapping[str, Any]) -> dict[str, set[str | None]]:
-    """Partition values to replace, per column (a scalar or a collection of values)."""
-    allowed: dict[str, set[str | None]] = {}
-    for column, value in replace.items():
-        values = value if isinstance(value, list | tuple | set | frozenset) else [value]
-        allowed[column] = {partition_string(v) for v in values}
-    return allowed
-
-
-def _check_partition(
-    staged: list[_StagedFile], replace: Mapping[str, Any] | None, *, table: str
-) -> None:
-    if not replace:
-        return
-    allowed = _allowed_values(replace)
-    for file in staged:
-        found = {column: file.partition_values.get(column) for column in allowed}
-        if any(found[column] not in values for column, values in allowed.items()):
-            shown = {c: sorted(v, key=str) for c, v in allowed.items()}
-            raise SchemaMismatchError(
-                f"Overwriting partition(s) {shown} of table {table}, but the DataFrame also "
-                f"holds rows of partition {found}. The table is unchanged.",
-                fix="filter the DataFrame to the partitions being replaced",
-            )
-
-
-def _check_not_null(staged: list[_StagedFile], schema: T.StructType, *, table: str) -> None:
-    required = [f.name for f in schema.fields if not f.nullable]
-    for file in staged:
-        for column in required:
-            nulls = file.stats.get("nullCount", {}).get(column, 0)
-            if isinstance(nulls, int) and nulls > 0:
-                raise SchemaMismatchError(
-                    f"Column {column!r} of table {table} is NOT NULL but the data holds "
-                    f"{nulls} null value(s). The table is unchanged.",
-                    fix=f'filter or fill the nulls first, e.g. df.fillna(..., subset=["{column}"])',
-                )
-
-
-class _Staging:
-    """A hidden folder inside the table where Spark writes a job's files."""
-
-    def __init__(self, files: TableFiles) -> None:
-        self.files = files
-        self.relative = f"{STAGING_DIR}/{uuid.uuid4().hex}"
-        self.moved: list[str] = []
-
-    def spark_location(self) -> str:
-        return spark_uri(f"{self.files.root}/{self.relative}")
-
-    def collect(self, data_schema: T.StructType, partition_by: list[str]) -> list[_StagedFile]:
-        staged = []
-        prefix = self.relative + "/"
-        for entry in self.files.list_files(self.relative):
-            relative = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.path
-            name = relative.rsplit("/", 1)[-1]
-            if not name.endswith(".parquet") or name.startswith((".", "_")):
-                continue
-            metadata = self.files.parquet_metadata(entry.path)
-            if metadata.num_rows == 0:
-                continue
-            directory = relative.rsplit("/", 1)[0] if "/" in relative else ""
-            staged.append(
-                _StagedFile(
-                    path=relative,
-                    size=entry.size,
-                    partition_values=_partition_values(directory, partition_by),
-                    stats=file_stats(metadata, data_schema),
-                )
-            )
-        return staged
-
-    def publish(self, staged: list[_StagedFile]) -> None:
-        for file in staged:
-            self.files.move(f"{self.relative}/{file.path}", file.path)
-            self.moved.append(file.path)
-
-    def discard(self, *, published_too: bool) -> None:
-        self.files.delete_dir(self.relative)
-        if published_too:
-            for path in self.moved:
-                self.files.delete_file(path)
-
-
-def _add_actions(staged: list[_StagedFile]) -> list[AddAction]:
-    now_ms = int(time.time() * 1000)
-    return [
-        AddAction(
-            path=file.path,  # delta-rs URI-encodes it in the log
-            size=file.size,
-            partition_values=file.partition_values,
-            modification_time=now_ms,
-            data_change=True,
-            stats=json.dumps(file.stats),
+def _refuse_foreign_folder(files: TableFiles, label: str) -> None:
+    if (
+        files.has_entries()
+        and not files.exists(CREATING_MARKER)
+        and any(not entry.path.startswith(STAGING_DIR) for entry in files.list_files(""))
+    ):
+        raise NotADeltaTableError(
+            f"Refusing to write to {label}: it holds files but is not a Delta table.",
+            fix="choose an empty location, or convert the folder with "
+            "`deltalake.convert_to_deltalake(uri)` first",
         )
-        for file in staged
-    ]
 
 
-def _remove_actions(files: Sequence[DataFile]) -> list[RemoveAction]:
-    now_ms = int(time.time() * 1000)
-    return [
-        RemoveAction(
-            path=file.path,  # delta-rs URI-encodes it in the log
-            data_change=True,
-            deletion_timestamp=now_ms,
-            size=file.size,
-            partition_values={k: partition_string(v) for k, v in file.partition_values.items()},
-        )
-        for file in files
-    ]
+def stage_dataframe(
+    df: DataFrame,
+    uri: str,
+    *,
+    mode: WriteMode = "append",
+    partition_by: list[str] | None = None,
+    replace_partition: Mapping[str, Any] | None = None,
+    schema_mode: SchemaMode | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> StagedWrite:
+    """Write a DataFrame's files into the table's staging folder; nothing is visible yet.
 
-
-def _commit_properties(
-    app_transaction: AppTransaction | None, commit_metadata: Mapping[str, Any] | None
-) -> CommitProperties:
-    """Our commitInfo entries and, when given, the application transaction."""
-    return CommitProperties(
-        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-        app_transactions=(
-            [Transaction(app_transaction.app_id, app_transaction.version)]
-            if app_transaction
-            else None
-        ),
+    Raises:
+        SchemaMismatchError: the DataFrame does not fit the table.
+        NotADeltaTableError: ``uri`` holds non-Delta files.
+    """
+    started = time.perf_counter()
+    uri = normalize_uri(uri)
+    label = name or uri
+    partition_by = list(partition_by or [])
+    files = TableFiles(uri, storage_options)
+    exists = _is_table(uri, storage_options)
+    if not exists:
+        _refuse_foreign_folder(files, label)
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
+    target_schema, projected, new_fields, partition_by = plan_write_schema(
+        df,
+        None if snapshot is None else snapshot.schema,
+        [] if snapshot is None else list(snapshot.partition_columns),
+        mode=mode,
+        partition_by=partition_by,
+        schema_mode=schema_mode,
+        label=label,
+        replace_partition=replace_partition,
+    )
+    data_schema = T.StructType([f for f in target_schema.fields if f.name not in partition_by])
+    staging = Staging(files)
+    try:
+        writer = projected.write.mode("overwrite")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.parquet(staging.spark_location())
+        staged = staging.collect(data_schema, partition_by)
+        check_partition(staged, replace_partition if mode == "overwrite" else None, table=label)
+        check_not_null(staged, target_schema, table=label)
+    except BaseException:
+        staging.discard(published_too=False)
+        raise
+    return StagedWrite(
+        uri=uri,
+        name=label,
+        mode=mode,
+        partition_by=partition_by,
+        replace_partition=replace_partition,
+        schema_mode=schema_mode,
+        num_rows=sum(f.stats["numRecords"] for f in staged),
+        num_files=len(staged),
+        num_bytes=sum(f.size for f in staged),
+        seconds=time.perf_counter() - started,
+        handle=_BridgeStage(staging, staged, target_schema, new_fields, exists, storage_options),
     )
 
 
-def _already_committed(table: deltalake.DeltaTable, app_transaction: AppTransaction | None) -> bool:
-    """Whether the table holds this application transaction (or a later one of the app)."""
-    if app_transaction is None:
-        return False
-    committed = table.transaction_version(app_transaction.app_id)
-    return committed is not None and committed >= app_transaction.version
+def discard_staged(staged: StagedWrite) -> None:
+    """Delete a staged write's files (it will not be committed)."""
+    handle: _BridgeStage = staged.handle
+    handle.staging.discard(published_too=False)
+
+
+def commit_staged(
+    staged: StagedWrite,
+    *,
+    app_transaction: AppTransaction | None = None,
+    remove_files: Sequence[DataFile] = (),
+    commit_metadata: Mapping[str, Any] | None = None,
+    skip_empty_commit: bool = False,
+    table_description: str | None = None,
+) -> WriteResult:
+    """Make a staged write visible in one delta-rs commit (see the module docstring).
+
+    Raises:
+        SchemaMismatchError: another writer created the table with another schema meanwhile.
+        ConcurrentWriteError: another writer committed a conflicting change first.
+    """
+    started = time.perf_counter()
+    handle: _BridgeStage = staged.handle
+    uri, label, options = staged.uri, staged.name, handle.storage_options
+    if remove_files and (staged.mode != "append" or not handle.table_existed):
+        handle.staging.discard(published_too=False)
+        raise DeltaTableError(
+            f"remove_files needs mode='append' on an existing table (table {label}).",
+            fix='pass mode="append"',
+        )
+    exists = _is_table(uri, options)
+    table = open_table(uri, storage_options=options, name=label) if exists else None
+    if table is not None and already_committed(table, app_transaction):
+        handle.staging.discard(published_too=False)
+        return WriteResult(
+            uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+        )
+    if table is not None and not handle.table_existed:
+        # Created by another writer since staging: the data must fit its schema.
+        plan_append(handle.schema, load_snapshot(uri, storage_options=options).schema,
+                    table=label, merge=False)  # fmt: skip
+    committed = False
+    try:
+        if skip_empty_commit and table is not None and not handle.files and not remove_files:
+            committed = True
+            return WriteResult(uri, table.version(), 0, 0, 0, False, staged.seconds, ENGINE_NAME)
+        if table is None:
+            handle.staging.files.write_bytes_atomic(CREATING_MARKER, b"")
+        handle.staging.publish(handle.files)
+        version = commit_files(
+            table,
+            uri,
+            handle.files,
+            handle.schema,
+            handle.new_fields,
+            mode=staged.mode,
+            partition_by=staged.partition_by,
+            replace_partition=staged.replace_partition,
+            remove_files=remove_files,
+            app_transaction=app_transaction,
+            storage_options=options,
+            commit_metadata=commit_metadata,
+            description=table_description,
+            label=label,
+        )
+        committed = True
+        if table is None:
+            handle.staging.files.delete_file(CREATING_MARKER)
+    finally:
+        handle.staging.discard(published_too=not committed)
+    return WriteResult(
+        uri=uri,
+        version=version,
+        num_rows=staged.num_rows,
+        num_files=staged.num_files,
+        num_bytes=staged.num_bytes,
+        skipped=False,
+        duration_s=staged.seconds + time.perf_counter() - started,
+        engine=ENGINE_NAME,
+    )
 
 
 def write_dataframe(
@@ -308,258 +297,30 @@ def write_dataframe(
     """
     started = time.perf_counter()
     uri = normalize_uri(uri)
-    label = name or uri
-    partition_by = list(partition_by or [])
-    files = TableFiles(uri, storage_options)
-    exists = deltalake.DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None)
-    if (
-        not exists
-        and files.has_entries()
-        and not files.exists(CREATING_MARKER)
-        and any(not entry.path.startswith(STAGING_DIR) for entry in files.list_files(""))
-    ):
-        raise NotADeltaTableError(
-            f"Refusing to write to {label}: it holds files but is not a Delta table.",
-            fix="choose an empty location, or convert the folder with "
-            "`deltalake.convert_to_deltalake(uri)` first",
-        )
-
-    table = open_table(uri, storage_options=storage_options, name=label) if exists else None
-    if table is not None and _already_committed(table, app_transaction):
-        return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
-
-    target_schema, projected, new_fields, partition_by = _plan_schema(
+    if app_transaction is not None and _is_table(uri, storage_options):
+        table = open_table(uri, storage_options=storage_options, name=name or uri)
+        if already_committed(table, app_transaction):
+            return WriteResult(
+                uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+            )
+    staged = stage_dataframe(
         df,
-        table,
-        uri=uri,
+        uri,
         mode=mode,
         partition_by=partition_by,
+        replace_partition=replace_partition,
         schema_mode=schema_mode,
         storage_options=storage_options,
-        label=label,
-        replace_partition=replace_partition,
+        name=name,
+    )
+    return commit_staged(
+        staged,
+        app_transaction=app_transaction,
         remove_files=remove_files,
+        commit_metadata=commit_metadata,
+        skip_empty_commit=skip_empty_commit,
+        table_description=table_description,
     )
-    data_schema = T.StructType([f for f in target_schema.fields if f.name not in partition_by])
-
-    staging = _Staging(files)
-    committed_ok = False
-    try:
-        writer = projected.write.mode("overwrite")
-        if partition_by:
-            writer = writer.partitionBy(*partition_by)
-        writer.parquet(staging.spark_location())
-        staged = staging.collect(data_schema, partition_by)
-        _check_partition(staged, replace_partition if mode == "overwrite" else None, table=label)
-        _check_not_null(staged, target_schema, table=label)
-        if skip_empty_commit and table is not None and not staged and not remove_files:
-            committed_ok = True
-            return WriteResult(uri, table.version(), 0, 0, 0, False, time.perf_counter() - started)
-        if table is None:
-            files.write_bytes_atomic(CREATING_MARKER, b"")
-        staging.publish(staged)
-        version = _commit(
-            table,
-            uri,
-            staged,
-            target_schema,
-            new_fields,
-            mode=mode,
-            partition_by=partition_by,
-            replace_partition=replace_partition,
-            remove_files=remove_files,
-            app_transaction=app_transaction,
-            storage_options=storage_options,
-            commit_metadata=commit_metadata,
-            description=table_description,
-            label=label,
-        )
-        committed_ok = True
-        if table is None:
-            files.delete_file(CREATING_MARKER)
-    finally:
-        staging.discard(published_too=not committed_ok)
-    return WriteResult(
-        uri=uri,
-        version=version,
-        num_rows=sum(f.stats["numRecords"] for f in staged),
-        num_files=len(staged),
-        num_bytes=sum(f.size for f in staged),
-        skipped=False,
-        duration_s=time.perf_counter() - started,
-    )
-
-
-def _nullable_fields(fields: list[T.StructField]) -> list[T.StructField]:
-    nullable = as_nullable(T.StructType(fields))
-    assert isinstance(nullable, T.StructType)
-    return nullable.fields
-
-
-def _plan_schema(
-    df: DataFrame,
-    table: deltalake.DeltaTable | None,
-    *,
-    uri: str,
-    mode: WriteMode,
-    partition_by: list[str],
-    schema_mode: SchemaMode | None,
-    storage_options: Mapping[str, str] | None,
-    label: str,
-    replace_partition: Mapping[str, Any] | None,
-    remove_files: Sequence[DataFile],
-) -> tuple[T.StructType, DataFrame, list[T.StructField], list[str]]:
-    """(table schema after the write, projected DataFrame, columns to add, partition columns)."""
-    if remove_files and (mode != "append" or table is None):
-        raise DeltaTableError(
-            f"remove_files needs mode='append' on an existing table (table {label}).",
-            fix='pass mode="append"',
-        )
-    if replace_partition and mode != "overwrite":
-        raise DeltaTableError(
-            f"replace_partition is only meaningful with mode='overwrite' (table {label}).",
-            fix='pass mode="overwrite" together with replace_partition',
-        )
-    full_replace = mode == "overwrite" and not replace_partition
-    if table is None or (full_replace and schema_mode == "overwrite"):
-        check_partition_columns(df.schema, partition_by, table=label)
-        if replace_partition:
-            unknown = set(replace_partition) - set(partition_by)
-            if unknown:
-                raise SchemaMismatchError(
-                    f"replace_partition names {sorted(unknown)}, which are not partition "
-                    f"columns of table {label} (partition_by={partition_by}).",
-                    fix="pass the table's partition columns in partition_by",
-                )
-        spark_to_delta_schema(df.schema)  # fail early on types Delta cannot store
-        schema = as_nullable(df.schema)
-        assert isinstance(schema, T.StructType)
-        return schema, df, [], partition_by
-
-    snapshot = load_snapshot(uri, storage_options=storage_options, name=label)
-    existing = list(snapshot.partition_columns)
-    if partition_by and partition_by != existing:
-        raise SchemaMismatchError(
-            f"Table {label} is partitioned by {existing}, not {partition_by}.",
-            fix=f"pass partition_by={existing} (or none), or write to a new table",
-        )
-    if replace_partition and set(replace_partition) != set(existing):
-        raise SchemaMismatchError(
-            f"replace_partition must give every partition column of table {label} "
-            f"({existing}); got {sorted(replace_partition)}.",
-            fix=f"pass replace_partition={{{', '.join(repr(c) + ': ...' for c in existing)}}}",
-        )
-    plan = plan_append(df.schema, snapshot.schema, table=label, merge=schema_mode == "merge")
-    schema = T.StructType(list(snapshot.schema.fields) + list(_nullable_fields(plan.new_fields)))
-    return schema, df.select(*plan.columns), plan.new_fields, existing
-
-
-def _create_or_join(
-    uri: str,
-    delta_schema: deltalake.Schema,
-    staged: list[_StagedFile],
-    schema: T.StructType,
-    *,
-    partition_by: list[str],
-    description: str | None,
-    storage_options: Mapping[str, str] | None,
-    properties: CommitProperties,
-    label: str,
-) -> deltalake.DeltaTable | None:
-    """Create the table with the staged files, or, when another writer created it in the
-    meantime (partitions of one asset backfilled in parallel), return it to write into.
-
-    Returns:
-        None when this call created the table; the existing table otherwise.
-    """
-    try:
-        create_table_with_add_actions(
-            uri,
-            delta_schema,
-            _add_actions(staged),
-            mode="error",
-            partition_by=partition_by or None,
-            description=description,
-            storage_options=dict(storage_options or {}) or None,
-            commit_properties=properties,
-        )
-        return None
-    except Exception as exc:  # delta-rs raises a generic error for "already exists"
-        if "already exists" not in str(exc).lower():
-            raise
-    table = open_table(uri, storage_options=storage_options, name=label)
-    snapshot = load_snapshot(uri, storage_options=storage_options, name=label)
-    if list(snapshot.partition_columns) != list(partition_by):
-        raise SchemaMismatchError(
-            f"Table {label} was just created by another writer, partitioned by "
-            f"{list(snapshot.partition_columns)}, not {partition_by}. This write was not "
-            "committed.",
-            fix="write with the same partition_by as the other writer",
-        )
-    plan_append(schema, snapshot.schema, table=label, merge=False)
-    return table
-
-
-def _commit(
-    table: deltalake.DeltaTable | None,
-    uri: str,
-    staged: list[_StagedFile],
-    schema: T.StructType,
-    new_fields: list[T.StructField],
-    *,
-    mode: WriteMode,
-    partition_by: list[str],
-    replace_partition: Mapping[str, Any] | None,
-    remove_files: Sequence[DataFile],
-    app_transaction: AppTransaction | None,
-    storage_options: Mapping[str, str] | None,
-    commit_metadata: Mapping[str, Any] | None,
-    description: str | None,
-    label: str,
-) -> int:
-    properties = _commit_properties(app_transaction, commit_metadata)
-    actions: list[AddAction | RemoveAction] = [
-        *_add_actions(staged),
-        *_remove_actions(remove_files),
-    ]
-    delta_schema = spark_to_delta_schema(schema)
-    try:
-        if table is None:
-            table = _create_or_join(
-                uri,
-                delta_schema,
-                staged,
-                schema,
-                partition_by=partition_by,
-                description=description,
-                storage_options=storage_options,
-                properties=properties,
-                label=label,
-            )
-            if table is None:
-                return open_table(uri, storage_options=storage_options, name=label).version()
-        if new_fields:
-            table.alter.add_columns([delta_field(field) for field in new_fields])
-        filters = (
-            [(c, "in", sorted(v, key=str)) for c, v in _allowed_values(replace_partition).items()]
-            if replace_partition
-            else None
-        )
-        table.create_write_transaction(
-            actions,
-            mode,
-            delta_schema,
-            partition_by=partition_by or None,
-            partition_filters=filters,
-            commit_properties=properties,
-        )
-    except CommitFailedError as exc:
-        raise ConcurrentWriteError(
-            f"Another writer committed a conflicting change to table {label} first: {exc}. "
-            "This write was not committed.",
-            fix="retry the write; for the operator, rerun the job (batches are idempotent)",
-        ) from exc
-    return open_table(uri, storage_options=storage_options, name=label).version()
 
 
 def validate_append(
@@ -576,45 +337,40 @@ def validate_append(
         SchemaMismatchError: as :func:`write_dataframe` would.
     """
     uri = normalize_uri(uri)
-    if not deltalake.DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None):
+    if not _is_table(uri, storage_options):
         return
     snapshot = load_snapshot(uri, storage_options=storage_options, name=name)
     plan_append(schema, snapshot.schema, table=name or uri, merge=schema_mode == "merge")
 
 
-def commit_removals(
+def append_rows(
     uri: str,
-    files: Sequence[DataFile],
+    rows: pa.Table,
     *,
     app_transaction: AppTransaction | None = None,
     storage_options: Mapping[str, str] | None = None,
     name: str | None = None,
-    commit_metadata: Mapping[str, Any] | None = None,
 ) -> WriteResult:
-    """Remove live files from a table in one commit, without a Spark job.
-
-    Idempotent like :func:`write_dataframe`: skipped when the application transaction
-    was already committed.
-    """
+    """Append a small Arrow table from the driver, idempotently (bookkeeping tables)."""
     started = time.perf_counter()
     uri = normalize_uri(uri)
     label = name or uri
-    table = open_table(uri, storage_options=storage_options, name=label)
-    if _already_committed(table, app_transaction):
-        return WriteResult(uri, table.version(), 0, 0, 0, True, time.perf_counter() - started)
-    properties = _commit_properties(app_transaction, commit_metadata)
-    try:
-        table.create_write_transaction(
-            list(_remove_actions(files)),
-            "append",
-            table.schema(),
-            partition_by=table.metadata().partition_columns or None,
-            commit_properties=properties,
-        )
-    except CommitFailedError as exc:
-        raise ConcurrentWriteError(
-            f"Another writer committed a conflicting change to table {label} first: {exc}.",
-            fix="rerun (batches are idempotent)",
-        ) from exc
+    if _is_table(uri, storage_options):
+        table = open_table(uri, storage_options=storage_options, name=label)
+        if already_committed(table, app_transaction):
+            return WriteResult(
+                uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+            )
+    write_deltalake(
+        uri,
+        rows,
+        mode="append",
+        schema_mode="merge",
+        storage_options=dict(storage_options or {}) or None,
+        commit_properties=commit_properties(app_transaction, None),
+    )
     version = open_table(uri, storage_options=storage_options, name=label).version()
-    return WriteResult(uri, version, 0, 0, 0, False, time.perf_counter() - started)
+    return WriteResult(
+        uri, version, rows.num_rows, 1, rows.nbytes, False, time.perf_counter() - started,
+        ENGINE_NAME,
+    )  # fmt: skip

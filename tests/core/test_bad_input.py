@@ -412,7 +412,9 @@ def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
     op = operator(ready, fn=flaky)
     before = with_buffered_record(ready, op)
     ready.append("transactions", [(2, 10, 1.0)], TX)
-    with pytest.raises(RuntimeError, match="bug in the enrichment"):
+    with pytest.raises(
+        dsi.FunctionError, match=r"(?s)flaky raised RuntimeError: bug in the enrich"
+    ):
         ready.run(op)
     assert state(ready, op) == before
     ready.run(op)
@@ -421,21 +423,21 @@ def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
 
 @dataclass
 class InterferingEngine:
-    """The real engine; another writer overwrites the output table just before our write."""
+    """The real engine; another writer overwrites the output table just before our commit."""
 
     inner: DeltaRsEngine
     spark: Any
     target: str
     done: bool = False
 
-    def write(self, df: Any, uri: str, **kwargs: Any) -> Any:
-        if uri.endswith(self.target) and not self.done:
+    def commit(self, staged: Any, **kwargs: Any) -> Any:
+        if staged.uri.endswith(self.target) and not self.done:
             self.done = True
             other = self.spark.createDataFrame(
                 [(99, 99, "intruder")], "tx_id long, customer_id long, name string"
             )
-            self.inner.write(other, uri, mode="overwrite")
-        return self.inner.write(df, uri, **kwargs)
+            self.inner.write(other, staged.uri, mode="overwrite")
+        return self.inner.commit(staged, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -77,7 +77,7 @@ def test_replayed_batch_plan_pins_side_versions(lake):
     lake.append("transactions", [(1, 10, 5.0)], TX)
     op = keyed_operator(lake)
     metrics = lake.run(op).batches[0]
-    plan = op.plans.load(metrics.batch_id)
+    plan = op.state.plan(metrics.batch_id)
     assert plan.side_versions == {"profile": 0}
     assert plan.decisions["profile"]["global"].ready
 

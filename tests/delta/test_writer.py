@@ -378,7 +378,7 @@ def test_first_write_killed_after_moving_its_files_is_redone_by_the_rerun(
     # A SIGKILL between moving a new table's files into its folder and the commit that
     # creates the table leaves files without a log; the rerun must not take the folder
     # for a foreign dataset. (The crash harness does this with a real SIGKILL.)
-    from dagster_sideinputs.delta import writer
+    from dagster_sideinputs.delta import staging, writer
 
     uri = str(tmp_path / "created")
 
@@ -386,8 +386,8 @@ def test_first_write_killed_after_moving_its_files_is_redone_by_the_rerun(
         raise KeyboardInterrupt("killed before the commit")
 
     with monkeypatch.context() as patch:
-        patch.setattr(writer._Staging, "discard", lambda self, published_too: None)
-        patch.setattr(writer, "_commit", killed)
+        patch.setattr(staging.Staging, "discard", lambda self, published_too: None)
+        patch.setattr(writer, "commit_files", killed)
         with pytest.raises(KeyboardInterrupt):
             write_dataframe(spark.range(3), uri, app_transaction=AppTransaction("op", 0))
     assert not DeltaTable.is_deltatable(uri)

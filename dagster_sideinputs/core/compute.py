@@ -1,0 +1,199 @@
+"""Compute stage: the user function over the released records, and every output.
+
+Frames mode calls ``fn(main, sides)`` once on the driver; it returns Spark DataFrames
+(lazy: their jobs run when the write stage stages them). Row mode builds a
+``mapInArrow`` over the released records (:mod:`~dagster_sideinputs.core.rows`). The
+function runs only when the batch releases records, so every side input it reads is
+ready. The operator's own routes (late, unmatched, overflow, invalid) are added to their
+tags, and every output is checked against its table and its tag's schema before
+anything is staged.
+"""
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from dagster_sideinputs.core.columns import (
+    LOOKUP_PREFIX,
+    NS_END,
+    NS_START,
+    REASON,
+    ROUTE,
+    SIDE_NS,
+    quoted,
+)
+from dagster_sideinputs.core.context import Batch, StageContext, Views
+from dagster_sideinputs.core.outputs import OutputTag, SideInputs, normalize_outputs
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.route import side_windows
+from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
+from dagster_sideinputs.core.rows import Lookup, TaggedLayout, run_row_function
+from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
+from dagster_sideinputs.core.views import duplicate_error
+from dagster_sideinputs.delta.schema import same_type
+from dagster_sideinputs.errors import FunctionError, SchemaMismatchError, SideInputError
+
+
+def compute(context: StageContext, batch: Batch) -> Batch:
+    spec = context.spec
+    assert batch.classified is not None
+    released = sum(v["n"] for (r, _), v in batch.counts.items() if r == "released")
+    outputs: dict[OutputTag, DataFrame] = {}
+    lookups: dict[str, Lookup] = {}
+    if released and spec.options.mode == "frames":
+        outputs = _frames(context, batch)
+    elif released:
+        lookups = local_lookups(context, batch.views)
+        outputs = _rows(context, batch, lookups)
+    if released:
+        _check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
+    function_tags = frozenset(outputs)
+    for route_name, tag in spec.routes.items():
+        columns = [F.col(quoted(c)) for c in batch.main_columns]
+        if route_name != "late":
+            columns.append(F.col(REASON).alias("reason"))
+        routed = batch.classified.filter(F.col(ROUTE) == route_name).select(*columns)
+        outputs[tag] = (
+            outputs[tag].unionByName(routed, allowMissingColumns=True) if tag in outputs else routed
+        )
+    for tag, frame in outputs.items():
+        spec.engine.validate_append(
+            frame.schema, spec.table_uri(tag), schema_mode=spec.options.schema_mode, name=tag.name
+        )
+    return batch.but(outputs=outputs, function_tags=function_tags)
+
+
+def function_input(
+    context: StageContext, batch: Batch, *, lookups: Mapping[str, Lookup] | None = None
+) -> DataFrame:
+    """The released records as the function sees them: main columns, joined side inputs
+    (one column each, named after the side input) and, when windowed, the ``window``."""
+    assert batch.classified is not None
+    released = batch.classified.filter(F.col(ROUTE) == "released")
+    local = lookups or {}
+    joins = batch.views.joins
+    columns = [F.col(quoted(c)) for c in batch.main_columns]
+    columns += [F.col(quoted(name)) for name in joins if name not in local]
+    columns += [joins[name].main_keys[-1].alias(lookup.column) for name, lookup in local.items()]
+    if context.spec.window is not None:
+        window = F.struct(F.col(NS_START).alias("start"), F.col(NS_END).alias("end"))
+        columns.append(window.alias("window"))
+    return released.select(*columns)
+
+
+def side_inputs(batch: Batch) -> SideInputs:
+    """``sides[name]``: a singleton's value, or the view's rows as a DataFrame."""
+    getters: dict[str, Callable[[], Any]] = {}
+    for name, data in batch.views.data.items():
+        windows = side_windows(data.bound, batch.plan)
+        if data.side.view == "singleton" and data.side.window is None:
+            getters[name] = data.singleton_value
+            continue
+
+        def frame(data: Any = data, windows: Any = windows) -> DataFrame:
+            rows = data.rows(windows)
+            if data.side.window is None:
+                rows = rows.drop(SIDE_NS)
+            return F.broadcast(rows) if data.side.distribution == "broadcast" else rows
+
+        getters[name] = frame
+    return SideInputs(getters)
+
+
+def _frames(context: StageContext, batch: Batch) -> dict[OutputTag, DataFrame]:
+    spec = context.spec
+    main = function_input(context, batch)
+    try:
+        result = spec.options.fn(main, side_inputs(batch))
+        outputs = normalize_outputs(result, spec.declared)
+    except SideInputError:
+        raise
+    except PySparkException as exc:
+        raise translate(context, exc, batch.views) from exc
+    except Exception as exc:
+        raise FunctionError(
+            f"Operator {spec.operator_id!r}: the function {_name(spec.options.fn)} raised "
+            f"{type(exc).__name__}: {exc}. {NOTHING_WRITTEN}",
+            fix="fix the function, then rerun: the batch is replayed from its plan",
+        ) from exc
+    return {tag: _conform(tag, frame) for tag, frame in outputs.items()}
+
+
+def _conform(tag: OutputTag, frame: DataFrame) -> DataFrame:
+    """Frames-mode outputs of tags declaring a schema must have it (columns in any order)."""
+    if tag.schema is None:
+        return frame
+    found = {f.name: f.dataType for f in frame.schema.fields}
+    problems = []
+    for field in tag.schema.fields:
+        if field.name not in found:
+            problems.append(f"column {field.name!r} is missing")
+        elif not same_type(found[field.name], field.dataType):
+            problems.append(
+                f"column {field.name!r} is {found[field.name].simpleString()}, declared "
+                f"{field.dataType.simpleString()}"
+            )
+    extra = [name for name in found if name not in tag.schema.fieldNames()]
+    problems += [f"column {name!r} is not declared" for name in extra]
+    if problems:
+        raise SchemaMismatchError(
+            f"The function's output {tag.name!r} does not have its declared schema: "
+            + "; ".join(problems)
+            + f". {NOTHING_WRITTEN}",
+            fix="select and cast the output's columns to the OutputTag's schema, or change "
+            "the declared schema",
+        )
+    return frame.select(*[F.col(quoted(name)) for name in tag.schema.fieldNames()])
+
+
+def _rows(
+    context: StageContext, batch: Batch, lookups: Mapping[str, Lookup]
+) -> dict[OutputTag, DataFrame]:
+    spec = context.spec
+    user_tags = [t for t in spec.all_tags if t not in spec.routes.values() or t.schema is not None]
+    joined = [name for name in batch.views.joins if name not in lookups]
+    released = function_input(context, batch, lookups=lookups)
+    layout = TaggedLayout(user_tags)
+    tagged = run_row_function(
+        released,
+        spec.options.fn,
+        layout=layout,
+        broadcast_values=translated(context, lambda: broadcast_values(batch.views)),
+        joined_columns=joined,
+        record_columns=[
+            c for c in released.columns if c not in joined and not c.startswith(LOOKUP_PREFIX)
+        ],
+        lookups=lookups,
+    )
+    if len(user_tags) > 1:  # several writes read it: run the function once for all
+        tagged = context.persist(tagged)
+    # No job of its own: the function runs while the first output is staged.
+    return layout.split(tagged)
+
+
+def _check_one_row_per_key(
+    context: StageContext, plan: BatchPlan, views: Views, *, skip: Mapping[str, Any]
+) -> None:
+    """Maps and singletons promise one row per key (per window): checked before anything
+    is staged, once per side version and set of windows. ``skip``: side inputs checked on
+    the driver (row-mode lookups)."""
+    for name, join in views.joins.items():
+        if join.duplicates is None or name in skip:
+            continue
+        data = views.data[name]
+        windows = side_windows(data.bound, plan)
+        checked = (name, data.version, tuple(windows) if windows is not None else None)
+        if checked in context.unique_checked:
+            continue
+        found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
+        if found:
+            raise duplicate_error(data.bound, join, data.version)
+        context.unique_checked.add(checked)
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"

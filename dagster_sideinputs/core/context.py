@@ -1,0 +1,127 @@
+"""What the stages of a batch hand each other (:class:`Batch`) and share (:class:`StageContext`)."""
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from dagster_sideinputs.core.buffer import BufferState, Counts
+from dagster_sideinputs.core.metrics import TableWrite
+from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.side_data import SideData
+from dagster_sideinputs.core.sources import MainSource, SourceSlice, source_for
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.state import OperatorState
+from dagster_sideinputs.core.views import JoinSpec
+
+log = logging.getLogger("dagster_sideinputs")
+
+
+@dataclass(frozen=True)
+class Views:
+    """The side data and joins of one batch."""
+
+    data: Mapping[str, SideData] = field(default_factory=dict)
+    joins: Mapping[str, JoinSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch as it moves through the stages; each stage fills its part.
+
+    Attributes:
+        plan: the pinned plan.
+        replayed: the plan was made by an earlier run.
+        source: the main-input slice (files, snapshot) when already known.
+        records: read: new and buffered records with bookkeeping columns.
+        main_columns: read: the main input's columns.
+        buffer: read: the buffer at the plan's version.
+        views: route: side data and joins.
+        classified: route: records with their route.
+        counts: route: records per (route, origin), with oldest first-seen and max time.
+        outputs: compute: a DataFrame per output tag.
+        function_tags: compute: the tags the user function wrote (not only routes).
+        writes: write: per table, what its commit did.
+        notes: how the batch ran (shown in metrics).
+        durations: seconds per stage.
+    """
+
+    plan: BatchPlan
+    replayed: bool
+    source: SourceSlice | None = None
+    records: DataFrame | None = None
+    main_columns: tuple[str, ...] = ()
+    buffer: BufferState = field(default_factory=lambda: BufferState(None))
+    views: Views = field(default_factory=Views)
+    classified: DataFrame | None = None
+    counts: Counts = field(default_factory=dict)
+    outputs: Mapping[OutputTag, DataFrame] = field(default_factory=dict)
+    function_tags: frozenset[OutputTag] = frozenset()
+    writes: Mapping[str, TableWrite] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    durations: Mapping[str, float] = field(default_factory=dict)
+    physical_plan: str | None = None
+
+    def but(self, **changes: Any) -> "Batch":
+        """A copy with some fields changed (stages never mutate a Batch)."""
+        return replace(self, **changes)
+
+    def noted(self, *notes: str) -> "Batch":
+        return replace(self, notes=(*self.notes, *notes))
+
+    def timed(self, stage: str, seconds: float) -> "Batch":
+        return replace(self, durations={**self.durations, stage: round(seconds, 4)})
+
+
+class StageContext:
+    """What the stages share across the batches of one operator and session: the spec,
+    the session, caches keyed by side version, and the batch's cleanup callbacks."""
+
+    def __init__(self, spec: OperatorSpec, spark: SparkSession, state: OperatorState) -> None:
+        self.spec = spec
+        self.spark = spark
+        self.state = state
+        self.source: MainSource = source_for(spec)
+        self.explain = False
+        self.lookup_tables: dict[tuple[str, int | None], Any] = {}
+        self.unique_checked: set[tuple[str, int | None, Any]] = set()
+        self._cleanups: list[Callable[[], Any]] = []
+
+    def on_cleanup(self, action: Callable[[], Any]) -> None:
+        """Run ``action`` when the batch ends (successful or not)."""
+        self._cleanups.append(action)
+
+    def persist(self, frame: DataFrame) -> DataFrame:
+        """Persist a DataFrame for the rest of the batch (unpersisted at its end)."""
+        persisted = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self.on_cleanup(persisted.unpersist)
+        return persisted
+
+    @contextlib.contextmanager
+    def batch_scope(self) -> Iterator[None]:
+        """Runs the batch's cleanups; a cleanup failure never hides the batch's own error
+        (it is logged, and attached to that error as a note)."""
+        self._cleanups = []
+        failed: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            for action in reversed(self._cleanups):
+                try:
+                    action()
+                except Exception as cleanup_error:
+                    message = f"cleanup after batch failed: {cleanup_error!r}"
+                    log.warning(message)
+                    if failed is not None:
+                        failed.add_note(message)
+                    elif not isinstance(cleanup_error, Exception):
+                        raise
+            self._cleanups = []

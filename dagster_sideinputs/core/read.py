@@ -1,0 +1,173 @@
+"""Read stage: the batch's new main records and the buffered records it releases.
+
+New records get the operator's bookkeeping columns (namespace window, key group, first
+seen, batch, fingerprint); buffered records already carry them, and get fresh
+namespaces and key groups when the declaration changed since they were buffered. A
+pre-keyed main input is read as a bucketed table, so keyed joins do not shuffle it.
+"""
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.buffer import fingerprint, read_slots
+from dagster_sideinputs.core.columns import (
+    BATCH,
+    CORRUPT,
+    FINGERPRINT,
+    FIRST_SEEN,
+    KEY_GROUP,
+    NS_END,
+    NS_START,
+    ORIGIN,
+    PREFIX,
+    quoted,
+)
+from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.keyed import (
+    bucketed_scan,
+    check_pre_keyed,
+    drop_bucketed_scan,
+    key_group,
+)
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.sources import SourceSlice
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.windows import assign_global, assign_windows, check_time_column
+from dagster_sideinputs.delta.files import join_uri
+from dagster_sideinputs.errors import DeclarationError, did_you_mean
+
+DEFAULT_KEY_GROUPS = 128
+
+
+def read(context: StageContext, batch: Batch) -> Batch:
+    spec, plan = context.spec, batch.plan
+    piece = batch.source or context.source.files(plan.main)
+    raw = context.source.read(context.spark, piece)
+    notes: list[str] = []
+    if spec.main.pre_keyed is not None and piece.files:
+        raw, note = _pre_keyed_scan(context, raw, piece)
+        notes.append(note)
+    main_columns = tuple(c for c in raw.columns if c != CORRUPT)
+    check_main_schema(spec, raw.schema)
+    new = with_bookkeeping(spec, raw, plan, main_columns)
+    buffered, state = read_slots(spec, context.spark, plan)
+    if buffered is not None and plan.reroute:
+        buffered = _rebuilt(spec, buffered, main_columns)
+        notes.append("declaration changed: buffered records routed again under the new one")
+    records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
+    return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
+        *notes
+    )
+
+
+def check_main_schema(spec: OperatorSpec, schema: T.StructType) -> None:
+    """The declared key and event-time columns exist with usable types, and no column
+    collides with the operator's own."""
+    main, names = spec.main, schema.fieldNames()
+    where = f"Main input {main.asset!r}"
+    reserved = [n for n in names if n.startswith(PREFIX) and n != CORRUPT]
+    if reserved:
+        raise DeclarationError(
+            f"{where} has column(s) {reserved} starting with {PREFIX!r}, which the operator "
+            "reserves for its own bookkeeping.",
+            fix="rename the column(s) upstream",
+        )
+    if main.key is not None and main.key not in names:
+        raise DeclarationError(
+            f"{where} has no key column {main.key!r} (columns: {names})."
+            + did_you_mean(main.key, names),
+            fix="fix MainInput(key=...) or the main input's schema",
+        )
+    if main.key is not None and isinstance(schema[main.key].dataType, T.MapType):
+        raise DeclarationError(
+            f"{where}: key column {main.key!r} is a map, which cannot be hashed or joined.",
+            fix="key the input by a string, number, date or timestamp column",
+        )
+    if spec.window is not None and spec.window.time_column is not None:
+        check_time_column(schema, spec.window.time_column, where=where)
+    elif main.event_time is not None:
+        check_time_column(schema, main.event_time, where=where)
+    if spec.window is not None and "window" in names:
+        raise DeclarationError(
+            f"{where} has a column named 'window', which the operator uses for the main "
+            "window of each released record.",
+            fix="rename that column upstream",
+        )
+
+
+def with_bookkeeping(
+    spec: OperatorSpec, raw: DataFrame, plan: BatchPlan, main_columns: tuple[str, ...]
+) -> DataFrame:
+    """New records with their namespace, key group, first-seen time, batch and fingerprint."""
+    frame = _namespaced(spec, raw)
+    return (
+        frame.withColumn(KEY_GROUP, _key_group(spec))
+        .withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
+        .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))
+        .withColumn(FINGERPRINT, fingerprint(main_columns))
+        .withColumn(ORIGIN, F.lit("new"))
+    )
+
+
+def _namespaced(spec: OperatorSpec, frame: DataFrame) -> DataFrame:
+    if spec.window is None:
+        return assign_global(frame)
+    assert spec.window.time_column is not None
+    return assign_windows(frame, spec.window, spec.window.time_column)
+
+
+def _key_group(spec: OperatorSpec):
+    keyed = spec.main.pre_keyed
+    groups = keyed.max_key_groups if keyed else DEFAULT_KEY_GROUPS
+    key = spec.main.key
+    return key_group(key, groups) if key else F.lit(None).cast("int")
+
+
+def _rebuilt(spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...]) -> DataFrame:
+    """Buffered records under a changed declaration: fresh namespaces and key groups (their
+    first-seen time, batch and fingerprint stay, so limits and order are unchanged)."""
+    missing = [c for c in main_columns if c not in buffered.columns]
+    for column in missing:  # columns the main input gained since the record was buffered
+        buffered = buffered.withColumn(column, F.lit(None))
+    reset = buffered.drop(NS_START, NS_END)
+    return _namespaced(spec, reset).withColumn(KEY_GROUP, _key_group(spec))
+
+
+def _pre_keyed_scan(
+    context: StageContext, raw: DataFrame, piece: SourceSlice
+) -> tuple[DataFrame, str]:
+    spec = context.spec
+    keyed = spec.main.pre_keyed
+    snapshot = piece.snapshot
+    assert keyed is not None
+    assert spec.main.key is not None
+    assert snapshot is not None
+    splits = check_pre_keyed(piece.files, keyed, key=spec.main.key, table=spec.main.asset)
+    partition_columns = set(snapshot.partition_columns)
+    if partition_columns - {keyed.column}:
+        return raw, "pre-keyed: partition columns besides the key group; read with a shuffle"
+    scan = bucketed_scan(
+        context.spark,
+        splits,
+        schema=snapshot.data_schema,
+        key=spec.main.key,
+        max_key_groups=keyed.max_key_groups,
+        scratch_dir=join_uri(spec.state_uri, "prekeyed"),
+        label=spec.operator_id,
+    )
+    if scan is None:
+        return raw, "pre-keyed: files are not on a local filesystem; read with a shuffle"
+    frame, table = scan
+    context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
+    if keyed.column in partition_columns:
+        frame = frame.withColumn(
+            keyed.column,
+            key_group(spec.main.key, keyed.max_key_groups).cast(
+                snapshot.schema[keyed.column].dataType
+            ),
+        )
+    return (
+        frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]),
+        "pre-keyed: main files read as buckets (no shuffle)",
+    )

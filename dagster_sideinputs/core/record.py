@@ -1,0 +1,85 @@
+"""Record stage: the batch's metrics, its commit record, and housekeeping.
+
+The commit record is written last: from then on the batch is complete, and the next
+run plans the batch after it. Every ``VACUUM_EVERY`` batches the buffer's unreferenced
+files are deleted, and old plans and commit records are pruned.
+"""
+
+import contextlib
+import io
+import logging
+
+from pyspark.sql import DataFrame
+
+from dagster_sideinputs.core.buffer import after_batch
+from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.metrics import BatchMetrics
+from dagster_sideinputs.core.route import ROUTES, max_event_time
+
+VACUUM_EVERY = 25
+log = logging.getLogger("dagster_sideinputs")
+
+
+def record(context: StageContext, batch: Batch) -> BatchMetrics:
+    spec, plan = context.spec, batch.plan
+    metrics = metrics_of(context, batch)
+    max_seen = [t for t in (plan.max_event_time, metrics.max_event_time) if t is not None]
+    context.state.commit(
+        plan.batch_id,
+        {
+            **metrics.as_dict(),
+            "max_event_time": max(max_seen).isoformat() if max_seen else None,
+            "routing": plan.routing,
+        },
+    )
+    if plan.batch_id % VACUUM_EVERY == VACUUM_EVERY - 1:
+        spec.engine.vacuum(spec.buffer_uri, retention_hours=0)
+        context.state.prune()
+    return metrics
+
+
+def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:
+    plan = batch.plan
+    routes = {route: 0 for route in ROUTES}
+    rows_in = from_buffer = 0
+    for (route, origin), values in batch.counts.items():
+        routes[route] = routes.get(route, 0) + values["n"]
+        if origin == "new":
+            rows_in += values["n"]
+        else:
+            from_buffer += values["n"]
+    after = after_batch(plan, batch.buffer, batch.counts)
+    physical_plan = None
+    if context.explain and batch.classified is not None:
+        physical_plan = _explain(batch.classified)
+    return BatchMetrics(
+        operator_id=context.spec.operator_id,
+        batch_id=plan.batch_id,
+        replayed=batch.replayed,
+        main_range=plan.main.describe(),
+        rows_in=rows_in,
+        released_from_buffer=from_buffer,
+        routes=routes,
+        writes=dict(batch.writes),
+        side_versions=dict(plan.side_versions),
+        readiness={
+            side: {ns: {"ready": d.ready, "reason": d.reason} for ns, d in per_ns.items()}
+            for side, per_ns in plan.decisions.items()
+        },
+        buffer_rows=after.rows,
+        buffer_oldest_age_s=after.age_s(plan.now),
+        watermark=plan.watermark,
+        max_event_time=max_event_time(batch.counts),
+        durations=dict(batch.durations),
+        notes=list(batch.notes),
+        physical_plan=physical_plan,
+        engine=context.spec.engine.name,
+    )
+
+
+def _explain(frame: DataFrame) -> str:
+    """Spark's physical plan of a DataFrame, as ``explain()`` prints it."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        frame.explain()
+    return buffer.getvalue()

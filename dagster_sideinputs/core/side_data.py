@@ -1,0 +1,143 @@
+"""One side input at a batch's pinned version: its rows, schema and checks.
+
+Side rows are read at the pinned Delta version and, for windowed side inputs, only
+for the side windows in play (files pruned by their min/max statistics), each row
+tagged with its side namespace. The rows of one version and set of windows are built
+once per batch.
+"""
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.columns import NS_END, NS_START, SIDE_NS
+from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.spec import BoundSide
+from dagster_sideinputs.core.windows import (
+    GLOBAL,
+    WindowSpan,
+    as_utc,
+    assign_windows,
+    check_time_column,
+    namespace_id,
+    namespace_id_column,
+)
+from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
+from dagster_sideinputs.errors import (
+    EmptySingletonError,
+    SideInputDataError,
+    SingletonCardinalityError,
+    did_you_mean,
+)
+
+
+def value_columns(schema: T.StructType) -> list[str]:
+    return [f.name for f in schema.fields if not f.name.startswith("_dsi_")]
+
+
+@dataclass
+class SideData:
+    """One side input at the batch's pinned version."""
+
+    bound: BoundSide
+    snapshot: TableSnapshot | None
+    spark: SparkSession
+    engine: DeltaEngine
+    _rows_cache: dict[Any, DataFrame] = field(default_factory=dict)
+
+    @property
+    def side(self) -> SideInput:
+        return self.bound.side
+
+    @property
+    def version(self) -> int | None:
+        return None if self.snapshot is None else self.snapshot.version
+
+    def schema(self) -> T.StructType:
+        if self.snapshot is None:
+            raise SideInputDataError(
+                f"{self.bound.label}: table {self.bound.uri} does not exist.",
+                fix="materialize the side input asset first",
+            )
+        return self.snapshot.schema
+
+    def rows(self, windows: Sequence[WindowSpan] | None) -> DataFrame:
+        """Side rows (with the side namespace column), at the pinned version."""
+        cache_key = None if windows is None else tuple(windows)
+        if cache_key in self._rows_cache:
+            return self._rows_cache[cache_key]
+        schema = self.schema()
+        assert self.snapshot is not None
+        if windows is not None and not windows:
+            empty = T.StructType([*schema.fields, T.StructField(SIDE_NS, T.StringType())])
+            return self.spark.createDataFrame([], empty)
+        files: list[DataFile] = list(self.snapshot.files)
+        window = self.side.window
+        if window is not None and windows is not None:
+            column = window.time_column
+            assert column is not None
+            check_time_column(schema, column, where=self.bound.label)
+            low, high = min(s for s, _ in windows), max(e for _, e in windows)
+            files = [f for f in files if _may_overlap(f, column, low, high)]
+        frame = self.engine.read_snapshot(
+            self.spark, self.snapshot, files=files, name=self.side.asset
+        )
+        if window is None:
+            frame = frame.withColumn(SIDE_NS, F.lit(GLOBAL))
+        else:
+            assert window.time_column is not None
+            frame = assign_windows(frame, window, window.time_column)
+            frame = frame.withColumn(SIDE_NS, namespace_id_column(F.col(NS_START))).drop(
+                NS_START, NS_END
+            )
+            if windows is not None:
+                wanted = sorted({namespace_id(start) for start, _ in windows})
+                frame = frame.filter(F.col(SIDE_NS).isin(wanted))
+        self._rows_cache[cache_key] = frame
+        return frame
+
+    def check_key_column(self) -> None:
+        schema = self.schema()
+        key = self.side.key
+        if key is not None and key not in schema.fieldNames():
+            raise SideInputDataError(
+                f"{self.bound.label} is keyed by {key!r}, but the side table has no such column "
+                f"(columns: {schema.fieldNames()}).{did_you_mean(key, schema.fieldNames())}",
+                fix="fix key= in the declaration, or restore the side table's schema",
+            )
+
+    def singleton_value(self, namespace: str = GLOBAL) -> Any:
+        """The singleton's row (or declared default) for one namespace."""
+        found = self.rows(None).drop(SIDE_NS).limit(2).collect()
+        return self.one(found, namespace)
+
+    def one(self, found: list[Row], namespace: str) -> Any:
+        if len(found) > 1:
+            raise SingletonCardinalityError(
+                f"{self.bound.label} is a singleton but holds more than one row in namespace "
+                f"{namespace!r} (version {self.version if self.version is not None else '-'}).",
+                fix="make the side asset produce exactly one row, or declare it as "
+                "SideInput.list(...) / SideInput.map(..., key=...)",
+            )
+        if not found:
+            if self.side.default is not None:
+                return self.side.default
+            raise EmptySingletonError(
+                f"{self.bound.label} is ready for namespace {namespace!r} but holds no row, "
+                "and declares no default.",
+                fix="materialize a row, or declare SideInput.singleton(..., default=<value>)",
+            )
+        return found[0]
+
+
+def _may_overlap(file: DataFile, column: str, low: dt.datetime, high: dt.datetime) -> bool:
+    """Whether a file's [min, max] of a time column can overlap [low, high)."""
+    lo, hi = file.min_values.get(column), file.max_values.get(column)
+    if not isinstance(lo, dt.datetime) or not isinstance(hi, dt.datetime):
+        return True
+    return as_utc(lo) < as_utc(high) and as_utc(hi) >= as_utc(low) - dt.timedelta(milliseconds=1)

@@ -1,0 +1,303 @@
+"""Side inputs: :class:`SideInput` and its four view factories.
+
+``SideInput.singleton``, ``.list``, ``.map`` and ``.multimap`` take explicit, typed
+keyword arguments (completion and type checking on the main vocabulary); an option a
+view does not take is a ``DeclarationError`` naming the views that do.
+"""
+
+import datetime as dt
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from dagster_sideinputs.core.declarations import (
+    DISTRIBUTIONS,
+    MISSING,
+    ON_TIMEOUT,
+    READINESS,
+    Distribution,
+    KeyTranslator,
+    Missing,
+    OnTimeout,
+    Readiness,
+    View,
+    asset_path,
+    check_choice,
+)
+from dagster_sideinputs.core.windows import Window, WindowMapping
+from dagster_sideinputs.errors import DeclarationError, did_you_mean
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_FACTORY_OPTIONS: dict[str, set[str]] = {}
+
+
+def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Unknown keyword arguments of a view factory become a DeclarationError saying which
+    views take them (Python's TypeError would not)."""
+    signature = inspect.signature(factory)
+    view = factory.__name__
+    _FACTORY_OPTIONS[view] = set(list(signature.parameters)[2:])
+
+    @functools.wraps(factory)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            unknown = [k for k in kwargs if k not in signature.parameters]
+            if not unknown:
+                raise DeclarationError(f"SideInput.{view}(...): {exc}.") from None
+            name = unknown[0]
+            takers = sorted(v for v, options in _FACTORY_OPTIONS.items() if name in options)
+            where = f"SideInput.{view}({args[1] if len(args) > 1 else '...'!r})"
+            known = sorted(_FACTORY_OPTIONS[view])
+            raise DeclarationError(
+                f"{where}: {name}= "
+                + (
+                    f"only applies to {'keyed ' if takers == ['map', 'multimap'] else ''}"
+                    f"{' / '.join(takers)} views"
+                    if takers
+                    else "is not an option of any view"
+                )
+                + f" (options of {view} views: {known}).{did_you_mean(name, known)}",
+                fix=f"remove {name}=, or use SideInput.{takers[0]}(...)"
+                if takers
+                else f"use one of {known}",
+            ) from None
+        return factory(*args, **kwargs)
+
+    return checked
+
+
+@dataclass(frozen=True)
+class SideInput:
+    """An additional, usually slowly changing input, seen through a view.
+
+    Build one with :meth:`singleton`, :meth:`list`, :meth:`map` or :meth:`multimap`.
+
+    Attributes:
+        asset: asset name of the side Delta table.
+        view: how the user function sees it.
+        key: the side table's key column (map / multimap).
+        readiness: when it may be used; by default ``complete`` for windowed side
+            inputs, ``fresh`` when it has a freshness rule (``max_age`` here, a
+            FreshnessPolicy in Dagster), else ``present``.
+        distribution: ``broadcast`` ships the view to every task; ``keyed`` joins it by
+            key without broadcasting; ``forwarded`` joins on ``forward_column``.
+        key_translator: main-record expression giving the side key (a column name, a
+            Column, or a function of the main DataFrame returning a Column). Without
+            one, a map / multimap joins main records on the column named like ``key``;
+            when main records have no such column, the function gets the whole view.
+        missing: for keyed lookups, what happens to a main record whose key has no
+            side row: ``null`` (joined with nulls), ``wait`` (buffered until the row
+            arrives or ``timeout`` passes), ``unmatched`` (to the unmatched tag).
+        timeout: with ``missing="wait"``, how long a record may wait.
+        on_timeout: after the timeout: ``unmatched`` tag or ``null`` join.
+        window: side windows (a time-window partitioned side asset).
+        window_mapping: maps a main window ``(start, end)`` to the side window to read;
+            default: the side window containing the main window's last instant.
+        max_age: freshness without Dagster: the table's last commit must be this recent.
+        default: a singleton's value when its namespace is ready but empty.
+        pick: for a map with duplicate keys, keep the row with the greatest value of
+            this column instead of failing.
+        forward_column: the shared column of a ``forwarded`` distribution.
+        path: table location when it is not ``<storage root>/<asset>``.
+    """
+
+    asset: str
+    view: View
+    key: str | None = None
+    readiness: Readiness | None = None
+    distribution: Distribution | None = None
+    key_translator: Any = field(default=None, compare=False, hash=False)
+    missing: Missing = "null"
+    timeout: dt.timedelta | None = None
+    on_timeout: OnTimeout = "unmatched"
+    window: Window | None = None
+    window_mapping: WindowMapping | None = field(default=None, compare=False, hash=False)
+    max_age: dt.timedelta | None = None
+    default: Any = field(default=None, compare=False, hash=False)
+    pick: str | None = None
+    forward_column: str | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"SideInput.{self.view}({self.asset!r})"
+        asset_path(self.asset)
+        check_choice(self.view, ("singleton", "list", "map", "multimap"), "view", where)
+        check_choice(self.readiness, READINESS, "readiness", where)
+        check_choice(self.distribution, DISTRIBUTIONS, "distribution", where)
+        check_choice(self.missing, MISSING, "missing", where)
+        check_choice(self.on_timeout, ON_TIMEOUT, "on_timeout", where)
+        if self.view in ("map", "multimap") and not self.key:
+            raise DeclarationError(f"{where} needs key=<the side table's key column>.")
+        if self.missing != "null" and self.view not in ("map", "multimap"):
+            raise DeclarationError(
+                f"{where}: missing={self.missing!r} only applies to keyed map/multimap views."
+            )
+        if self.missing == "wait" and self.timeout is None:
+            raise DeclarationError(
+                f"{where}: missing='wait' needs a timeout, or records could wait forever.",
+                fix="pass timeout=timedelta(hours=1) (then on_timeout decides)",
+            )
+        if self.timeout is not None and self.timeout <= dt.timedelta(0):
+            raise DeclarationError(f"{where}: timeout must be positive, got {self.timeout}.")
+        if self.max_age is not None and self.max_age <= dt.timedelta(0):
+            raise DeclarationError(f"{where}: max_age must be positive, got {self.max_age}.")
+        if self.distribution == "forwarded" and not self.forward_column:
+            raise DeclarationError(
+                f"{where}: distribution='forwarded' needs forward_column=<shared column>."
+            )
+        if self.window is not None and self.window.time_column is None:
+            raise DeclarationError(
+                f"{where}: a windowed side input needs the side table's time column.",
+                fix="pass window=Window.tumbling(timedelta(hours=1), time_column='ts')",
+            )
+        if self.window_mapping is not None and self.window is None:
+            raise DeclarationError(f"{where}: window_mapping= needs window=.")
+        if self.pick is not None and self.view != "map":
+            raise DeclarationError(f"{where}: pick= only applies to map views.")
+
+    @classmethod
+    @_checked_options
+    def singleton(
+        cls,
+        asset: str,
+        *,
+        readiness: Readiness | None = None,
+        default: Any = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
+        """One value (one row) per namespace; ``sides[name]`` is that row (or ``default``)."""
+        return cls(
+            asset=asset, view="singleton", readiness=readiness, default=default, window=window,
+            window_mapping=window_mapping, max_age=max_age, distribution=distribution,
+            forward_column=forward_column, path=path,
+        )  # fmt: skip
+
+    @classmethod
+    @_checked_options
+    def list(
+        cls,
+        asset: str,
+        *,
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
+        """All rows as a bag; ``sides[name]`` is a DataFrame of them."""
+        return cls(
+            asset=asset, view="list", readiness=readiness, window=window,
+            window_mapping=window_mapping, max_age=max_age, distribution=distribution,
+            forward_column=forward_column, path=path,
+        )  # fmt: skip
+
+    @classmethod
+    @_checked_options
+    def map(
+        cls,
+        asset: str,
+        *,
+        key: str,
+        key_translator: KeyTranslator | None = None,
+        missing: Missing = "null",
+        timeout: dt.timedelta | None = None,
+        on_timeout: OnTimeout = "unmatched",
+        pick: str | None = None,
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
+        """Key -> one row; joined to each main record as a struct column."""
+        return cls(
+            asset=asset, view="map", key=key, key_translator=key_translator, missing=missing,
+            timeout=timeout, on_timeout=on_timeout, pick=pick, readiness=readiness,
+            window=window, window_mapping=window_mapping, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
+        )  # fmt: skip
+
+    @classmethod
+    @_checked_options
+    def multimap(
+        cls,
+        asset: str,
+        *,
+        key: str,
+        key_translator: KeyTranslator | None = None,
+        missing: Missing = "null",
+        timeout: dt.timedelta | None = None,
+        on_timeout: OnTimeout = "unmatched",
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
+        """Key -> all rows of that key; joined to each main record as an array column."""
+        return cls(
+            asset=asset, view="multimap", key=key, key_translator=key_translator,
+            missing=missing, timeout=timeout, on_timeout=on_timeout, readiness=readiness,
+            window=window, window_mapping=window_mapping, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """A readable one-line description (view, key, readiness, timeout, window)."""
+        parts = [f"{self.view} of {self.asset!r}"]
+        if self.key:
+            parts.append(f"keyed by {self.key!r}")
+        if self.readiness:
+            parts.append(f"ready when {self.readiness}")
+        if self.max_age is not None:
+            parts.append(f"fresh within {_human(self.max_age)}")
+        if self.missing == "wait":
+            parts.append(f"waits up to {_human(self.timeout)} per key, then {self.on_timeout}")
+        elif self.missing == "unmatched":
+            parts.append("missing keys -> unmatched")
+        if self.window is not None:
+            parts.append(f"per {_human(self.window.size)} window on {self.window.time_column!r}")
+        if self.distribution:
+            parts.append(f"{self.distribution} distribution")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        extras = [f"key={self.key!r}"] if self.key else []
+        for name in ("readiness", "distribution", "window", "pick", "forward_column"):
+            value = getattr(self, name)
+            if value is not None:
+                extras.append(f"{name}={value!r}")
+        if self.missing != "null":
+            extras.append(f"missing={self.missing!r}, timeout={self.timeout!r}")
+        if self.max_age is not None:
+            extras.append(f"max_age={self.max_age!r}")
+        return f"SideInput.{self.view}({self.asset!r}" + "".join(", " + e for e in extras) + ")"
+
+
+def _human(value: dt.timedelta | None) -> str:
+    """``1h30m``, ``2d``, ``45s``: durations as people write them."""
+    if value is None:
+        return "-"
+    seconds = int(value.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or f"{value.total_seconds():g}s"

@@ -1,0 +1,252 @@
+"""Main-input sources: what is new since the last batch, and reading exactly that.
+
+A source has two sides, used once each per batch:
+
+- the planner asks :meth:`~MainSource.next_range` for the slice after the previous
+  batch's (Delta versions, or new landed files), checking the input's identity (a table
+  recreated under the same path, a landed file that changed after it was read);
+- the read stage asks :meth:`~MainSource.files` and :meth:`~MainSource.read` for the
+  records of a pinned slice, identical on a replay.
+"""
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.columns import CORRUPT
+from dagster_sideinputs.core.keyed import check_pre_keyed
+from dagster_sideinputs.core.plan import MainRange
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
+from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
+from dagster_sideinputs.errors import MainInputDataError, OperatorStateError, TableNotFoundError
+
+_HIDDEN = (".", "_")
+_GLOB = re.compile(r"([\\*?\[\]{}])")
+
+
+@dataclass(frozen=True)
+class SourceSlice:
+    """A slice of the main input with what was learned while finding it."""
+
+    range: MainRange
+    files: tuple[DataFile, ...] = ()
+    snapshot: TableSnapshot | None = None
+
+
+class MainSource(Protocol):
+    def next_range(self, previous: MainRange | None) -> SourceSlice: ...
+
+    def files(self, main: MainRange) -> SourceSlice: ...
+
+    def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame: ...
+
+    def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None: ...
+
+
+def source_for(spec: OperatorSpec) -> MainSource:
+    return LandingFolder(spec) if spec.main.is_files else DeltaTableSource(spec)
+
+
+class DeltaTableSource:
+    """A Delta table growing by appends; a slice is a version range ``(start, end]``."""
+
+    def __init__(self, spec: OperatorSpec) -> None:
+        self.spec = spec
+        self.engine = spec.engine
+        self.name = spec.main.asset
+
+    def next_range(self, previous: MainRange | None) -> SourceSlice:
+        spec = self.spec
+        start = previous.end_version if previous is not None else -1
+        known_id = previous.table_id if previous is not None else None
+        try:
+            latest = self.engine.snapshot(spec.main_uri, name=self.name)
+        except TableNotFoundError:  # not materialized yet (a non-Delta folder is an error)
+            if start >= 0:
+                raise OperatorStateError(
+                    f"Main input {self.name!r} ({spec.main_uri}) is gone, but the operator "
+                    f"{spec.operator_id!r} has read it up to version {start}.",
+                    fix="restore the table; if it was replaced on purpose, start over with "
+                    "`operator.reset(...)` (README, 'Guarantees')",
+                ) from None
+            return SourceSlice(MainRange("delta", start, start))
+        if known_id and latest.table_id and latest.table_id != known_id:
+            raise OperatorStateError(
+                f"Main input {self.name!r} ({spec.main_uri}) was deleted and created again "
+                f"(table id {known_id} -> {latest.table_id}): the operator's position "
+                f"(version {start}) refers to the old table, and reading on from it would "
+                "skip the new table's first records.",
+                fix="read the new table from its beginning with "
+                "`operator.reset(main_from='beginning')` (outputs keep the old table's "
+                "records), or restore the old table",
+            )
+        if latest.version < start:
+            raise OperatorStateError(
+                f"Main input {self.name!r} is at version {latest.version}, before the "
+                f"operator's position (version {start}): it was restored or replaced.",
+                fix="start over with `operator.reset(main_from='beginning')`",
+            )
+        end = latest.version
+        if spec.options.max_versions_per_batch is not None:
+            end = min(end, start + spec.options.max_versions_per_batch)
+        if end <= start:
+            return SourceSlice(
+                MainRange("delta", start, start, table_id=latest.table_id), (), latest
+            )
+        snapshot = latest if end == latest.version else self._snapshot(end)
+        main = MainRange("delta", start, end, table_id=latest.table_id)
+        return SourceSlice(main, self._added(main, snapshot), snapshot)
+
+    def _snapshot(self, version: int) -> TableSnapshot:
+        return self.engine.snapshot(self.spec.main_uri, version=version, name=self.name)
+
+    def _added(self, main: MainRange, snapshot: TableSnapshot) -> tuple[DataFile, ...]:
+        if main.start_version < 0:
+            files: Sequence[DataFile] = snapshot.files
+        else:
+            files = self.engine.added_files(
+                self.spec.main_uri, main.start_version, main.end_version, name=self.name
+            )
+        keyed = self.spec.main.pre_keyed
+        if keyed is not None and self.spec.main.key is not None:
+            check_pre_keyed(files, keyed, key=self.spec.main.key, table=self.name)
+        return tuple(files)
+
+    def files(self, main: MainRange) -> SourceSlice:
+        if main.end_version < 0:
+            return SourceSlice(main)
+        snapshot = self._snapshot(main.end_version)
+        if main.table_id and snapshot.table_id and snapshot.table_id != main.table_id:
+            raise OperatorStateError(
+                f"Main input {self.name!r} was created again (table id {main.table_id} -> "
+                f"{snapshot.table_id}) while batch records of the old table were pending.",
+                fix="restore the old table to finish the batch, or start over with "
+                "`operator.reset(main_from='beginning')`",
+            )
+        if main.is_empty:
+            return SourceSlice(main, (), snapshot)  # keeps the schema for a buffer-only batch
+        return SourceSlice(main, self._added(main, snapshot), snapshot)
+
+    def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame:
+        snapshot = piece.snapshot
+        if piece.range.is_empty or snapshot is None:
+            schema = snapshot.schema if snapshot is not None else T.StructType([])
+            return spark.createDataFrame([], schema)
+        return self.engine.read_snapshot(spark, snapshot, files=piece.files, name=self.name)
+
+    def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
+        return None  # the position lives in the plans
+
+
+class LandingFolder:
+    """A folder where files land; a slice is a list of new files (path, size, mtime).
+
+    The files read are recorded in a small Delta table (the ledger) in the same batch,
+    with the batch's application transaction.
+    """
+
+    def __init__(self, spec: OperatorSpec) -> None:
+        self.spec = spec
+        self.engine = spec.engine
+        folder = spec.main.path
+        assert folder is not None
+        self.folder = folder
+
+    def _seen(self) -> dict[str, tuple[int, int | None]]:
+        uri = self.spec.files_seen_uri
+        if not self.engine.exists(uri):
+            return {}
+        table = self.engine.read_rows(uri)
+        paths = table.column("path").to_pylist()
+        sizes = table.column("size").to_pylist()
+        times = (
+            table.column("mtime_ms").to_pylist()
+            if "mtime_ms" in table.column_names
+            else [None] * len(paths)
+        )
+        return {p: (s, t) for p, s, t in zip(paths, sizes, times, strict=True)}
+
+    def next_range(self, previous: MainRange | None) -> SourceSlice:
+        listing = TableFiles(self.folder, self.spec.storage.storage_options)
+        if not listing.exists():
+            return SourceSlice(MainRange("files"))
+        seen = self._seen()
+        fresh = []
+        for entry in listing.list_files(""):
+            if "/" in entry.path or entry.path.startswith(_HIDDEN):
+                continue
+            known = seen.get(entry.path)
+            if known is None:
+                fresh.append(entry)
+                continue
+            size, mtime = known
+            if size != entry.size or (mtime is not None and mtime != entry.modification_time_ms):
+                raise MainInputDataError(
+                    f"Landed file {entry.path!r} of main input {self.spec.main.asset!r} "
+                    f"({self.folder}) changed after the operator read it (size {size} -> "
+                    f"{entry.size} bytes): its new records would never be read. Nothing was "
+                    "written.",
+                    fix="land new records in new files (files are read once, whole); move the "
+                    "changed file away and land its new lines as a new file, then rerun",
+                )
+        fresh.sort(key=lambda e: (e.modification_time_ms, e.path))
+        if self.spec.options.max_files_per_batch is not None:
+            fresh = fresh[: self.spec.options.max_files_per_batch]
+        listed = tuple(
+            {"path": e.path, "size": e.size, "mtime_ms": e.modification_time_ms} for e in fresh
+        )
+        return SourceSlice(MainRange("files", files=listed))
+
+    def files(self, main: MainRange) -> SourceSlice:
+        return SourceSlice(main)
+
+    def schema(self) -> T.StructType:
+        declared = self.spec.main.schema
+        schema = T.StructType.fromDDL(declared) if isinstance(declared, str) else declared
+        assert isinstance(schema, T.StructType)
+        return schema
+
+    def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame:
+        schema = self.schema()
+        main = self.spec.main
+        uris = [
+            _GLOB.sub(r"\\\1", spark_uri(join_uri(self.folder, f["path"])))
+            for f in piece.range.files
+            if f["size"] > 0
+        ]
+        if not uris:
+            return spark.createDataFrame([], schema)
+        reader = spark.read.format(main.format).options(**dict(main.read_options))
+        if main.format in ("json", "csv"):
+            with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
+            return (
+                reader.schema(with_corrupt)
+                .option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", CORRUPT)
+                .load(uris)
+            )
+        return reader.schema(schema).load(uris)
+
+    def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
+        if not main.files:
+            return None
+        rows = pa.table(
+            {
+                "path": [f["path"] for f in main.files],
+                "size": pa.array([f["size"] for f in main.files], pa.int64()),
+                "mtime_ms": pa.array([f.get("mtime_ms") for f in main.files], pa.int64()),
+                "batch_id": pa.array([txn.version] * len(main.files), pa.int64()),
+            }
+        )
+        return self.engine.append_rows(
+            self.spec.files_seen_uri,
+            rows,
+            app_transaction=txn,
+            name=f"{self.spec.operator_id} files_seen",
+        )

@@ -1,0 +1,172 @@
+"""Write stage: stage every table's data, then commit every table.
+
+1. **Stage** each output the batch writes (main first), then the records that wait (the
+   buffer). Staging runs the batch's Spark jobs (the user function, the joins) and
+   leaves nothing visible. Any error here, of the data or of the code, stops the batch
+   with nothing committed, and the staged files are discarded.
+2. **Commit** each staged table, with the batch's application transaction
+   ``(operator id, batch id)``: the buffer's commit also removes the files of the slots
+   the batch read; a landing folder's ledger records the files read. A crash between two
+   commits is repaired by the next run, which replays the batch from its plan and skips
+   every table that already holds the transaction.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from dagster_sideinputs.core.buffer import BUFFER_ROUTES, released_files, waiting_rows
+from dagster_sideinputs.core.columns import SLOT
+from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.metrics import TableWrite
+from dagster_sideinputs.core.spark_errors import translated
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
+
+log = logging.getLogger("dagster_sideinputs")
+BUFFER = "buffer"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One table a batch writes."""
+
+    label: str
+    uri: str
+    frame: DataFrame | None
+    partition_by: list[str] | None = None
+    schema_mode: str | None = None
+    buffer: bool = False
+
+
+def write(context: StageContext, batch: Batch) -> Batch:
+    spec, plan = context.spec, batch.plan
+    txn = AppTransaction(spec.operator_id, plan.batch_id)
+    targets = _targets(context, batch)
+    writes: dict[str, TableWrite] = {}
+    pending = []
+    for target in targets:
+        if batch.replayed and _holds(context, target.uri, txn):
+            writes[target.label] = TableWrite(target.label, target.uri, -1, 0, True, 0.0)
+            log.info("batch %s: %s already committed; skipped", plan.batch_id, target.label)
+            continue
+        pending.append(target)
+    staged: list[tuple[_Target, StagedWrite | None]] = []
+    try:
+        for target in pending:
+            staged.append((target, _stage(context, batch, target)))
+    except BaseException:
+        for _, stage in staged:
+            if stage is not None:
+                spec.engine.discard(stage)
+        raise
+    removed = released_files(batch.buffer, plan)
+    meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
+    for index, (target, stage) in enumerate(staged):
+        try:
+            result = _commit(context, target, stage, txn, meta, removed)
+        except BaseException:
+            for _, later in staged[index + 1 :]:
+                if later is not None:
+                    spec.engine.discard(later)
+            raise
+        writes[target.label] = _table_write(target, result)
+    ledger = context.source.record_read(plan.main, txn)
+    if ledger is not None:
+        writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
+    return batch.but(writes=writes)
+
+
+def _targets(context: StageContext, batch: Batch) -> list[_Target]:
+    """The tables this batch writes: outputs with something to add, then the buffer."""
+    spec = context.spec
+    routed = {route: 0 for route in (*BUFFER_ROUTES, *spec.routes)}
+    for (route, _), values in batch.counts.items():
+        routed[route] = routed.get(route, 0) + values["n"]
+    builtin = {tag: route for route, tag in spec.routes.items()}
+    targets = []
+    for tag in spec.all_tags:
+        frame = batch.outputs.get(tag)
+        if frame is None:
+            continue
+        route_name = builtin.get(tag)
+        nothing = (
+            route_name is not None and not routed.get(route_name) and tag not in batch.function_tags
+        )
+        if nothing and spec.engine.exists(spec.table_uri(tag)):
+            continue  # nothing to add: its Spark job would find nothing
+        targets.append(
+            _Target(tag.name, spec.table_uri(tag), frame, schema_mode=spec.options.schema_mode)
+        )
+    waiting = sum(routed[r] for r in BUFFER_ROUTES)
+    if waiting or batch.plan.read_slots:
+        assert batch.classified is not None
+        rows = waiting_rows(batch.classified, batch.main_columns) if waiting else None
+        targets.append(_Target(BUFFER, spec.buffer_uri, rows, [SLOT], "merge", buffer=True))
+    return targets
+
+
+def _holds(context: StageContext, uri: str, txn: AppTransaction) -> bool:
+    version = context.spec.engine.transaction_version(uri, txn.app_id)
+    return version is not None and version >= txn.version
+
+
+def _stage(context: StageContext, batch: Batch, target: _Target) -> StagedWrite | None:
+    if target.frame is None:
+        return None  # a removal-only buffer commit
+    engine = context.spec.engine
+    name = f"{context.spec.operator_id} buffer" if target.buffer else target.label
+    frame = target.frame
+    return translated(
+        context,
+        lambda: engine.stage(
+            frame,
+            target.uri,
+            partition_by=target.partition_by,
+            schema_mode=target.schema_mode,  # type: ignore[arg-type]
+            name=name,
+        ),
+        views=batch.views,
+    )
+
+
+def _commit(
+    context: StageContext,
+    target: _Target,
+    stage: StagedWrite | None,
+    txn: AppTransaction,
+    meta: dict[str, object],
+    removed: list[DataFile],
+) -> WriteResult:
+    engine = context.spec.engine
+    name = f"{context.spec.operator_id} buffer" if target.buffer else target.label
+    if stage is None:
+        return engine.commit_removals(
+            target.uri, removed, app_transaction=txn, name=name, commit_metadata=meta
+        )
+    result = engine.commit(
+        stage,
+        app_transaction=txn,
+        remove_files=removed if target.buffer else (),
+        commit_metadata=meta,
+        skip_empty_commit=True,
+    )
+    log.info(
+        "batch %s: %s %s (%s rows, version %s, %.1fs)",
+        txn.version,
+        "skipped" if result.skipped else "wrote",
+        target.label,
+        result.num_rows,
+        result.version,
+        result.duration_s,
+    )
+    return result
+
+
+def _table_write(target: _Target, result: WriteResult) -> TableWrite:
+    return TableWrite(
+        target.label, result.uri, result.version, result.num_rows, result.skipped, result.duration_s
+    )
+
+
+__all__ = ["BUFFER", "write"]

@@ -1,0 +1,260 @@
+"""The delta-rs bridge: Spark writes and reads parquet natively, delta-rs reads the log
+and commits.
+
+It needs no Delta JVM jars, so it runs on any Spark (and over Spark Connect); it is
+the fallback where delta-spark is not configured. It reads tables whose data files map
+to rows one to one, and refuses (clearly) tables whose features it cannot read
+correctly (deletion vectors in use, column mapping).
+"""
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.commit import ENGINE_NAME, commit_removals
+from dagster_sideinputs.delta.engine import (
+    AppTransaction,
+    DataFile,
+    SchemaMode,
+    StagedWrite,
+    TableSnapshot,
+    WriteMode,
+    WriteResult,
+)
+from dagster_sideinputs.delta.files import TableFiles, normalize_uri
+from dagster_sideinputs.delta.log import added_files
+from dagster_sideinputs.delta.reader import read_changes, read_files, select_partitions
+from dagster_sideinputs.delta.table import load_snapshot, open_table
+from dagster_sideinputs.delta.writer import (
+    append_rows,
+    commit_staged,
+    discard_staged,
+    stage_dataframe,
+    validate_append,
+    write_dataframe,
+)
+
+
+@dataclass(frozen=True)
+class DeltaRsEngine:
+    """Spark writes and reads parquet natively; delta-rs reads the log and commits.
+
+    Attributes:
+        storage_options: delta-rs object store options (credentials, endpoints).
+    """
+
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return ENGINE_NAME
+
+    @property
+    def _options(self) -> dict[str, str] | None:
+        return dict(self.storage_options) or None
+
+    # --- metadata ------------------------------------------------------------------
+
+    def exists(self, uri: str) -> bool:
+        return deltalake.DeltaTable.is_deltatable(normalize_uri(uri), self._options)
+
+    def snapshot(
+        self, uri: str, *, version: int | None = None, name: str | None = None
+    ) -> TableSnapshot:
+        return load_snapshot(uri, version=version, storage_options=self.storage_options, name=name)
+
+    def added_files(
+        self, uri: str, start_exclusive: int, end_inclusive: int, *, name: str | None = None
+    ) -> list[DataFile]:
+        schema = self.snapshot(uri, version=end_inclusive, name=name).schema
+        return added_files(
+            TableFiles(uri, self.storage_options),
+            start_exclusive,
+            end_inclusive,
+            table=name or normalize_uri(uri),
+            schema=schema,
+        )
+
+    def transaction_version(self, uri: str, app_id: str) -> int | None:
+        if not self.exists(uri):
+            return None
+        table = open_table(uri, storage_options=self.storage_options)
+        version = table.transaction_version(app_id)
+        return None if version is None else int(version)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def read_snapshot(
+        self,
+        spark: SparkSession,
+        snapshot: TableSnapshot,
+        *,
+        files: Sequence[DataFile] | None = None,
+        partition_filter: Mapping[str, Collection[Any]] | None = None,
+        name: str | None = None,
+    ) -> DataFrame:
+        chosen = select_partitions(snapshot.files if files is None else files, partition_filter)
+        return read_files(
+            spark,
+            chosen,
+            schema=snapshot.schema,
+            partition_columns=snapshot.partition_columns,
+            root=snapshot.uri,
+            table=name or snapshot.uri,
+        )
+
+    def read_changes(
+        self,
+        spark: SparkSession,
+        uri: str,
+        *,
+        start_version: int,
+        end_version: int | None = None,
+        name: str | None = None,
+    ) -> tuple[DataFrame, int]:
+        return read_changes(
+            spark,
+            uri,
+            start_version=start_version,
+            end_version=end_version,
+            storage_options=self.storage_options,
+            name=name,
+        )
+
+    def read_rows(self, uri: str, *, columns: Sequence[str] | None = None) -> pa.Table:
+        table = open_table(uri, storage_options=self.storage_options)
+        return pa.table(table.to_pyarrow_table(columns=list(columns) if columns else None))
+
+    # --- writes --------------------------------------------------------------------------
+
+    def validate_append(
+        self,
+        schema: T.StructType,
+        uri: str,
+        *,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+    ) -> None:
+        validate_append(
+            schema, uri, schema_mode=schema_mode, storage_options=self.storage_options, name=name
+        )
+
+    def stage(
+        self,
+        df: DataFrame,
+        uri: str,
+        *,
+        mode: WriteMode = "append",
+        partition_by: list[str] | None = None,
+        replace_partition: Mapping[str, Any] | None = None,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+    ) -> StagedWrite:
+        return stage_dataframe(
+            df,
+            uri,
+            mode=mode,
+            partition_by=partition_by,
+            replace_partition=replace_partition,
+            schema_mode=schema_mode,
+            storage_options=self.storage_options,
+            name=name,
+        )
+
+    def commit(
+        self,
+        staged: StagedWrite,
+        *,
+        app_transaction: AppTransaction | None = None,
+        remove_files: Sequence[DataFile] = (),
+        commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
+    ) -> WriteResult:
+        return commit_staged(
+            staged,
+            app_transaction=app_transaction,
+            remove_files=remove_files,
+            commit_metadata=commit_metadata,
+            skip_empty_commit=skip_empty_commit,
+        )
+
+    def discard(self, staged: StagedWrite) -> None:
+        discard_staged(staged)
+
+    def write(
+        self,
+        df: DataFrame,
+        uri: str,
+        *,
+        mode: WriteMode = "append",
+        partition_by: list[str] | None = None,
+        replace_partition: Mapping[str, Any] | None = None,
+        remove_files: Sequence[DataFile] = (),
+        app_transaction: AppTransaction | None = None,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
+    ) -> WriteResult:
+        return write_dataframe(
+            df,
+            uri,
+            mode=mode,
+            partition_by=partition_by,
+            replace_partition=replace_partition,
+            remove_files=remove_files,
+            app_transaction=app_transaction,
+            schema_mode=schema_mode,
+            storage_options=self.storage_options,
+            name=name,
+            commit_metadata=commit_metadata,
+            skip_empty_commit=skip_empty_commit,
+        )
+
+    def commit_removals(
+        self,
+        uri: str,
+        files: Sequence[DataFile],
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
+    ) -> WriteResult:
+        return commit_removals(
+            uri,
+            files,
+            app_transaction=app_transaction,
+            storage_options=self.storage_options,
+            name=name,
+            commit_metadata=commit_metadata,
+        )
+
+    def append_rows(
+        self,
+        uri: str,
+        rows: pa.Table,
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+    ) -> WriteResult:
+        return append_rows(
+            uri,
+            rows,
+            app_transaction=app_transaction,
+            storage_options=self.storage_options,
+            name=name,
+        )
+
+    def vacuum(self, uri: str, *, retention_hours: float = 0.0) -> None:
+        if not self.exists(uri):
+            return
+        open_table(uri, storage_options=self.storage_options).vacuum(
+            retention_hours=int(retention_hours),
+            enforce_retention_duration=False,
+            dry_run=False,
+        )

@@ -1,0 +1,235 @@
+"""Committing to a Delta table with delta-rs: add and remove actions, application
+transactions, table creation, conflicts.
+
+A commit is one Delta log entry: the files a write staged (``add``), the files it
+removes (``remove``), and the application transaction that makes it idempotent.
+"""
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import deltalake
+from deltalake import Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    RemoveAction,
+    create_table_with_add_actions,
+)
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteMode, WriteResult
+from dagster_sideinputs.delta.files import normalize_uri
+from dagster_sideinputs.delta.schema import (
+    delta_field,
+    partition_string,
+    plan_append,
+    spark_to_delta_schema,
+)
+from dagster_sideinputs.delta.staging import StagedFile, allowed_values
+from dagster_sideinputs.delta.table import load_snapshot, open_table
+from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
+
+ENGINE_NAME = "delta-rs bridge"
+
+
+def _add_actions(staged: list[StagedFile]) -> list[AddAction]:
+    now_ms = int(time.time() * 1000)
+    return [
+        AddAction(
+            path=file.path,  # delta-rs URI-encodes it in the log
+            size=file.size,
+            partition_values=file.partition_values,
+            modification_time=now_ms,
+            data_change=True,
+            stats=json.dumps(file.stats),
+        )
+        for file in staged
+    ]
+
+
+def _remove_actions(files: Sequence[DataFile]) -> list[RemoveAction]:
+    now_ms = int(time.time() * 1000)
+    return [
+        RemoveAction(
+            path=file.path,  # delta-rs URI-encodes it in the log
+            data_change=True,
+            deletion_timestamp=now_ms,
+            size=file.size,
+            partition_values={k: partition_string(v) for k, v in file.partition_values.items()},
+        )
+        for file in files
+    ]
+
+
+def commit_properties(
+    app_transaction: AppTransaction | None, commit_metadata: Mapping[str, Any] | None
+) -> CommitProperties:
+    """Our commitInfo entries and, when given, the application transaction."""
+    return CommitProperties(
+        custom_metadata={"engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+        app_transactions=(
+            [Transaction(app_transaction.app_id, app_transaction.version)]
+            if app_transaction
+            else None
+        ),
+    )
+
+
+def already_committed(table: deltalake.DeltaTable, app_transaction: AppTransaction | None) -> bool:
+    """Whether the table holds this application transaction (or a later one of the app)."""
+    if app_transaction is None:
+        return False
+    committed = table.transaction_version(app_transaction.app_id)
+    return committed is not None and committed >= app_transaction.version
+
+
+def _create_or_join(
+    uri: str,
+    delta_schema: deltalake.Schema,
+    staged: list[StagedFile],
+    schema: T.StructType,
+    *,
+    partition_by: list[str],
+    description: str | None,
+    storage_options: Mapping[str, str] | None,
+    properties: CommitProperties,
+    label: str,
+) -> deltalake.DeltaTable | None:
+    """Create the table with the staged files, or, when another writer created it in the
+    meantime (partitions of one asset backfilled in parallel), return it to write into.
+
+    Returns:
+        None when this call created the table; the existing table otherwise.
+    """
+    try:
+        create_table_with_add_actions(
+            uri,
+            delta_schema,
+            _add_actions(staged),
+            mode="error",
+            partition_by=partition_by or None,
+            description=description,
+            storage_options=dict(storage_options or {}) or None,
+            commit_properties=properties,
+        )
+        return None
+    except Exception as exc:  # delta-rs raises a generic error for "already exists"
+        if "already exists" not in str(exc).lower():
+            raise
+    table = open_table(uri, storage_options=storage_options, name=label)
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=label)
+    if list(snapshot.partition_columns) != list(partition_by):
+        raise SchemaMismatchError(
+            f"Table {label} was just created by another writer, partitioned by "
+            f"{list(snapshot.partition_columns)}, not {partition_by}. This write was not "
+            "committed.",
+            fix="write with the same partition_by as the other writer",
+        )
+    plan_append(schema, snapshot.schema, table=label, merge=False)
+    return table
+
+
+def commit_files(
+    table: deltalake.DeltaTable | None,
+    uri: str,
+    staged: list[StagedFile],
+    schema: T.StructType,
+    new_fields: list[T.StructField],
+    *,
+    mode: WriteMode,
+    partition_by: list[str],
+    replace_partition: Mapping[str, Any] | None,
+    remove_files: Sequence[DataFile],
+    app_transaction: AppTransaction | None,
+    storage_options: Mapping[str, str] | None,
+    commit_metadata: Mapping[str, Any] | None,
+    description: str | None,
+    label: str,
+) -> int:
+    properties = commit_properties(app_transaction, commit_metadata)
+    actions: list[AddAction | RemoveAction] = [
+        *_add_actions(staged),
+        *_remove_actions(remove_files),
+    ]
+    delta_schema = spark_to_delta_schema(schema)
+    try:
+        if table is None:
+            table = _create_or_join(
+                uri,
+                delta_schema,
+                staged,
+                schema,
+                partition_by=partition_by,
+                description=description,
+                storage_options=storage_options,
+                properties=properties,
+                label=label,
+            )
+            if table is None:
+                return open_table(uri, storage_options=storage_options, name=label).version()
+        if new_fields:
+            table.alter.add_columns([delta_field(field) for field in new_fields])
+        filters = (
+            [(c, "in", sorted(v, key=str)) for c, v in allowed_values(replace_partition).items()]
+            if replace_partition
+            else None
+        )
+        table.create_write_transaction(
+            actions,
+            mode,
+            delta_schema,
+            partition_by=partition_by or None,
+            partition_filters=filters,
+            commit_properties=properties,
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"Another writer committed a conflicting change to table {label} first: {exc}. "
+            "This write was not committed.",
+            fix="retry the write; for the operator, rerun the job (batches are idempotent)",
+        ) from exc
+    return open_table(uri, storage_options=storage_options, name=label).version()
+
+
+def commit_removals(
+    uri: str,
+    files: Sequence[DataFile],
+    *,
+    app_transaction: AppTransaction | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+    commit_metadata: Mapping[str, Any] | None = None,
+) -> WriteResult:
+    """Remove live files from a table in one commit, without a Spark job.
+
+    Idempotent like a write: skipped when the application transaction
+    was already committed.
+    """
+    started = time.perf_counter()
+    uri = normalize_uri(uri)
+    label = name or uri
+    table = open_table(uri, storage_options=storage_options, name=label)
+    if already_committed(table, app_transaction):
+        return WriteResult(
+            uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+        )
+    properties = commit_properties(app_transaction, commit_metadata)
+    try:
+        table.create_write_transaction(
+            list(_remove_actions(files)),
+            "append",
+            table.schema(),
+            partition_by=table.metadata().partition_columns or None,
+            commit_properties=properties,
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"Another writer committed a conflicting change to table {label} first: {exc}.",
+            fix="rerun (batches are idempotent)",
+        ) from exc
+    version = open_table(uri, storage_options=storage_options, name=label).version()
+    return WriteResult(uri, version, 0, 0, 0, False, time.perf_counter() - started, ENGINE_NAME)

@@ -1,0 +1,300 @@
+"""The one interface to Delta Lake, and the values that cross it.
+
+Everything above the ``delta`` package (the operator's core, the Dagster layer) talks
+to Delta through :class:`DeltaEngine` and never imports a Delta library. Two engines
+implement it: the delta-rs bridge (:class:`~dagster_sideinputs.delta.bridge.DeltaRsEngine`:
+Spark writes parquet, delta-rs commits) and the native delta-spark engine.
+
+Writes come in two phases so that a micro-batch can make every output's data before
+any table shows any of it: :meth:`DeltaEngine.stage` runs the Spark job and returns a
+:class:`StagedWrite` (nothing visible yet), :meth:`DeltaEngine.commit` makes it visible
+in one Delta commit, carrying the batch's application transaction.
+"""
+
+import datetime as dt
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+WriteMode = Literal["append", "overwrite"]
+SchemaMode = Literal["merge", "overwrite"]
+
+
+@dataclass(frozen=True)
+class AppTransaction:
+    """A Delta application transaction: the write of ``version`` by application ``app_id``.
+
+    A table remembers the highest version committed per application; a write whose
+    version is not above it is skipped. The operator uses ``(operator id, batch id)``.
+    """
+
+    app_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of a table: live in a snapshot, or added by a commit.
+
+    Attributes:
+        path: path relative to the table root, as in the Delta log (decoded).
+        uri: absolute location.
+        size: bytes.
+        partition_values: partition column -> typed value (None for null).
+        num_records: rows in the file, when the writer recorded statistics.
+        min_values / max_values / null_count: column statistics, typed (timestamps are
+            ``datetime``: aware UTC for ``timestamp``, naive for ``timestamp_ntz``);
+            possibly empty.
+        version: the commit that added the file, when known (incremental reads).
+        modification_time_ms: the add action's modification time.
+    """
+
+    path: str
+    uri: str
+    size: int
+    partition_values: Mapping[str, Any] = field(default_factory=dict)
+    num_records: int | None = None
+    min_values: Mapping[str, Any] = field(default_factory=dict)
+    max_values: Mapping[str, Any] = field(default_factory=dict)
+    null_count: Mapping[str, Any] = field(default_factory=dict)
+    version: int | None = None
+    modification_time_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """Metadata of one version of a Delta table (no data read).
+
+    Attributes:
+        table_id: the table's id from its ``metaData`` action: it changes when a table is
+            deleted and created again at the same location.
+    """
+
+    uri: str
+    version: int
+    schema: T.StructType
+    partition_columns: tuple[str, ...]
+    files: tuple[DataFile, ...]
+    commit_timestamp: dt.datetime
+    configuration: Mapping[str, str | None]
+    table_id: str = ""
+
+    @property
+    def num_records(self) -> int | None:
+        """Total rows, or None when some file has no statistics."""
+        counts = [f.num_records for f in self.files]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c)
+
+    @property
+    def data_schema(self) -> T.StructType:
+        """The schema of the columns stored in the data files (no partition columns)."""
+        return T.StructType([f for f in self.schema.fields if f.name not in self.partition_columns])
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a write did.
+
+    Attributes:
+        uri: the table.
+        version: the table version after the write (the existing one when skipped).
+        num_rows: rows written (0 when skipped).
+        num_files: data files added.
+        num_bytes: bytes added.
+        skipped: True when the application transaction was already committed.
+        duration_s: wall time of the whole write (staging and commit).
+        engine: which engine committed (``delta-rs bridge`` or ``delta-spark``).
+    """
+
+    uri: str
+    version: int
+    num_rows: int
+    num_files: int
+    num_bytes: int
+    skipped: bool
+    duration_s: float
+    engine: str = ""
+
+
+@dataclass
+class StagedWrite:
+    """A table write whose data exists but is not visible yet (see :meth:`DeltaEngine.stage`).
+
+    Attributes:
+        uri / name: the table and its name for messages.
+        mode / partition_by / replace_partition / schema_mode: as given to ``stage``.
+        num_rows / num_files / num_bytes: what the commit will add (known after staging).
+        seconds: time spent staging.
+        handle: the engine's own state (staged files, a cached DataFrame, ...).
+    """
+
+    uri: str
+    name: str
+    mode: WriteMode
+    partition_by: list[str]
+    replace_partition: Mapping[str, Any] | None
+    schema_mode: SchemaMode | None
+    num_rows: int = 0
+    num_files: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+    handle: Any = None
+
+
+@runtime_checkable
+class DeltaEngine(Protocol):
+    """The Delta operations the operator, the IO manager and the tests rely on.
+
+    Engines are frozen, picklable values; methods that run Spark take the session.
+    """
+
+    @property
+    def name(self) -> str:
+        """Shown in logs and run metadata: ``delta-rs bridge`` or ``delta-spark``."""
+        ...
+
+    # --- metadata ------------------------------------------------------------------
+
+    def exists(self, uri: str) -> bool: ...
+
+    def snapshot(
+        self, uri: str, *, version: int | None = None, name: str | None = None
+    ) -> TableSnapshot:
+        """Raises TableNotFoundError, NotADeltaTableError, UnsupportedTableFeatureError."""
+        ...
+
+    def added_files(
+        self, uri: str, start_exclusive: int, end_inclusive: int, *, name: str | None = None
+    ) -> list[DataFile]:
+        """Files added with new data by the commits in ``(start_exclusive, end_inclusive]``
+        (compaction adds nothing). Raises NonAppendOnlyChangeError for a commit that
+        removed data, TableNotFoundError for a commit the log no longer has."""
+        ...
+
+    def transaction_version(self, uri: str, app_id: str) -> int | None:
+        """The highest application-transaction version ``app_id`` committed (None: none)."""
+        ...
+
+    # --- reads -------------------------------------------------------------------------
+
+    def read_snapshot(
+        self,
+        spark: SparkSession,
+        snapshot: TableSnapshot,
+        *,
+        files: Sequence[DataFile] | None = None,
+        partition_filter: Mapping[str, Collection[Any]] | None = None,
+        name: str | None = None,
+    ) -> DataFrame:
+        """Rows of a pinned version (of some of its files), with the table schema."""
+        ...
+
+    def read_changes(
+        self,
+        spark: SparkSession,
+        uri: str,
+        *,
+        start_version: int,
+        end_version: int | None = None,
+        name: str | None = None,
+    ) -> tuple[DataFrame, int]: ...
+
+    def read_rows(self, uri: str, *, columns: Sequence[str] | None = None) -> pa.Table:
+        """A small table's rows on the driver (operator bookkeeping tables only)."""
+        ...
+
+    # --- writes --------------------------------------------------------------------------
+
+    def validate_append(
+        self,
+        schema: T.StructType,
+        uri: str,
+        *,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Raises SchemaMismatchError when appending ``schema`` would be refused."""
+        ...
+
+    def stage(
+        self,
+        df: DataFrame,
+        uri: str,
+        *,
+        mode: WriteMode = "append",
+        partition_by: list[str] | None = None,
+        replace_partition: Mapping[str, Any] | None = None,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+    ) -> StagedWrite:
+        """Run the Spark job that writes ``df``'s data; nothing is visible until
+        :meth:`commit`. Every error of the data or of the code computing it surfaces here."""
+        ...
+
+    def commit(
+        self,
+        staged: StagedWrite,
+        *,
+        app_transaction: AppTransaction | None = None,
+        remove_files: Sequence[DataFile] = (),
+        commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
+    ) -> WriteResult:
+        """Make a staged write visible in one commit, with ``remove_files`` removed in the
+        same commit. Skipped (nothing changes) when the table already holds
+        ``app_transaction``; with ``skip_empty_commit``, an empty write to an existing
+        table that removes nothing commits nothing."""
+        ...
+
+    def discard(self, staged: StagedWrite) -> None:
+        """Forget a staged write that will not be committed (removes its files)."""
+        ...
+
+    def write(
+        self,
+        df: DataFrame,
+        uri: str,
+        *,
+        mode: WriteMode = "append",
+        partition_by: list[str] | None = None,
+        replace_partition: Mapping[str, Any] | None = None,
+        remove_files: Sequence[DataFile] = (),
+        app_transaction: AppTransaction | None = None,
+        schema_mode: SchemaMode | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
+        skip_empty_commit: bool = False,
+    ) -> WriteResult:
+        """:meth:`stage` then :meth:`commit` (skipped early when already committed)."""
+        ...
+
+    def commit_removals(
+        self,
+        uri: str,
+        files: Sequence[DataFile],
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+        commit_metadata: Mapping[str, Any] | None = None,
+    ) -> WriteResult:
+        """Remove live files in one commit, without a Spark job."""
+        ...
+
+    def append_rows(
+        self,
+        uri: str,
+        rows: pa.Table,
+        *,
+        app_transaction: AppTransaction | None = None,
+        name: str | None = None,
+    ) -> WriteResult:
+        """Append a small Arrow table from the driver (operator bookkeeping tables)."""
+        ...
+
+    def vacuum(self, uri: str, *, retention_hours: float = 0.0) -> None:
+        """Delete files no version newer than ``retention_hours`` references."""
+        ...

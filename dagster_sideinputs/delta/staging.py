@@ -1,0 +1,129 @@
+"""Staging: Spark writes a job's parquet files into a hidden folder of the table.
+
+Nothing staged is visible to Delta readers: a file becomes part of the table only when
+a commit adds it. The driver reads the staged files' footers (row counts, statistics)
+and checks them against the write's promises (partition values, NOT NULL columns)
+before anything is committed.
+"""
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.files import TableFiles, spark_uri
+from dagster_sideinputs.delta.schema import partition_string
+from dagster_sideinputs.delta.stats import file_stats
+from dagster_sideinputs.errors import SchemaMismatchError
+
+STAGING_DIR = "_dsi_staging"
+CREATING_MARKER = f"{STAGING_DIR}/_creating"
+"""Written before the first files are moved into a folder that is not yet a Delta table:
+files found there without a log are then the uncommitted files of an interrupted first
+write (never referenced by a commit, so invisible), not a foreign dataset."""
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    path: str  # final path relative to the table root, decoded
+    size: int
+    partition_values: dict[str, str | None]
+    stats: dict[str, Any]
+
+
+def _partition_values(relative_dir: str, partition_by: list[str]) -> dict[str, str | None]:
+    values: dict[str, str | None] = {}
+    for segment in [s for s in relative_dir.split("/") if s]:
+        column, _, raw = segment.partition("=")
+        if column in partition_by:
+            value = unquote(raw)  # Spark escapes special characters as %XX
+            values[column] = None if value == _HIVE_NULL else value
+    return values
+
+
+def allowed_values(replace: Mapping[str, Any]) -> dict[str, set[str | None]]:
+    """Partition values to replace, per column (a scalar or a collection of values)."""
+    allowed: dict[str, set[str | None]] = {}
+    for column, value in replace.items():
+        values = value if isinstance(value, list | tuple | set | frozenset) else [value]
+        allowed[column] = {partition_string(v) for v in values}
+    return allowed
+
+
+def check_partition(
+    staged: list[StagedFile], replace: Mapping[str, Any] | None, *, table: str
+) -> None:
+    if not replace:
+        return
+    allowed = allowed_values(replace)
+    for file in staged:
+        found = {column: file.partition_values.get(column) for column in allowed}
+        if any(found[column] not in values for column, values in allowed.items()):
+            shown = {c: sorted(v, key=str) for c, v in allowed.items()}
+            raise SchemaMismatchError(
+                f"Overwriting partition(s) {shown} of table {table}, but the DataFrame also "
+                f"holds rows of partition {found}. The table is unchanged.",
+                fix="filter the DataFrame to the partitions being replaced",
+            )
+
+
+def check_not_null(staged: list[StagedFile], schema: T.StructType, *, table: str) -> None:
+    required = [f.name for f in schema.fields if not f.nullable]
+    for file in staged:
+        for column in required:
+            nulls = file.stats.get("nullCount", {}).get(column, 0)
+            if isinstance(nulls, int) and nulls > 0:
+                raise SchemaMismatchError(
+                    f"Column {column!r} of table {table} is NOT NULL but the data holds "
+                    f"{nulls} null value(s). The table is unchanged.",
+                    fix=f'filter or fill the nulls first, e.g. df.fillna(..., subset=["{column}"])',
+                )
+
+
+class Staging:
+    """A hidden folder inside the table where Spark writes a job's files."""
+
+    def __init__(self, files: TableFiles) -> None:
+        self.files = files
+        self.relative = f"{STAGING_DIR}/{uuid.uuid4().hex}"
+        self.moved: list[str] = []
+
+    def spark_location(self) -> str:
+        return spark_uri(f"{self.files.root}/{self.relative}")
+
+    def collect(self, data_schema: T.StructType, partition_by: list[str]) -> list[StagedFile]:
+        staged = []
+        prefix = self.relative + "/"
+        for entry in self.files.list_files(self.relative):
+            relative = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.path
+            name = relative.rsplit("/", 1)[-1]
+            if not name.endswith(".parquet") or name.startswith((".", "_")):
+                continue
+            metadata = self.files.parquet_metadata(entry.path)
+            if metadata.num_rows == 0:
+                continue
+            directory = relative.rsplit("/", 1)[0] if "/" in relative else ""
+            staged.append(
+                StagedFile(
+                    path=relative,
+                    size=entry.size,
+                    partition_values=_partition_values(directory, partition_by),
+                    stats=file_stats(metadata, data_schema),
+                )
+            )
+        return staged
+
+    def publish(self, staged: list[StagedFile]) -> None:
+        for file in staged:
+            self.files.move(f"{self.relative}/{file.path}", file.path)
+            self.moved.append(file.path)
+
+    def discard(self, *, published_too: bool) -> None:
+        self.files.delete_dir(self.relative)
+        if published_too:
+            for path in self.moved:
+                self.files.delete_file(path)
