@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo dev test test-fast lint bench bench-scale crash clean
+.PHONY: install kafka-jars demo dev test test-fast lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the package with its dev tools
+
+kafka-jars: $(STAMP)  ## fetch the test Kafka broker's jars now (tests otherwise fetch them on first use)
+	$(BIN)/python -m tests.servers.kafka fetch-jars
 
 demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
 	$(BIN)/python -m assets.demo

@@ -3,12 +3,16 @@
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
+
+if TYPE_CHECKING:
+    from tests.servers.kafka import KafkaBroker
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +33,20 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator["KafkaBroker"]:
+    """A real Kafka broker on 127.0.0.1 (KRaft, one node), shared by the session.
+
+    Started only when a test asks for it (its jars are fetched on first use), stopped
+    at the end of the session whatever the outcome. Tests share it, so each creates its
+    own topics (``kafka_broker.unique_topic()``).
+    """
+    from tests.servers.kafka import KafkaBroker
+
+    with KafkaBroker() as broker:
+        yield broker
 
 
 @pytest.fixture
