@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
+from tests.servers.s3 import S3Server
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,18 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (moto) on 127.0.0.1 with the bucket ``lake``.
+
+    Started the first time a test asks for it, stopped at the end of the session (also
+    when the session fails). Tests share it: use ``s3_server.fresh_prefix()`` for a
+    folder of your own.
+    """
+    with S3Server() as server:
+        yield server
 
 
 @pytest.fixture
