@@ -238,7 +238,12 @@ class SideInputOperator:
         stop = stop or threading.Event()
         self._runner_for(spark).explain = explain
         batches: list[BatchMetrics] = []
-        with operator_lock(self.state_uri, operator_id=self.operator_id, wait_s=wait_for_lock):
+        with operator_lock(
+            self.state_uri,
+            operator_id=self.operator_id,
+            wait_s=wait_for_lock,
+            storage_options=self.spec.storage.storage_options,
+        ):
             while not stop.is_set():
                 started = time.monotonic()
                 metrics = self._step(spark, clock())
@@ -258,7 +263,11 @@ class SideInputOperator:
         self, spark: SparkSession, *, now: dt.datetime | None = None
     ) -> BatchMetrics | None:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
-        with operator_lock(self.state_uri, operator_id=self.operator_id):
+        with operator_lock(
+            self.state_uri,
+            operator_id=self.operator_id,
+            storage_options=self.spec.storage.storage_options,
+        ):
             return self._step(spark, now or _utc_now())
 
     def _runner_for(self, spark: SparkSession) -> BatchRunner:
