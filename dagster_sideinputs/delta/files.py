@@ -324,6 +324,10 @@ def open_object_store(uri: str, storage_options: Mapping[str, str]) -> Any:
 def put_if_absent(store: Any, path: str, data: bytes) -> bool:
     """Create an object only if it does not exist, atomically on the store's side.
 
+    Of any number of racing writers exactly one gets True. A caller that gets False must
+    read what is there: when the store's answer to a successful create is lost, the HTTP
+    client's retry meets the object and reports it as existing, so it may be its own.
+
     Returns:
         False when the object already existed (nothing written).
     """
@@ -464,9 +468,9 @@ class ObjectStoreLease:
             try:
                 result = obstore.put(self._store, self.key, record.to_bytes(), mode="create")
             except AlreadyExistsError:
-                return self._try_take_over()
+                return self._landed(record) or self._try_take_over()
             except PreconditionError:
-                return False  # another creation in flight: it will most likely win
+                return self._landed(record)  # else another creation in flight wins
             self._hold(result["e_tag"], record)
             return True
 
@@ -498,8 +502,8 @@ class ObjectStoreLease:
                     self._store, self.key, renewed.to_bytes(), mode={"e_tag": self._etag}
                 )
             except (PreconditionError, FileNotFoundError, NotFoundError):
-                self._lost = True
-                return False
+                self._lost = not self._landed(renewed)
+                return not self._lost
             except Exception:
                 # A transient failure (network): the next tick retries, while time is left.
                 if time.time() > record.expires_at:
@@ -603,6 +607,19 @@ class ObjectStoreLease:
         try:
             result = obstore.put(self._store, self.key, taken.to_bytes(), mode={"e_tag": etag})
         except (PreconditionError, FileNotFoundError, NotFoundError):
-            return False  # someone else moved first
+            return self._landed(taken)  # else someone else moved first
         self._hold(result["e_tag"], taken)
+        return True
+
+    def _landed(self, attempted: LeaseRecord) -> bool:
+        """Whether a conditional write that was answered "precondition failed" did land.
+
+        The HTTP client retries a request whose answer was lost; the retry of a write
+        that had succeeded then meets its own result and fails. The record's token
+        tells: if the stored record is the one we wrote, we hold it.
+        """
+        current = self._read()
+        if current is None or current[1] != attempted:
+            return False
+        self._hold(current[0], attempted)
         return True

@@ -94,7 +94,7 @@ class DeltaRsEngine:
         storage_options: delta-rs object store options (credentials, endpoints).
     """
 
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
 
     def write(
         self,
@@ -219,7 +219,7 @@ class DeltaStorage:
     """
 
     root: str
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
     engine: DeltaEngine | None = None
 
     def __post_init__(self) -> None:

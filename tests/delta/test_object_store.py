@@ -383,3 +383,30 @@ def test_special_characters_in_partition_values_round_trip_in_delta_rs(s3_server
         "colon": "p=a%3Ab",
         "plus": "p=a%2Bb",
     }
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+
+def test_storage_secrets_stay_out_of_reprs_and_errors(s3_server):
+    """The secret key must not show in a repr, nor in the errors of delta-rs and obstore."""
+    from dagster_sideinputs.delta.storage import DeltaStorage
+    from tests.servers.s3 import SECRET_KEY
+
+    options = s3_server.storage_options
+    assert SECRET_KEY not in repr(DeltaStorage(root="s3://lake/x", storage_options=options))
+    missing = "s3://no-such-bucket/table"
+    failures = []
+    for attempt in (
+        lambda: DeltaTable(missing, storage_options=options),
+        lambda: TableFiles(missing, options).write_bytes_atomic("plan", b"1", exclusive=True),
+        lambda: TableFiles(missing, options).read_bytes("plan"),
+    ):
+        with pytest.raises(Exception) as failure:  # noqa: PT011 (any error: we read its text)
+            attempt()
+        failures.append(failure)
+    for failure in failures:
+        text = str(failure.value)
+        assert "no-such-bucket" in text
+        assert SECRET_KEY not in text
+        assert SECRET_KEY not in repr(failure.value)
