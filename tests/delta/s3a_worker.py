@@ -24,6 +24,48 @@ def _attempt(action: Any) -> Any:
         return {"error": f"{type(exc).__name__}: {first[:300]}"}
 
 
+def _run_operator(spark: SparkSession, request: dict[str, Any]) -> dict[str, Any]:
+    """The operator end to end on the object store: Spark stages on s3a, delta-rs commits,
+    plans, commit records and the lock go through the object store."""
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    import dagster_sideinputs as dsi
+
+    options = request["storage_options"]
+    storage = dsi.DeltaStorage(root=request["operator_root"], storage_options=options)
+    profiles = spark.createDataFrame([(10, "ann"), (11, "bob")], "customer_id long, name string")
+    storage.delta.write(profiles, storage.table_uri("profiles"))
+    transactions = spark.createDataFrame(
+        [(i, 10 + i % 3, 1.0) for i in range(50)], "tx_id long, customer_id long, amount double"
+    )
+    storage.delta.write(transactions, storage.table_uri("transactions"))
+
+    def enrich(main: Any, sides: Any) -> Any:
+        return main.select("tx_id", F.col("profile.name").alias("name"))
+
+    operator = dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=enrich,
+        main_output="enriched",
+        storage=storage,
+    )
+    started = time.perf_counter()
+    first = operator.run(spark)
+    seconds = round(time.perf_counter() - started, 2)
+    again = operator.run(spark)
+    output = DeltaTable(storage.table_uri("enriched"), storage_options=options)
+    return {
+        "batches": len(first.batches),
+        "routes": first.batches[0].routes if first.batches else {},
+        "rerun_batches": len(again.batches),
+        "output_rows": output.to_pyarrow_table().num_rows,
+        "buffered": operator.buffer().rows(),
+        "run_s": seconds,
+    }
+
+
 def main(request_path: str) -> None:
     with open(request_path) as handle:
         request = json.load(handle)
@@ -80,6 +122,8 @@ def main(request_path: str) -> None:
 
         special[name] = {"path": _attempt(write_path), "partition": _attempt(write_partition)}
     answer["special"] = special
+    if request.get("operator_root"):
+        answer["operator"] = _attempt(lambda: _run_operator(spark, request))
     spark.stop()
     print(json.dumps(answer))
 

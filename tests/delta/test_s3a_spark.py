@@ -55,6 +55,8 @@ def spark_answer(s3_server, tmp_path_factory):
         "prefix": "s3a://" + base.removeprefix("s3://"),
         "delta_rs_tables": tables,
         "chars": CHARS,
+        "operator_root": s3_server.fresh_prefix("operator"),
+        "storage_options": options,
     }
     path = tmp_path_factory.mktemp("s3a") / "request.json"
     path.write_text(json.dumps(request))
@@ -71,7 +73,9 @@ def spark_answer(s3_server, tmp_path_factory):
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     answer["total_s"] = round(time.perf_counter() - started, 1)
     answer["base"] = base
-    print("s3a worker:", {k: v for k, v in answer.items() if k.endswith("_s")})
+    answer["request"] = request
+    timings = {k: v for k, v in answer.items() if k.endswith("_s")}
+    print("s3a worker:", timings, "operator:", answer.get("operator"))
     return answer
 
 
@@ -119,3 +123,17 @@ def test_special_characters_in_spark_paths_and_partitions(spark_answer, s3_serve
     # Spark keeps the characters literally in the object keys.
     folders = {key.split("/")[1] for key in s3_server.keys(spark_answer["base"])}
     assert {"path-pct20-a%20b", "path-hash-a#b", "path-space-a b"} <= folders
+
+
+def test_operator_runs_on_the_object_store_and_a_rerun_does_nothing(spark_answer, s3_server):
+    """Spark stages on s3a, delta-rs commits; plans, commit records and the lock on S3."""
+    result = spark_answer["operator"]["ok"]
+    assert result["batches"] == 1
+    # customer 12 has no profile: a map side input waits for its key.
+    assert result["routes"]["released"] + result["routes"]["key_wait"] == 50
+    assert result["output_rows"] == result["routes"]["released"]
+    assert result["buffered"] == result["routes"]["key_wait"]
+    assert result["rerun_batches"] == 0
+    keys = s3_server.keys(spark_answer["request"]["operator_root"])
+    assert any(key.endswith("/_sideinputs/enriched/lock") for key in keys)
+    assert any("/_sideinputs/enriched/plans/" in key for key in keys)
