@@ -348,6 +348,18 @@ def put_if_absent(store: Any, path: str, data: bytes) -> bool:
     raise AssertionError("unreachable")
 
 
+def _version_of(meta: Mapping[str, Any]) -> dict[str, str]:
+    """What a compare-and-swap must match: the ETag (S3, Azure) and the version (GCS's
+    generation), as far as the store gives them."""
+    return {key: str(meta[key]) for key in ("e_tag", "version") if meta.get(key)}
+
+
+def _put_matching(store: Any, path: str, data: bytes, version: Mapping[str, str] | None) -> Any:
+    """PUT only if the object is still at ``version`` (compare-and-swap)."""
+    mode: Any = dict(version or {})  # obstore's UpdateVersion TypedDict
+    return obstore.put(store, path, data, mode=mode)
+
+
 def _exists(store: Any, path: str) -> bool:
     try:
         obstore.head(store, path)
@@ -436,10 +448,10 @@ class ObjectStoreLease:
         self.lease_s = lease_s
         self.clock_skew_s = clock_skew_s
         self._store = open_object_store(self.root, storage_options or {})
-        self._etag: str | None = None
+        self._version: dict[str, str] | None = None  # what the next CAS must match
         self._record: LeaseRecord | None = None
         self._lost = False
-        self._seen: tuple[str, float] | None = None  # (ETag, monotonic time first seen)
+        self._seen: tuple[dict[str, str], float] | None = None  # (version, first seen)
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
         self._mutex = threading.Lock()
@@ -447,7 +459,7 @@ class ObjectStoreLease:
     @property
     def held(self) -> bool:
         """Whether this process holds the lease (as far as it knows: see :meth:`check`)."""
-        return self._etag is not None and not self._lost
+        return self._version is not None and not self._lost
 
     @property
     def generation(self) -> int | None:
@@ -471,7 +483,7 @@ class ObjectStoreLease:
                 return self._landed(record) or self._try_take_over()
             except PreconditionError:
                 return self._landed(record)  # else another creation in flight wins
-            self._hold(result["e_tag"], record)
+            self._hold(_version_of(result), record)
             return True
 
     def acquire(self, wait_s: float = 0.0, poll_s: float = 0.5) -> bool:
@@ -498,9 +510,7 @@ class ObjectStoreLease:
                 self.lease_s,
             )
             try:
-                result = obstore.put(
-                    self._store, self.key, renewed.to_bytes(), mode={"e_tag": self._etag}
-                )
+                result = _put_matching(self._store, self.key, renewed.to_bytes(), self._version)
             except (PreconditionError, FileNotFoundError, NotFoundError):
                 self._lost = not self._landed(renewed)
                 return not self._lost
@@ -509,7 +519,7 @@ class ObjectStoreLease:
                 if time.time() > record.expires_at:
                     self._lost = True
                 return not self._lost
-            self._hold(result["e_tag"], renewed)
+            self._hold(_version_of(result), renewed)
             return True
 
     def check(self) -> bool:
@@ -517,7 +527,7 @@ class ObjectStoreLease:
         current = self._read()
         with self._mutex:
             if current is None or self._record is None or current[1] is None:
-                self._lost = self._etag is not None or self._lost
+                self._lost = self._version is not None or self._lost
             elif current[1].token != self._record.token or current[1].released:
                 self._lost = True
             return self.held
@@ -535,10 +545,8 @@ class ObjectStoreLease:
                     record.owner, record.token, record.generation, time.time(), 0.0, True
                 )
                 with contextlib.suppress(PreconditionError, FileNotFoundError, NotFoundError):
-                    obstore.put(
-                        self._store, self.key, released.to_bytes(), mode={"e_tag": self._etag}
-                    )
-            self._etag, self._record = None, None
+                    _put_matching(self._store, self.key, released.to_bytes(), self._version)
+            self._version, self._record = None, None
 
     def start_renewing(self) -> None:
         """Renew from a daemon thread, three times per lease, until released or lost."""
@@ -568,30 +576,29 @@ class ObjectStoreLease:
             self.owner, uuid.uuid4().hex, generation, time.time() + self.lease_s, self.lease_s
         )
 
-    def _hold(self, etag: str | None, record: LeaseRecord) -> None:
-        if etag is None:
+    def _hold(self, version: dict[str, str], record: LeaseRecord) -> None:
+        if not version:
             raise RuntimeError(
                 f"the object store at {self.root} returns no ETag; it cannot hold a lease"
             )
-        self._etag, self._record, self._lost, self._seen = etag, record, False, None
+        self._version, self._record, self._lost, self._seen = version, record, False, None
 
-    def _read(self) -> tuple[str, LeaseRecord | None] | None:
+    def _read(self) -> tuple[dict[str, str], LeaseRecord | None] | None:
         try:
             result = obstore.get(self._store, self.key)
         except (FileNotFoundError, NotFoundError):
             return None
-        etag = result.meta["e_tag"]
-        return (etag or "", LeaseRecord.from_bytes(bytes(result.bytes())))
+        return (_version_of(result.meta), LeaseRecord.from_bytes(bytes(result.bytes())))
 
-    def _over(self, etag: str, record: LeaseRecord | None) -> bool:
+    def _over(self, version: dict[str, str], record: LeaseRecord | None) -> bool:
         if record is None or record.released:
             return True  # unreadable (no live holder writes that) or let go
         if time.time() > record.expires_at + self.clock_skew_s:
             return True
         # Unchanged for a whole lease by our own clock: its holder stopped renewing.
         now = time.monotonic()
-        if self._seen is None or self._seen[0] != etag:
-            self._seen = (etag, now)
+        if self._seen is None or self._seen[0] != version:
+            self._seen = (version, now)
             return False
         return now - self._seen[1] > record.lease_s
 
@@ -599,16 +606,16 @@ class ObjectStoreLease:
         current = self._read()
         if current is None:
             return False  # deleted meanwhile: the next attempt creates it
-        etag, record = current
-        if not self._over(etag, record):
+        version, record = current
+        if not self._over(version, record):
             return False
         generation = (record.generation if record else 0) + 1
         taken = self._new_record(generation)
         try:
-            result = obstore.put(self._store, self.key, taken.to_bytes(), mode={"e_tag": etag})
+            result = _put_matching(self._store, self.key, taken.to_bytes(), version)
         except (PreconditionError, FileNotFoundError, NotFoundError):
             return self._landed(taken)  # else someone else moved first
-        self._hold(result["e_tag"], taken)
+        self._hold(_version_of(result), taken)
         return True
 
     def _landed(self, attempted: LeaseRecord) -> bool:
