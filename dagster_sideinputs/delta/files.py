@@ -416,14 +416,15 @@ class ObjectStoreLease:
     - **acquire**: create the object if absent (``If-None-Match: *``); if it exists and
       its lease is over (released, expired by the record's clock, or unchanged for a whole
       lease as seen by this process), replace it with compare-and-swap on its ETag
-      (``If-Match``). Of any number of racing processes exactly one wins each step.
+      (``If-Match``; a generation on GCS). Of any number of racing processes exactly one
+      wins each step, so a lease passes on only once it is released or over.
     - **renew**: compare-and-swap on the holder's last ETag; a failure means another
       process took the lease over, and the holder learns it has lost the lock.
     - **release**: compare-and-swap to a ``released`` record (not a DELETE: object_store
       has no conditional delete, and a plain delete by a holder whose lease ran out would
       remove the next holder's lock).
 
-    Guarantees: two processes never both hold an unexpired lease. A holder paused longer
+    Guarantees: no two processes hold an unexpired lease at once. A holder paused longer
     than its lease (GC, SIGSTOP, a suspended VM) can be taken over while it still runs;
     it finds out at its next renewal, or at :meth:`check`. The lock therefore cannot
     stop a paused holder's writes by itself; work it protects must also be safe against
@@ -560,14 +561,6 @@ class ObjectStoreLease:
 
         self._renewer = threading.Thread(target=loop, name=f"lease:{self.key}", daemon=True)
         self._renewer.start()
-
-    def __enter__(self) -> "ObjectStoreLease":
-        if not self.acquire():
-            raise RuntimeError(f"the lease {self.root}/{self.key} is held by another process")
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
     # -- internals -----------------------------------------------------------------------
 
