@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
+from tests.servers.s3 import S3Server
 
 if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
@@ -47,6 +48,18 @@ def kafka_broker() -> Iterator["KafkaBroker"]:
 
     with KafkaBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (moto) on 127.0.0.1 with the bucket ``lake``.
+
+    Started the first time a test asks for it, stopped at the end of the session (also
+    when the session fails). Tests share it: use ``s3_server.fresh_prefix()`` for a
+    folder of your own.
+    """
+    with S3Server() as server:
+        yield server
 
 
 @pytest.fixture

@@ -1,20 +1,33 @@
-"""One run at a time per operator: an OS-level lock on a file in the operator's state.
+"""One run at a time per operator: a lock in the operator's state folder.
 
-``flock`` is released by the kernel when the holding process dies, even by SIGKILL, so
-a crashed run never leaves a stale lock behind. It works on local filesystems and on
-shared ones that support POSIX locks; on object stores there is no lock here (rely on
-Dagster run concurrency, and on the exclusive creation of batch plans).
+On local and shared filesystems it is an OS-level ``flock`` on a file: the kernel
+releases it when the holding process dies, even by SIGKILL, so a crashed run never
+leaves a stale lock behind (it needs a filesystem with POSIX locks).
+
+On object stores (``s3://``, ``gs://``, ``az://``) it is a lease held in the object
+``lock`` (``ObjectStoreLease``, built on the store's conditional writes): renewed by the
+holder every third of ``LEASE_S``, taken over by another run only once it has expired.
+A crashed run's lock therefore blocks others for at most ``LEASE_S``. A holder paused
+longer than its lease can be taken over while still running; the batch plans' exclusive
+creation and the idempotent Delta commits keep that case exactly-once.
 """
 
 import contextlib
+import datetime as dt
 import fcntl
+import logging
 import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
 
 from dagster_sideinputs.delta.files import is_local, normalize_uri
+from dagster_sideinputs.delta.lease import ObjectStoreLease
 from dagster_sideinputs.errors import OperatorBusyError
+
+log = logging.getLogger("dagster_sideinputs")
+
+LEASE_S = 60.0
 
 
 @contextlib.contextmanager
@@ -24,6 +37,7 @@ def operator_lock(
     operator_id: str,
     wait_s: float = 0.0,
     storage_options: Mapping[str, str] | None = None,
+    lease_s: float = LEASE_S,
 ) -> Iterator[None]:
     """Hold the operator's lock for the duration of the block.
 
@@ -31,13 +45,15 @@ def operator_lock(
         state_uri: the operator's state folder.
         operator_id: for the error message.
         wait_s: how long to wait for another run to finish before giving up.
-        storage_options: object store options of the state folder (object stores).
+        storage_options: delta-rs storage options of the state folder (object stores).
+        lease_s: on object stores, how long a lock outlives a holder that stops renewing.
 
     Raises:
         OperatorBusyError: another process holds the lock (named in the message).
     """
     if not is_local(state_uri):
-        yield
+        with _object_store_lock(state_uri, operator_id, wait_s, storage_options, lease_s):
+            yield
         return
     folder = normalize_uri(state_uri)
     os.makedirs(folder, exist_ok=True)
@@ -67,3 +83,42 @@ def operator_lock(
         yield
     finally:
         handle.close()  # releases the lock
+
+
+@contextlib.contextmanager
+def _object_store_lock(
+    state_uri: str,
+    operator_id: str,
+    wait_s: float,
+    storage_options: Mapping[str, str] | None,
+    lease_s: float,
+) -> Iterator[None]:
+    lease = ObjectStoreLease(state_uri, "lock", storage_options, lease_s=lease_s)
+    if not lease.acquire(wait_s=wait_s):
+        holder = lease.holder()
+        if holder is None:
+            described = "another process"
+        else:
+            until = dt.datetime.fromtimestamp(holder.expires_at, dt.timezone.utc)
+            described = f"{holder.owner}, lease until {until:%Y-%m-%d %H:%M:%S} UTC unless renewed"
+        raise OperatorBusyError(
+            f"Operator {operator_id!r} is already running ({described}); two runs must not "
+            f"process the same batches at once. Nothing was done. Lock: {state_uri}/lock.",
+            fix="wait for the other run to finish (or terminate it: its lock expires "
+            f"{lease_s:.0f}s after it stops renewing), or pass wait_for_lock=<seconds>; "
+            "in Dagster, limit the job's concurrency",
+        )
+    try:
+        yield
+    finally:
+        lost = not lease.held
+        lease.release()
+        if lost:
+            # Another run took the lock over while this one was paused past its lease.
+            log.warning(
+                "Operator %r lost its lock %s/lock during the run (paused longer than "
+                "the %ss lease?); batch plans are created exclusively, so no batch ran twice.",
+                operator_id,
+                state_uri,
+                lease_s,
+            )

@@ -48,7 +48,7 @@ class DeltaRsEngine:
         storage_options: delta-rs object store options (credentials, endpoints).
     """
 
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
 
     @property
     def name(self) -> str:

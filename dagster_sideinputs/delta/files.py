@@ -3,7 +3,8 @@
 The bridge lists the files Spark staged, moves them into the table, reads parquet
 footers and commit JSON. Local and shared filesystems use ``os`` directly (fast);
 other URIs go through ``deltalake.fs.DeltaStorageHandler`` so they use exactly the
-storage options delta-rs uses for the commit.
+storage options delta-rs uses for the commit. Create-only writes on object stores go
+through :mod:`~dagster_sideinputs.delta.object_store`.
 """
 
 import contextlib
@@ -12,11 +13,15 @@ import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlparse
 
+import obstore
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake.fs import DeltaStorageHandler
+
+from dagster_sideinputs.delta.object_store import open_object_store, put_if_absent
 
 
 def is_local(uri: str) -> bool:
@@ -75,10 +80,20 @@ class TableFiles:
     def __init__(self, root: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.root = normalize_uri(root)
         self._local = is_local(self.root)
+        self._storage_options = dict(storage_options or {})
         self._fs: pafs.FileSystem | None = None
+        self._store: Any = None
         if not self._local:
-            handler = DeltaStorageHandler(self.root, dict(storage_options or {}))
+            handler = DeltaStorageHandler(self.root, self._storage_options)
             self._fs = pafs.PyFileSystem(handler)
+
+    def object_store(self) -> Any:
+        """The ``obstore`` store rooted at this root (object stores only), built once."""
+        if self._local:
+            raise ValueError(f"{self.root} is a local path, not an object store")
+        if self._store is None:
+            self._store = open_object_store(self.root, self._storage_options)
+        return self._store
 
     def _abs(self, relative: str) -> str:
         return os.path.join(self.root, relative) if self._local else relative
@@ -178,11 +193,12 @@ class TableFiles:
                 if os.path.exists(temp):
                     os.remove(temp)
             return True
-        assert self._fs is not None
-        if exclusive and self.exists(relative):
-            return False
-        with self._fs.open_output_stream(relative) as handle:
-            handle.write(data)
+        if exclusive:
+            return put_if_absent(self.object_store(), relative, data)
+        # One PUT: readers see the old object or the new one, never a part. (pyarrow's
+        # output stream over DeltaStorageHandler refuses bytes: "'Buffer' object is not
+        # an instance of 'bytes'".)
+        obstore.put(self.object_store(), relative, data)
         return True
 
     def parquet_metadata(self, relative: str) -> pq.FileMetaData:

@@ -35,7 +35,7 @@ class DeltaStorage:
     """
 
     root: str
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
     engine: DeltaEngine | None = None
 
     def __post_init__(self) -> None:

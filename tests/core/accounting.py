@@ -61,6 +61,6 @@ def assert_accounted(
     missing = sorted(set(expected) - set(found), key=repr)
     duplicated = sorted((i for i, n in found.items() if n > 1), key=repr)
     unexpected = sorted(set(found) - set(expected), key=repr)
-    assert not (missing or duplicated or unexpected), (
-        f"lost: {missing}; duplicated: {duplicated}; unexpected: {unexpected}"
-    )
+    assert not missing, f"lost: {missing}"
+    assert not duplicated, f"duplicated: {duplicated}"
+    assert not unexpected, f"unexpected: {unexpected}"
