@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE, KafkaInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
@@ -37,6 +38,8 @@ from dagster_sideinputs.errors import (
     DuplicateKeyError,
     EmptySingletonError,
     FunctionError,
+    KafkaOffsetsLostError,
+    KafkaSourceError,
     MainInputDataError,
     NonAppendOnlyChangeError,
     NotADeltaTableError,
@@ -79,6 +82,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAIN",
+    "SPARK_KAFKA_PACKAGE",
     "AppTransaction",
     "BatchMetrics",
     "BufferLimitExceededError",
@@ -97,6 +101,9 @@ __all__ = [
     "DuplicateKeyError",
     "EmptySingletonError",
     "FunctionError",
+    "KafkaInput",
+    "KafkaOffsetsLostError",
+    "KafkaSourceError",
     "KeyGroups",
     "MainInput",
     "MainInputDataError",

@@ -104,6 +104,15 @@ class MainInputDataError(SideInputError):
     """Records of the main input cannot be processed (null key, schema drift, ...)."""
 
 
+class KafkaOffsetsLostError(MainInputDataError):
+    """Kafka offsets the operator had not read yet are gone (retention, truncation)."""
+
+
+class KafkaSourceError(SideInputError):
+    """The Kafka brokers could not be asked for offsets or topics, or the Spark session
+    cannot read Kafka (its connector is missing)."""
+
+
 # --- the operator ----------------------------------------------------------------------
 
 
@@ -146,6 +155,8 @@ __all__ = [
     "DuplicateKeyError",
     "EmptySingletonError",
     "FunctionError",
+    "KafkaOffsetsLostError",
+    "KafkaSourceError",
     "MainInputDataError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",

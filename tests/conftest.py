@@ -8,6 +8,11 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.sql import SparkSession
 
+from dagster_sideinputs.core.kafka_input import (
+    SPARK_AVRO_PACKAGE,
+    SPARK_KAFKA_EXCLUDES,
+    SPARK_KAFKA_PACKAGE,
+)
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.servers.s3 import S3Server
@@ -18,7 +23,9 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """local[2], UI off, 4 shuffle partitions, UTC (set by build_spark_session)."""
+    """local[2], UI off, 4 shuffle partitions, UTC (set by build_spark_session), with
+    Spark's Kafka connector and avro module (resolved by Ivy from Maven Central on first
+    use, then from its cache)."""
     warehouse = tempfile.mkdtemp(prefix="dsi-warehouse-")
     session = build_spark_session(
         master="local[2]",
@@ -30,6 +37,8 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.warehouse.dir": warehouse,
             "spark.driver.memory": "2g",
             "spark.sql.adaptive.enabled": "true",
+            "spark.jars.packages": f"{SPARK_KAFKA_PACKAGE},{SPARK_AVRO_PACKAGE}",
+            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
         },
     )
     yield session

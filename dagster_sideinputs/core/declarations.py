@@ -9,13 +9,25 @@ inputs live in :mod:`~dagster_sideinputs.core.side_inputs`, windows in
 """
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.kafka_input import (
+    TIMESTAMP,
+    KafkaInput,
+    KeyFormat,
+    OnDataLoss,
+    StartingOffsets,
+    ValueFormat,
+    admin_options_of,
+    client_options_of,
+    reader_options_of,
+)
 from dagster_sideinputs.errors import DeclarationError
 
 View = Literal["singleton", "list", "map", "multimap"]
@@ -99,9 +111,17 @@ class MainInput:
     format: str = "delta"
     schema: T.StructType | str | None = field(default=None, compare=False, hash=False)
     read_options: tuple[tuple[str, str], ...] = ()
+    kafka_input: KafkaInput | None = None
 
     def __post_init__(self) -> None:
         asset_path(self.asset)
+        if self.format == "kafka" or self.kafka_input is not None:
+            if self.format != "kafka" or self.kafka_input is None:
+                raise DeclarationError(
+                    f"MainInput {self.asset!r}: a Kafka main input is declared with "
+                    "MainInput.kafka(...).",
+                )
+            return
         if self.pre_keyed is not None and self.key is None:
             raise DeclarationError(
                 f"MainInput {self.asset!r} is declared pre_keyed but has no key.",
@@ -158,16 +178,135 @@ class MainInput:
             read_options=tuple(sorted((options or {}).items())),
         )
 
+    @classmethod
+    def kafka(
+        cls,
+        topics: str | Sequence[str] | None = None,
+        *,
+        bootstrap_servers: str,
+        pattern: str | None = None,
+        format: ValueFormat = "json",
+        schema: T.StructType | str | None = None,
+        avro_schema: str | None = None,
+        key: str | None = None,
+        event_time: str | None = TIMESTAMP,
+        key_format: KeyFormat = "string",
+        options: Mapping[str, str] | None = None,
+        admin_options: Mapping[str, str] | None = None,
+        reader_options: Mapping[str, str] | None = None,
+        starting_offsets: StartingOffsets = "earliest",
+        max_records_per_batch: int | None = None,
+        on_data_loss: OnDataLoss = "fail",
+        poll_timeout: dt.timedelta = dt.timedelta(seconds=30),
+        pre_keyed: KeyGroups | None = None,
+        asset: str | None = None,
+    ) -> "MainInput":
+        """Kafka topics, read through Spark's Kafka connector over exact offset ranges.
+
+        Every batch plan pins each partition's offset range ``[start, end)`` and the
+        topics' ids; a replay reads exactly those offsets. Records are the decoded value's
+        columns plus ``kafka_key``, ``kafka_topic``, ``kafka_partition``,
+        ``kafka_offset`` and ``kafka_timestamp``.
+
+        Needs Spark's Kafka connector in the session
+        (``spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1``) and,
+        on the driver, confluent-kafka (``pip install "dagster-sideinputs[kafka]"``) to
+        read offsets and topic ids.
+
+        Args:
+            topics: a topic name or several.
+            bootstrap_servers: ``host:port[,host:port...]``.
+            pattern: a regular expression of topic names instead of ``topics`` (matched
+                whole; internal topics excluded). Topics that appear later are read from
+                their first offset.
+            format: the record values: ``json`` (with ``schema``), ``avro`` (with
+                ``avro_schema``; needs Spark's avro module), ``string`` or ``bytes`` (one
+                ``value`` column).
+            schema: the JSON values' schema (StructType or DDL string). Values that do not
+                parse go to the ``invalid=`` route (or stop the batch when none is declared).
+            avro_schema: the Avro writer schema, as JSON text (plain Avro binary values).
+            key: the key column (``kafka_key`` or a value column).
+            event_time: the event-time column; the Kafka record timestamp by default.
+            key_format: decode ``kafka_key`` as ``string`` (UTF-8) or keep ``bytes``.
+            options: Kafka client settings in the Java client's names (what Spark's
+                connector takes after ``kafka.``): security settings, fetch sizes... They
+                may hold secrets and are never shown or written down.
+            admin_options: settings of the driver's metadata client (librdkafka names),
+                when ``options`` cannot be translated (e.g. a JKS trust store).
+            reader_options: options of Spark's connector (e.g. ``minPartitions``), but
+                those that choose offsets.
+            starting_offsets: where the first batch starts: ``earliest`` or ``latest``.
+                Partitions and topics that appear later always start at their earliest.
+            max_records_per_batch: most offsets a batch reads (like Spark's
+                ``maxOffsetsPerTrigger``), shared among partitions by their backlog.
+            on_data_loss: ``fail`` (default): offsets deleted (retention) before they were
+                read stop the batch with an error naming them; ``skip``: they are skipped,
+                counted and reported in the batch metrics.
+            poll_timeout: how long a Spark task waits for records it was promised.
+            pre_keyed: the topic is partitioned by Kafka's default partitioner on the
+                record key (the string form of ``key``): keyed side inputs are joined
+                without shuffling the main records. ``max_key_groups`` bounds the
+                partition count; ``column`` is not used.
+            asset: the asset name in lineage (default: the topic, or the pattern's
+                letters).
+        """
+        names = (topics,) if isinstance(topics, str) else tuple(topics or ())
+        if pre_keyed is not None and (len(names) != 1 or pattern is not None):
+            raise DeclarationError(
+                f"MainInput.kafka({names or pattern!r}): pre_keyed needs exactly one topic: "
+                "key groups are the partitions of one topic.",
+                fix="declare one topic, or drop pre_keyed=",
+            )
+        declared = KafkaInput(
+            bootstrap_servers=bootstrap_servers,
+            topics=names,
+            pattern=pattern,
+            value_format=format,
+            schema=schema,
+            avro_schema=avro_schema,
+            key_format=key_format,
+            options=client_options_of(options),
+            admin_options=admin_options_of(admin_options),
+            reader_options=reader_options_of(reader_options),
+            starting_offsets=starting_offsets,
+            max_records_per_batch=max_records_per_batch,
+            on_data_loss=on_data_loss,
+            poll_timeout=poll_timeout,
+        )
+        if pre_keyed is not None and key is None:
+            raise DeclarationError(
+                f"MainInput.kafka({declared.describe()!r}) is declared pre_keyed but has no key.",
+                fix='pass key="kafka_key" (or the value column whose string form is the key)',
+            )
+        default_name = (
+            names[0]
+            if len(names) == 1
+            else re.sub(r"[^A-Za-z0-9_]+", "_", pattern or "_".join(names)).strip("_")
+        )
+        return cls(
+            asset=asset or default_name or "kafka",
+            key=key,
+            event_time=event_time,
+            pre_keyed=pre_keyed,
+            format="kafka",
+            kafka_input=declared,
+        )
+
     @property
     def is_files(self) -> bool:
-        return self.format != "delta"
+        return self.format not in ("delta", "kafka")
+
+    @property
+    def is_kafka(self) -> bool:
+        return self.kafka_input is not None
 
     def __repr__(self) -> str:
-        head = (
-            f"MainInput.files({self.path!r}, format={self.format!r}"
-            if self.is_files
-            else f"MainInput({self.asset!r}"
-        )
+        if self.kafka_input is not None:
+            head = f"MainInput.kafka({self.kafka_input!r}"
+        elif self.is_files:
+            head = f"MainInput.files({self.path!r}, format={self.format!r}"
+        else:
+            head = f"MainInput({self.asset!r}"
         extras = [
             f"{name}={value!r}"
             for name, value in (

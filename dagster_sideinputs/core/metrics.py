@@ -45,6 +45,10 @@ class BatchMetrics:
         physical_plan: Spark's physical plan of the classification step, when the run
             was asked to ``explain``.
         engine: the Delta engine that committed the batch's tables.
+        main_detail: the main input's slice in detail: for Kafka, per partition the
+            offsets ``[start, end)`` read, the log end when planned and the lag left
+            (``offsets``, ``lag``), and offsets skipped as lost (``lost``,
+            ``lost_offsets``, only with ``on_data_loss="skip"``).
     """
 
     operator_id: str
@@ -65,6 +69,12 @@ class BatchMetrics:
     notes: list[str] = field(default_factory=list)
     physical_plan: str | None = None
     engine: str = ""
+    main_detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lost_offsets(self) -> int:
+        """Kafka offsets skipped because they were deleted before being read."""
+        return int(self.main_detail.get("lost_offsets", 0))
 
     @property
     def released(self) -> int:

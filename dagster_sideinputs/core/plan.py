@@ -28,40 +28,134 @@ def _parse_ts(value: str | None) -> dt.datetime | None:
     return None if value is None else dt.datetime.fromisoformat(value)
 
 
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """The offsets ``[start, end)`` of one Kafka partition a batch reads.
+
+    ``log_end`` is the partition's end offset when the batch was planned: ``log_end -
+    end`` is the lag the batch left behind.
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    log_end: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Offsets in the range (records, but for compacted or transactional topics)."""
+        return max(0, self.end - self.start)
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.log_end is None else max(0, self.log_end - self.end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "start": self.start,
+            "end": self.end,
+            "log_end": self.log_end,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "OffsetRange":
+        log_end = data.get("log_end")
+        return cls(
+            topic=str(data["topic"]),
+            partition=int(data["partition"]),
+            start=int(data["start"]),
+            end=int(data["end"]),
+            log_end=None if log_end is None else int(log_end),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+
 @dataclass(frozen=True)
 class MainRange:
     """The slice of the main input a batch reads.
 
     Delta main inputs: the versions ``(start_version, end_version]`` of the table whose
     id is ``table_id``. Landing folders: the new files by name, with their sizes and
-    modification times.
+    modification times. Kafka: the offsets ``[start, end)`` of every partition known
+    (sorted by topic and partition; a partition without new records keeps its position
+    with ``start == end``), the ids of the topics they belong to, and the offsets
+    skipped as lost (``on_data_loss="skip"``). ``anchor`` marks the first batch of an
+    input read from its end (``starting_offsets="latest"``): it runs even without records,
+    to write that position down.
     """
 
-    kind: Literal["delta", "files"]
+    kind: Literal["delta", "files", "kafka"]
     start_version: int = -1
     end_version: int = -1
     files: tuple[Mapping[str, Any], ...] = ()
     table_id: str | None = None
+    offsets: tuple[OffsetRange, ...] = ()
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
+    lost: tuple[OffsetRange, ...] = ()
+    anchor: bool = False
 
     @property
     def is_empty(self) -> bool:
         if self.kind == "delta":
             return self.end_version <= self.start_version
+        if self.kind == "kafka":
+            return not self.lost and not self.anchor and all(r.size == 0 for r in self.offsets)
         return not self.files
+
+    @property
+    def records(self) -> int:
+        """Kafka: offsets to read (an upper bound of the records)."""
+        return sum(r.size for r in self.offsets)
+
+    @property
+    def lost_offsets(self) -> int:
+        return sum(r.size for r in self.lost)
 
     def describe(self) -> str:
         if self.kind == "delta":
             return f"versions ({self.start_version}, {self.end_version}]"
+        if self.kind == "kafka":
+            moving = [r for r in self.offsets if r.size]
+            shown = ", ".join(str(r) for r in moving[:4])
+            more = f", +{len(moving) - 4} partition(s)" if len(moving) > 4 else ""
+            text = f"offsets {shown}{more} ({self.records} offsets)" if moving else "no new offsets"
+            if self.anchor:
+                text += " (starting at the log end)"
+            if self.lost:
+                text += f"; {self.lost_offsets} lost offset(s) skipped"
+            return text
         return f"{len(self.files)} new file(s)"
 
-    def to_dict(self) -> dict[str, Any]:
+    def detail(self) -> dict[str, Any]:
+        """Per-partition offsets and lag (Kafka), for metrics and metadata."""
+        if self.kind != "kafka":
+            return {}
         return {
+            "offsets": [{**r.to_dict(), "lag": r.lag} for r in self.offsets],
+            "lag": sum(r.lag or 0 for r in self.offsets),
+            "lost": [r.to_dict() for r in self.lost],
+            "lost_offsets": self.lost_offsets,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "kind": self.kind,
             "start_version": self.start_version,
             "end_version": self.end_version,
             "files": [dict(f) for f in self.files],
             "table_id": self.table_id,
         }
+        if self.kind == "kafka":
+            data["offsets"] = [r.to_dict() for r in self.offsets]
+            data["topic_ids"] = dict(sorted(self.topic_ids.items()))
+            data["lost"] = [r.to_dict() for r in self.lost]
+            data["anchor"] = self.anchor
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MainRange":
@@ -71,6 +165,10 @@ class MainRange:
             end_version=data.get("end_version", -1),
             files=tuple(data.get("files") or ()),
             table_id=data.get("table_id"),
+            offsets=tuple(OffsetRange.from_dict(r) for r in data.get("offsets") or ()),
+            topic_ids=dict(data.get("topic_ids") or {}),
+            lost=tuple(OffsetRange.from_dict(r) for r in data.get("lost") or ()),
+            anchor=bool(data.get("anchor", False)),
         )
 
 

@@ -33,7 +33,7 @@ from dagster_sideinputs.core.windows import (
     parse_namespace_id,
     windows_between,
 )
-from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
+from dagster_sideinputs.delta.engine import TableSnapshot
 from dagster_sideinputs.errors import SideInputDataError
 
 MAX_ENUMERATED_WINDOWS = 2000
@@ -120,7 +120,7 @@ class Planner:
             buffer,
             plans,
             side_changed=side_changed,
-            incoming=_incoming(piece.files) if piece.range.kind == "delta" else None,
+            incoming=_incoming(piece),
             now=now,
             reroute=reroute,
         )
@@ -187,6 +187,10 @@ class Planner:
             )
             if spans is not None:
                 return spans
+        if self.spark is None and piece.range.kind == "kafka":
+            # Peeking (the sensor): Kafka keeps no statistics, and the offsets already say
+            # there is work; the batch itself finds the windows.
+            return []
         if self.spark is None:
             raise SideInputDataError(
                 "Peeking at this batch needs Spark: the event-time windows of new records "
@@ -295,6 +299,11 @@ class Planner:
         return None if seen is None else seen - window.watermark
 
 
-def _incoming(files: Sequence[DataFile]) -> int | None:
-    counts = [f.num_records for f in files]
+def _incoming(piece: SourceSlice) -> int | None:
+    """New records of the slice, or an upper bound (None: unknown before reading)."""
+    if piece.range.kind == "kafka":
+        return piece.range.records
+    if piece.range.kind != "delta":
+        return None
+    counts = [f.num_records for f in piece.files]
     return None if any(c is None for c in counts) else sum(c or 0 for c in counts)

@@ -74,6 +74,7 @@ def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:
         notes=list(batch.notes),
         physical_plan=physical_plan,
         engine=context.spec.engine.name,
+        main_detail=plan.main.detail(),
     )
 
 

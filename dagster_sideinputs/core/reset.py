@@ -80,7 +80,24 @@ def _position(
 ) -> MainRange:
     previous = recovery.previous().plan
     if main_from == "keep" and previous is not None:
-        return replace(previous.main, start_version=previous.main.end_version, files=())
+        offsets = tuple(replace(r, start=r.end) for r in previous.main.offsets)
+        return replace(
+            previous.main,
+            start_version=previous.main.end_version,
+            files=(),
+            offsets=offsets,
+            lost=(),
+            anchor=False,
+        )
+    if spec.main.is_kafka:
+        if main_from == "latest":
+            # Every partition's position at its log end, under the topics' current ids.
+            now = source_for(spec).next_range(None).range
+            ends = tuple(
+                replace(r, start=r.log_end or r.end, end=r.log_end or r.end) for r in now.offsets
+            )
+            return replace(now, offsets=ends, lost=(), anchor=False)
+        return MainRange("kafka")  # no position: every partition from its earliest offset
     if spec.main.is_files:
         if main_from == "beginning":
             TableFiles(spec.state_uri, spec.storage.storage_options).delete_dir("files_seen")

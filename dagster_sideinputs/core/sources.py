@@ -3,7 +3,8 @@
 A source has two sides, used once each per batch:
 
 - the planner asks :meth:`~MainSource.next_range` for the slice after the previous
-  batch's (Delta versions, or new landed files), checking the input's identity (a table
+  batch's (Delta versions, new landed files, or Kafka offsets:
+  :mod:`~dagster_sideinputs.core.kafka_source`), checking the input's identity (a table
   recreated under the same path, a landed file that changed after it was read);
 - the read stage asks :meth:`~MainSource.files` and :meth:`~MainSource.read` for the
   records of a pinned slice, identical on a replay.
@@ -50,6 +51,10 @@ class MainSource(Protocol):
 
 
 def source_for(spec: OperatorSpec) -> MainSource:
+    if spec.main.is_kafka:
+        from dagster_sideinputs.core.kafka_source import KafkaSource
+
+        return KafkaSource(spec)
     return LandingFolder(spec) if spec.main.is_files else DeltaTableSource(spec)
 
 

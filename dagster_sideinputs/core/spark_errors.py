@@ -24,6 +24,7 @@ from dagster_sideinputs.errors import (
     CorruptDataFileError,
     DeclarationError,
     FunctionError,
+    KafkaOffsetsLostError,
     PreKeyedViolationError,
     SideInputError,
     SparkJobError,
@@ -83,6 +84,14 @@ def translate(context: "StageContext", exc: BaseException, views: "Views | None"
             f"Main input {spec.main.asset!r} is declared pre-keyed, but "
             f"{_extract(text, PRE_KEYED_MARK + ':')}. {NOTHING_WRITTEN}",
             fix="fix the key-group column at the source, or drop pre_keyed=",
+        )
+    if "KAFKA_DATA_LOSS" in text:
+        return KafkaOffsetsLostError(
+            f"Main input {spec.main.asset!r}: Kafka records of this batch were deleted while it "
+            f"read them: {_extract(text, 'KAFKA_DATA_LOSS')}. {NOTHING_WRITTEN}",
+            fix="rerun: a batch no table committed is planned again from the offsets the "
+            "brokers hold (and fails, or skips them with on_data_loss='skip'); keep records "
+            "longer (retention.ms) than the operator can fall behind",
         )
     if ROW_ERROR_MARK in text:
         return FunctionError(

@@ -126,12 +126,13 @@ class OperatorSpec:
         """What the operator's recorded position and transactions refer to: changing any
         of it under the same operator id would skip or repeat records."""
         main = self.main
+        kind = "kafka" if main.is_kafka else "files" if main.is_files else "delta"
         return {
             "operator_id": self.operator_id,
             "main_output": self.main_tag.name,
             "main_input": {
-                "kind": "files" if main.is_files else "delta",
-                "uri": normalize_uri(self.main_uri),
+                "kind": kind,
+                "uri": self.main_uri if main.is_kafka else normalize_uri(self.main_uri),
                 "format": main.format,
             },
         }
@@ -254,11 +255,13 @@ def build_spec(
             fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
         )
     tags = _tags(options)
+    if main.is_kafka:
+        _check_kafka(main, options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
         for name, side in options.side_inputs.items()
     )
-    main_uri = main.path or storage.table_uri(asset_path(main.asset))
+    main_uri = kafka_uri(main) or main.path or storage.table_uri(asset_path(main.asset))
     spec = OperatorSpec(
         options=options,
         operator_id=operator_id,
@@ -291,9 +294,21 @@ def build_spec(
     return spec
 
 
+def kafka_uri(main: MainInput) -> str | None:
+    """What a Kafka main input's position refers to: ``kafka:<topics>`` or
+    ``kafka:pattern=<regex>`` (no servers: brokers may move; topic ids guard the rest)."""
+    kafka = main.kafka_input
+    if kafka is None:
+        return None
+    if kafka.pattern is not None:
+        return f"kafka:pattern={kafka.pattern}"
+    return "kafka:" + ",".join(kafka.topics)
+
+
 def _check_tables(spec: OperatorSpec) -> None:
     """Names usable as paths, and no output that is also an input of the operator."""
-    check_location(spec.main_uri, what=f"Main input {spec.main.asset!r}")
+    if not spec.main.is_kafka:
+        check_location(spec.main_uri, what=f"Main input {spec.main.asset!r}")
     inputs = {normalize_uri(spec.main_uri): f"main input {spec.main.asset!r}"}
     for bound in spec.sides:
         check_location(bound.uri, what=bound.label)
@@ -337,4 +352,26 @@ def _check_side(
             f"Side input name {bound.name!r} starts with '_dsi_', which the operator reserves "
             "for its own columns.",
             fix="rename the side input in side_inputs={...}",
+        )
+
+
+def _check_kafka(main: MainInput, options: OperatorOptions) -> None:
+    kafka = main.kafka_input
+    assert kafka is not None
+    if options.max_versions_per_batch is not None or options.max_files_per_batch is not None:
+        raise DeclarationError(
+            f"Main input {main.asset!r} is Kafka: max_versions_per_batch / max_files_per_batch "
+            "do not apply.",
+            fix="pass MainInput.kafka(..., max_records_per_batch=N)",
+        )
+    if kafka.value_format != "json":
+        return
+    from dagster_sideinputs.core.kafka_input import METADATA_COLUMNS
+
+    clashes = sorted(set(kafka.decoded_schema().fieldNames()) & set(METADATA_COLUMNS))
+    if clashes:
+        raise DeclarationError(
+            f"Main input {main.asset!r}: JSON field(s) {clashes} have the names of the Kafka "
+            "coordinate columns the operator adds.",
+            fix="rename the field(s) in the schema",
         )
