@@ -25,6 +25,11 @@ ORIGIN = "_dsi_origin"
 ROUTE = "_dsi_route"
 CORRUPT = "_dsi_corrupt_record"
 
+# A pre-keyed Kafka read: each record's bucket (the partitioning Spark is told about),
+# and the Spark task that read it (checked against its Kafka partition).
+KAFKA_BUCKET = "_dsi_kafka_bucket"
+KAFKA_TASK = "_dsi_kafka_task"
+
 # Side views.
 SIDE_NS = "_dsi_side_ns"
 LOOKUP_PREFIX = "_dsi_lookup_"

@@ -170,6 +170,11 @@ class KafkaSource:
         if kafka.max_records_per_batch is not None:
             ranges = share_out(ranges, kafka.max_records_per_batch)
         ids = {t: described[t].topic_id for t in {t for t, _ in partitions}}
+        keyed = self.spec.main.pre_keyed
+        if keyed is not None:
+            from dagster_sideinputs.core.kafka_keyed import check_partition_count
+
+            check_partition_count(ranges, keyed, self.label)
         anchor = previous is None and kafka.starting_offsets == "latest" and bool(ranges)
         main = MainRange(
             "kafka", offsets=tuple(ranges), topic_ids=ids, lost=tuple(lost), anchor=anchor
@@ -281,17 +286,61 @@ class KafkaSource:
         ranges = [r for r in piece.range.offsets if r.size]
         if not ranges:
             return self.decode(spark, _empty_kafka_frame(spark))
+        return self.decode(spark, self._load(spark, ranges))
+
+    def read_partitioned(self, spark: SparkSession, piece: SourceSlice) -> tuple[DataFrame, str]:
+        """A pre-keyed topic's records with their bucket, Kafka partition ``p`` read as
+        Spark partition ``p`` when the session allows (see
+        :mod:`~dagster_sideinputs.core.kafka_keyed`); a note says how it was read."""
+        from dagster_sideinputs.core.kafka_keyed import (
+            ALIGNED,
+            BUCKET,
+            bucket_of,
+            buckets,
+            partitioned_read,
+        )
+
+        ranges = {r.partition: r for r in piece.range.offsets}
+        count = len(ranges)
+        values = buckets(count) if count else ()
+        if count and sorted(ranges) == list(range(count)):
+            reads = []
+            for p in range(count):
+                r = ranges[p]
+                raw = (
+                    self._load(spark, [r])
+                    if r.size
+                    else _empty_kafka_frame(spark, one_partition=True)
+                )
+                reads.append(raw.withColumn(BUCKET, F.lit(values[p])))
+            partitioned = partitioned_read(spark, reads, count)
+            if partitioned is not None:
+                note = (
+                    f"pre-keyed Kafka: {count} partition(s) read in place, hash-partitioned by "
+                    "Kafka's partitioner (no shuffle of the main records)"
+                )
+                return self.decode(spark, partitioned, keep=(BUCKET, ALIGNED)), note
+        raw = self.read(spark, piece)
+        frame = raw.withColumn(
+            BUCKET, bucket_of(F.col(PARTITION), count) if count else F.lit(None).cast("int")
+        ).withColumn(ALIGNED, F.lit(None).cast("int"))
+        return (
+            frame,
+            "pre-keyed Kafka: the partitioned read is not available here; read with a shuffle",
+        )
+
+    def _load(self, spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
         reader = spark.read.format("kafka").options(**self.reader_options(ranges))
         try:
-            raw = reader.load()
+            return reader.load()
         except AnalysisException as exc:
             if "DATA_SOURCE_NOT_FOUND" in str(exc) or "Failed to find data source" in str(exc):
                 raise missing_connector(self.label) from None
             raise
-        return self.decode(spark, raw)
 
-    def decode(self, spark: SparkSession, raw: DataFrame) -> DataFrame:
-        """The connector's rows as main records: value columns, coordinates, corrupt text."""
+    def decode(self, spark: SparkSession, raw: DataFrame, *, keep: Sequence[str] = ()) -> DataFrame:
+        """The connector's rows as main records: value columns, coordinates, corrupt text
+        (and the ``keep`` columns as they are)."""
         kafka = self.kafka
         key = F.col("key") if kafka.key_format == "bytes" else F.col("key").cast("string")
         where = F.concat(
@@ -305,13 +354,14 @@ class KafkaSource:
             F.col("offset").alias(OFFSET),
             F.col("timestamp").alias(TIMESTAMP),
         ]
+        kept = [F.col(c) for c in keep]
         if kafka.value_format in ("string", "bytes"):
             value = (
                 F.col("value").cast("string") if kafka.value_format == "string" else F.col("value")
             )
-            return raw.select(value.alias(VALUE), *coordinates)
+            return raw.select(value.alias(VALUE), *coordinates, *kept)
         parsed, corrupt, schema = self._parsed(spark, where)
-        frame = raw.select(parsed.alias(_PARSED), corrupt.alias(CORRUPT), *coordinates)
+        frame = raw.select(parsed.alias(_PARSED), corrupt.alias(CORRUPT), *coordinates, *kept)
         collisions = sorted(set(schema.fieldNames()) & set(METADATA_COLUMNS))
         if collisions:
             raise DeclarationError(
@@ -320,7 +370,7 @@ class KafkaSource:
                 fix="rename the field(s) in the value schema",
             )
         values = [F.col(_PARSED).getField(f.name).alias(f.name) for f in schema.fields]
-        return frame.select(*values, *[F.col(c) for c in METADATA_COLUMNS], F.col(CORRUPT))
+        return frame.select(*values, *[F.col(c) for c in METADATA_COLUMNS], F.col(CORRUPT), *kept)
 
     def _parsed(self, spark: SparkSession, where: Column) -> tuple[Column, Column, T.StructType]:
         kafka = self.kafka
@@ -391,11 +441,23 @@ def missing_connector(label: str) -> KafkaSourceError:
     )
 
 
-def _empty_kafka_frame(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame(
-        [],
-        "key binary, value binary, topic string, partition int, offset long, "
-        "timestamp timestamp, timestampType int",
+def _empty_kafka_frame(spark: SparkSession, *, one_partition: bool = False) -> DataFrame:
+    """No records, in the connector's schema (in exactly one Spark partition if asked:
+    a partitioned read needs one per Kafka partition, empty or not)."""
+    if not one_partition:
+        return spark.createDataFrame(
+            [],
+            "key binary, value binary, topic string, partition int, offset long, "
+            "timestamp timestamp, timestampType int",
+        )
+    return spark.range(0, 0, 1, numPartitions=1).select(
+        F.lit(None).cast("binary").alias("key"),
+        F.lit(None).cast("binary").alias("value"),
+        F.lit(None).cast("string").alias("topic"),
+        F.lit(None).cast("int").alias("partition"),
+        F.lit(None).cast("long").alias("offset"),
+        F.lit(None).cast("timestamp").alias("timestamp"),
+        F.lit(None).cast("int").alias("timestampType"),
     )
 
 

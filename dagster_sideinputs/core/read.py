@@ -16,6 +16,8 @@ from dagster_sideinputs.core.columns import (
     CORRUPT,
     FINGERPRINT,
     FIRST_SEEN,
+    KAFKA_BUCKET,
+    KAFKA_TASK,
     KEY_GROUP,
     NS_END,
     NS_START,
@@ -38,27 +40,72 @@ from dagster_sideinputs.delta.files import join_uri
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 DEFAULT_KEY_GROUPS = 128
+# Columns a read adds for the batch's own use (never part of the main records).
+INTERNAL = (KAFKA_BUCKET, KAFKA_TASK)
 
 
 def read(context: StageContext, batch: Batch) -> Batch:
     spec, plan = context.spec, batch.plan
     piece = batch.source or context.source.files(plan.main)
-    raw = context.source.read(context.spark, piece)
     notes: list[str] = []
+    kafka_keyed = spec.main.is_kafka and spec.main.pre_keyed is not None
+    if kafka_keyed:
+        raw, note = _kafka_pre_keyed_read(context, piece)
+        notes.append(note)
+    else:
+        raw = context.source.read(context.spark, piece)
     if spec.main.pre_keyed is not None and piece.files:
         raw, note = _pre_keyed_scan(context, raw, piece)
         notes.append(note)
-    main_columns = tuple(c for c in raw.columns if c != CORRUPT)
-    check_main_schema(spec, raw.schema)
+    main_columns = tuple(c for c in raw.columns if c not in (CORRUPT, *INTERNAL))
+    check_main_schema(spec, T.StructType([raw.schema[c] for c in main_columns]))
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
     if buffered is not None and plan.reroute:
         buffered = _rebuilt(spec, buffered, main_columns)
         notes.append("declaration changed: buffered records routed again under the new one")
+    if buffered is not None and kafka_keyed:
+        buffered = _with_kafka_bucket(spec, buffered, plan)
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
     return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
         *notes
     )
+
+
+def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:
+    from dagster_sideinputs.core.kafka_source import KafkaSource
+
+    source = context.source
+    assert isinstance(source, KafkaSource)
+    frame, note = source.read_partitioned(context.spark, piece)
+    if "read in place" in note:
+        # The partitioned read hash-partitions by bucket only, while joins match on key
+        # and bucket: let Spark reuse a partitioning on some of the join keys for the
+        # other side (it then shuffles the side only) for this batch.
+        conf = context.spark.conf
+        setting = "spark.sql.requireAllClusterKeysForCoPartition"
+        before = conf.get(setting, None)
+        conf.set(setting, "false")
+        context.on_cleanup(lambda: conf.set(setting, before) if before else conf.unset(setting))
+    return frame, note
+
+
+def _with_kafka_bucket(spec: OperatorSpec, buffered: DataFrame, plan: BatchPlan) -> DataFrame:
+    """Buffered records of a pre-keyed topic get the bucket of their key under the
+    topic's current partition count (the side rows are bucketed the same way)."""
+    from dagster_sideinputs.core.kafka_keyed import (
+        bucket_of,
+        key_bytes,
+        murmur2_partition,
+        partition_count,
+    )
+
+    count, key = partition_count(plan.main), spec.main.key
+    assert key is not None
+    if not count:
+        return buffered.withColumn(KAFKA_BUCKET, F.lit(None).cast("int"))
+    partition = murmur2_partition(key_bytes(key, buffered.schema[key].dataType), count)
+    return buffered.withColumn(KAFKA_BUCKET, bucket_of(partition, count))
 
 
 def check_main_schema(spec: OperatorSpec, schema: T.StructType) -> None:

@@ -49,9 +49,9 @@ def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:
         else:
             from_buffer += values["n"]
     after = after_batch(plan, batch.buffer, batch.counts)
-    physical_plan = None
-    if context.explain and batch.classified is not None:
-        physical_plan = _explain(batch.classified)
+    physical_plan = batch.physical_plan
+    if physical_plan is None and context.explain and batch.classified is not None:
+        physical_plan = explain(batch.classified)
     return BatchMetrics(
         operator_id=context.spec.operator_id,
         batch_id=plan.batch_id,
@@ -78,7 +78,7 @@ def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:
     )
 
 
-def _explain(frame: DataFrame) -> str:
+def explain(frame: DataFrame) -> str:
     """Spark's physical plan of a DataFrame, as ``explain()`` prints it."""
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):

@@ -35,7 +35,7 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.views import JoinSpec, apply_join, build_join
+from dagster_sideinputs.core.views import Bucketing, JoinSpec, apply_join, build_join
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
@@ -79,7 +79,17 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if limited is not classified:
         context.on_cleanup(limited.unpersist)
         classified = limited
-    return batch.but(views=views, classified=classified, counts=counts).noted(*notes)
+    # Planned now, while the batch's settings and temporary tables are in place.
+    physical_plan = _explain(classified) if context.explain else None
+    return batch.but(
+        views=views, classified=classified, counts=counts, physical_plan=physical_plan
+    ).noted(*notes)
+
+
+def _explain(frame: DataFrame) -> str:
+    from dagster_sideinputs.core.record import explain
+
+    return explain(frame)
 
 
 # --- views --------------------------------------------------------------------------------
@@ -131,10 +141,26 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
         main_side_ns = (
             lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
         )
-        join = build_join(data[bound.name], sample, windows=windows, main_side_ns=main_side_ns)
+        join = build_join(
+            data[bound.name],
+            sample,
+            windows=windows,
+            main_side_ns=main_side_ns,
+            bucketing=_bucketing(spec, plan),
+        )
         if join is not None:
             joins[bound.name] = join
     return Views(data, joins)
+
+
+def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
+    """How main records of a pre-keyed Kafka topic are bucketed (None: not such a topic)."""
+    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and spec.main.key):
+        return None
+    from dagster_sideinputs.core.kafka_keyed import partition_count
+
+    count = partition_count(plan.main)
+    return Bucketing(count, spec.main.key) if count else None
 
 
 def _should_cache(context: StageContext, views: Views) -> bool:
@@ -177,7 +203,8 @@ def _with_routes(
     spec: OperatorSpec, df: DataFrame, plan: BatchPlan, joins: Mapping[str, JoinSpec]
 ) -> DataFrame:
     invalid, reason = _invalid(spec, df, plan)
-    route = F.when(_pre_keyed_lie(spec, df), F.raise_error(_pre_keyed_message(spec)))
+    lie, message = _pre_keyed_check(spec, df, plan)
+    route = F.when(lie, F.raise_error(message))
     route = route.when(invalid, F.lit("invalid"))
     late = plan.late_namespaces
     if spec.options.late is not None and late:
@@ -209,6 +236,25 @@ def _with_routes(
         .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
     )
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
+
+
+def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+    """(a row breaks the pre-keyed promise, the error text saying how)."""
+    key = spec.main.key
+    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
+        return _pre_keyed_lie(spec, df), _pre_keyed_message(spec)
+    from dagster_sideinputs.core.kafka_keyed import partition_count, violation
+
+    count = partition_count(plan.main)
+    if not count:
+        return F.lit(False), F.lit("")
+    # New records only (buffered ones were checked when they arrived), and not the
+    # invalid ones (a corrupt value or a null key has its own route).
+    checked = (F.col(ORIGIN) == "new") & F.col(quoted(key)).isNotNull()
+    if CORRUPT in df.columns:
+        checked = checked & F.col(CORRUPT).isNull()
+    condition, message = violation(key, df.schema[key].dataType, count)
+    return checked & condition, message
 
 
 def _pre_keyed_lie(spec: OperatorSpec, df: DataFrame) -> Column:

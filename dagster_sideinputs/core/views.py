@@ -266,12 +266,22 @@ def _cast_main_key(
     )
 
 
+@dataclass(frozen=True)
+class Bucketing:
+    """Main records of a pre-keyed Kafka topic: bucketed by Kafka's partitioner on
+    ``main_key`` into ``partitions`` (see :mod:`~dagster_sideinputs.core.kafka_keyed`)."""
+
+    partitions: int
+    main_key: str
+
+
 def build_join(
     data: SideData,
     main: DataFrame,
     *,
     windows: Sequence[WindowSpan] | None,
     main_side_ns: Column,
+    bucketing: Bucketing | None = None,
 ) -> JoinSpec | None:
     """The join that attaches a view to main records, or None when the view is not joined."""
     side, bound = data.side, data.bound
@@ -321,7 +331,44 @@ def build_join(
     joined = aggregated.withColumn(matched(bound.name), F.lit(True))
     # Explicit broadcast, or a view without a key (per window / per forward value).
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
+    if joins_by_key and not broadcast and bucketing is not None:
+        joined = _bucketed(bound, joined, main, bucketing, keys, main_keys)
     return JoinSpec(joined, main_keys, keys, empty, broadcast, matched(bound.name), duplicates)
+
+
+def _bucketed(
+    bound: BoundSide,
+    view: DataFrame,
+    main: DataFrame,
+    bucketing: Bucketing,
+    keys: list[str],
+    main_keys: list[Column],
+) -> DataFrame:
+    """Join a keyed view on the main records' Kafka bucket too, so that Spark shuffles the
+    side rows to the main records' partitions instead of shuffling the main records.
+
+    Only when the view is joined on the main key itself, of the same type: the side
+    rows' bucket comes from the string form of their key, which is then the Kafka key of
+    the main records they match.
+    """
+    from dagster_sideinputs.core.columns import KAFKA_BUCKET
+    from dagster_sideinputs.core.kafka_keyed import bucket_of, key_bytes, murmur2_partition
+
+    side = bound.side
+    column = side_key(bound.name)
+    same_key = side.key == bucketing.main_key and side.key_translator in (None, side.key)
+    if not same_key or KAFKA_BUCKET not in main.columns:
+        return view
+    if main.schema[bucketing.main_key].dataType != view.schema[column].dataType:
+        return view
+    name = f"_dsi_bucket_{bound.name}"
+    partition = murmur2_partition(
+        key_bytes(column, view.schema[column].dataType), bucketing.partitions
+    )
+    # First, so that the key stays the last join key (row mode's lookups read it there).
+    keys.insert(0, name)
+    main_keys.insert(0, F.col(KAFKA_BUCKET))
+    return view.withColumn(name, bucket_of(partition, bucketing.partitions))
 
 
 def _default_struct(default: Any, schema: T.StructType) -> Column | None:
