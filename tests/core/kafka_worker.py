@@ -1,0 +1,111 @@
+"""A process running a Kafka operator to the end, or killing itself at a chosen point
+(see test_kafka_crash.py).
+
+    python -m tests.core.kafka_worker <lake root> <bootstrap servers> <topic> [<kill point>]
+
+A kill point ``module:Class.method:n`` wraps that function so that its n-th call
+SIGKILLs this process's whole group (the Python driver and its Spark JVM) before doing
+anything: nothing after it runs, as when a machine dies.
+"""
+
+import datetime as dt
+import functools
+import importlib
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES, SPARK_KAFKA_PACKAGE
+
+TX = "tx_id long, customer_id long, amount double"
+SUSPICIOUS = dsi.OutputTag("suspicious")
+INVALID = dsi.OutputTag("invalid_tx")
+BATCH = 150
+
+
+def enrich(main, sides):
+    enriched = main.select(
+        "tx_id",
+        "customer_id",
+        "amount",
+        "kafka_partition",
+        "kafka_offset",
+        F.col("profile.name").alias("name"),
+    )
+    return {dsi.MAIN: enriched, SUSPICIOUS: enriched.filter(F.col("amount") > 900).select("tx_id")}
+
+
+def operator(root: str, bootstrap: str, topic: str) -> dsi.SideInputOperator:
+    return dsi.SideInputOperator(
+        main=dsi.MainInput.kafka(
+            topic,
+            bootstrap_servers=bootstrap,
+            schema=TX,
+            key="customer_id",
+            max_records_per_batch=BATCH,
+            asset="transactions",
+        ),
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "profiles",
+                key="customer_id",
+                missing="wait",
+                timeout=dt.timedelta(days=3650),
+                on_timeout="null",
+            )
+        },
+        fn=enrich,
+        main_output="enriched",
+        side_outputs=[SUSPICIOUS],
+        invalid=INVALID,
+        storage=dsi.DeltaStorage(root),
+    )
+
+
+def arm(spec: str) -> None:
+    module_name, attribute, nth = spec.split(":")
+    owner: Any = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+    calls = 0
+
+    @functools.wraps(original)
+    def killing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == int(nth):
+            print(f"killed at {spec}", flush=True)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, killing)
+
+
+def main() -> int:
+    root, bootstrap, topic = sys.argv[1:4]
+    if len(sys.argv) > 4:
+        arm(sys.argv[4])
+    spark = dsi.build_spark_session(
+        master="local[2]",
+        ui_enabled=False,
+        log_level="ERROR",
+        shuffle_partitions=2,
+        configs={
+            "spark.jars.packages": SPARK_KAFKA_PACKAGE,
+            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
+        },
+    )
+    result = operator(root, bootstrap, topic).run(spark)
+    print(json.dumps({"batches": [b.summary() for b in result.batches]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
