@@ -65,6 +65,7 @@ _DAGSTER_LAYER = {
     "build_replay_job": "dagster_sideinputs.dagster_layer.job",
     "build_side_input_job": "dagster_sideinputs.dagster_layer.job",
     "build_side_input_sensor": "dagster_sideinputs.dagster_layer.sensor",
+    "kafka_topic_asset": "dagster_sideinputs.dagster_layer.kafka",
     "side_input_assets": "dagster_sideinputs.dagster_layer.assets",
 }
 
@@ -138,6 +139,7 @@ __all__ = [
     "build_side_input_job",
     "build_side_input_sensor",
     "build_spark_session",
+    "kafka_topic_asset",
     "read_changes",
     "read_table",
     "register_delta_source",

@@ -83,7 +83,8 @@ def _jaas_credentials(text: str, where: str) -> dict[str, str]:
 def admin_config(kafka: KafkaInput, where: str) -> dict[str, str]:
     """librdkafka settings for the metadata client, from the declared Java settings.
 
-    ``admin_options`` (librdkafka names) win over translated ones.
+    ``admin_options`` (librdkafka names) win over translated ones, and once given, the
+    settings that cannot be translated are left to them instead of being an error.
 
     Raises:
         DeclarationError: naming a security setting with no exact translation.
@@ -95,7 +96,11 @@ def admin_config(kafka: KafkaInput, where: str) -> dict[str, str]:
         if name in _SAME:
             config[name] = value
         elif name == "sasl.jaas.config":
-            config.update(_jaas_credentials(value, where))
+            try:
+                config.update(_jaas_credentials(value, where))
+            except DeclarationError:
+                if not explicit:  # admin_options= take over what cannot be translated
+                    raise
         elif name == "ssl.truststore.location":
             if java.get("ssl.truststore.type", "").upper() != "PEM":
                 if explicit:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import types as T
+
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, OutputTag
@@ -364,11 +366,11 @@ def _check_kafka(main: MainInput, options: OperatorOptions) -> None:
             "do not apply.",
             fix="pass MainInput.kafka(..., max_records_per_batch=N)",
         )
-    if kafka.value_format != "json":
-        return
+    if kafka.value_format != "json" or not isinstance(kafka.schema, T.StructType):
+        return  # a DDL string is parsed by Spark: the read checks it then
     from dagster_sideinputs.core.kafka_input import METADATA_COLUMNS
 
-    clashes = sorted(set(kafka.decoded_schema().fieldNames()) & set(METADATA_COLUMNS))
+    clashes = sorted(set(kafka.schema.fieldNames()) & set(METADATA_COLUMNS))
     if clashes:
         raise DeclarationError(
             f"Main input {main.asset!r}: JSON field(s) {clashes} have the names of the Kafka "

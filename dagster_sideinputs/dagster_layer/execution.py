@@ -26,6 +26,7 @@ from dagster_sideinputs.dagster_layer.assets import (
     SideInputAssets,
 )
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
+from dagster_sideinputs.dagster_layer.kafka import kafka_batch_metadata, kafka_run_metadata
 from dagster_sideinputs.dagster_layer.readiness import (
     DagsterReadiness,
     side_assets_from_graph,
@@ -91,6 +92,7 @@ def _batch_metadata(metrics: BatchMetrics, tag: OutputTag) -> dict[str, Any]:
         "main_range": metrics.main_range,
         "side_input_versions": dg.MetadataValue.json(metrics.side_versions),
         "batch_seconds": metrics.durations.get("total", 0.0),
+        **kafka_batch_metadata(metrics),
     }
 
 
@@ -146,6 +148,7 @@ def output_metadata(
         metadata["routes"] = dg.MetadataValue.json(
             {route: sum(b.routes.get(route, 0) for b in batches) for route in last.routes}
         )
+    metadata.update(kafka_run_metadata(op, batches))
     return metadata
 
 

@@ -18,7 +18,7 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.dagster_layer.assets import declaration_of
 from dagster_sideinputs.dagster_layer.execution import build_operator, storage_of
 from dagster_sideinputs.dagster_layer.job import AssetJob, build_side_input_job
-from dagster_sideinputs.errors import OperatorStateError
+from dagster_sideinputs.errors import KafkaOffsetsLostError, KafkaSourceError, OperatorStateError
 
 _ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -53,6 +53,10 @@ def describe_idle(op: SideInputOperator) -> str:
     plan = op.last_plan()
     if plan is not None and plan.main.kind == "delta":
         parts.append(f"main input processed up to version {plan.main.end_version}")
+    elif plan is not None and plan.main.kind == "kafka" and plan.main.offsets:
+        ends = ", ".join(f"{r.topic}[{r.partition}] {r.end}" for r in plan.main.offsets[:6])
+        more = " ..." if len(plan.main.offsets) > 6 else ""
+        parts.append(f"Kafka main input read up to offsets {ends}{more}")
     elif committed is None:
         parts.append("main input has no data yet")
     buffer = op.buffer()
@@ -120,7 +124,18 @@ def build_side_input_sensor(
         op = build_operator(decl, storage, context.instance, graph)
         try:
             plan = op.peek()
-        except OperatorStateError:
+        except KafkaSourceError as exc:
+            return dg.SkipReason(f"Cannot ask the Kafka brokers for new offsets: {exc.message}")
+        except (OperatorStateError, KafkaOffsetsLostError) as exc:
+            if op.spec.main.is_kafka:
+                # A run fails with the full error (topic, partition, offsets, fix); one per
+                # distinct problem, so the sensor does not start a failing run every tick.
+                digest = hashlib.sha1(exc.message.encode()).hexdigest()[:12]
+                key = f"{op.operator_id}:kafka-error:{digest}"
+                if key == context.cursor:
+                    return dg.SkipReason(f"Waiting for a fix: {exc.message[:300]}")
+                context.update_cursor(key)
+                return dg.RunRequest(run_key=key, tags={"dsi/reason": exc.message[:200]})
             key = f"{op.operator_id}:files:{op.last_committed_batch()}"
             if key == context.cursor:
                 return dg.SkipReason("A run for the new landed files was already requested.")
