@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install kafka-jars demo dev test test-fast lint bench bench-scale crash clean
+.PHONY: install kafka-jars demo demo-kafka dev test test-fast lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ kafka-jars: $(STAMP)  ## fetch the test Kafka broker's jars now (tests otherwise
 
 demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
 	$(BIN)/python -m assets.demo
+
+demo-kafka: $(STAMP)  ## the same pipeline with its transactions in Kafka (starts a local broker)
+	$(BIN)/python -m assets.demo --kafka
 
 dev: $(STAMP)  ## open the Dagster UI on the example code location
 	mkdir -p $(DAGSTER_HOME)

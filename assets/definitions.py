@@ -4,6 +4,7 @@ import dagster as dg
 
 import dagster_sideinputs as dsi
 from assets.enrichment import UNMATCHED, payments_enrichment
+from assets.kafka import KAFKA_MODE, produce_transactions_job
 from assets.payments import customer_profiles, fraud_rules, fx_rates, transactions
 from resources import RESOURCES
 
@@ -37,9 +38,14 @@ fx_schedule = dg.build_schedule_from_partitioned_job(
     name="fx_rates_hourly",
 )
 
+# Transactions: the Delta table (default), or a Kafka topic (DSI_TRANSACTIONS_SOURCE=kafka),
+# an external asset fed by produce_transactions_job.
+main_input = dsi.kafka_topic_asset(payments_enrichment) if KAFKA_MODE else transactions
+producers = [produce_transactions_job] if KAFKA_MODE else []
+
 defs = dg.Definitions(
-    assets=[transactions, customer_profiles, fx_rates, fraud_rules, payments_enrichment],
-    jobs=[enrichment_job, enrichment_continuous_job, replay_unmatched_job, sources_job],
+    assets=[main_input, customer_profiles, fx_rates, fraud_rules, payments_enrichment],
+    jobs=[enrichment_job, enrichment_continuous_job, replay_unmatched_job, sources_job, *producers],
     sensors=[enrichment_sensor],
     schedules=[enrichment_schedule, fx_schedule],
     resources=RESOURCES,

@@ -15,6 +15,12 @@ and Delta tables under ``$DSI_LAKE_ROOT`` (default ``./data/lake``). Steps:
 5. the profile timeout passes: the rest go to ``unmatched_transactions``;
 6. their profiles arrive too, and the replay job feeds them back through the operator.
 
+``--kafka`` (``make demo-kafka``) runs the same steps with the transactions in a Kafka
+topic: it starts a local single-node broker (Kafka's jars are fetched with Maven on first
+use, see ``tests/servers/kafka.py``), or uses ``--bootstrap host:port``; transactions are
+produced to the topic by ``produce_transactions_job`` and the operator reads them over
+exact offset ranges.
+
 ``--seed`` and ``--hour`` pin the generated input, so that two runs (e.g. on
 ``local[*]`` and on a cluster: ``DSI_SPARK_MASTER=spark://...``, or over Spark Connect:
 ``DSI_SPARK_REMOTE=sc://...``) process the same transactions. Which transactions time
@@ -22,11 +28,13 @@ out before their profile arrives still depends on how long the steps take.
 """
 
 import argparse
+import contextlib
 import datetime as dt
 import itertools
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +58,22 @@ def _prepare_environment(fresh: bool, timeout_seconds: float) -> None:
         )
 
 
+@contextlib.contextmanager
+def _kafka(bootstrap: str | None) -> Iterator[str]:
+    """Where the transactions topic lives: a broker started here, or the given one."""
+    topic = os.environ.setdefault("DSI_KAFKA_TOPIC", "transactions")
+    if bootstrap:
+        yield bootstrap
+        return
+    from tests.servers.kafka import KafkaBroker  # a real broker from Kafka's own jars
+
+    print("Starting a local Kafka broker (jars fetched with Maven on first use)...")
+    with KafkaBroker() as broker:
+        broker.create_topic(topic, partitions=4)
+        print(f"Kafka broker on {broker.bootstrap_servers}, topic {topic!r} (4 partitions)")
+        yield broker.bootstrap_servers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the payments example end to end.")
     parser.add_argument("--keep", action="store_true", help="keep earlier tables and runs")
@@ -70,8 +94,26 @@ def main() -> None:
         help="ISO timestamp of the hour the transactions and FX rates are generated around "
         "(default: the current hour)",
     )
+    parser.add_argument(
+        "--kafka",
+        action="store_true",
+        help="read the transactions from a Kafka topic (starts a local broker unless "
+        "--bootstrap is given)",
+    )
+    parser.add_argument("--bootstrap", help="with --kafka: an existing broker's host:port")
     args = parser.parse_args()
     _prepare_environment(fresh=not args.keep, timeout_seconds=args.timeout_seconds)
+    if not args.kafka:
+        _run(args)
+        return
+    os.environ["DSI_TRANSACTIONS_SOURCE"] = "kafka"
+    with _kafka(args.bootstrap) as bootstrap:
+        os.environ["DSI_KAFKA_BOOTSTRAP"] = bootstrap
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    kafka = os.environ.get("DSI_TRANSACTIONS_SOURCE") == "kafka"
 
     import dagster as dg
 
@@ -114,6 +156,13 @@ def main() -> None:
         config["hour"] = anchor.isoformat()  # one hour for all batches, even across :00
         if seeds is not None:
             config["seed"] = next(seeds)
+        if kafka:
+            produced = repository.get_job("produce_transactions_job").execute_in_process(
+                instance=instance,
+                run_config={"ops": {"produce_transactions": {"config": config}}},
+            )
+            assert produced.success
+            return
         materialize([transactions], run_config={"ops": {"transactions": {"config": config}}})
 
     started = time.perf_counter()
@@ -157,8 +206,13 @@ def main() -> None:
 
     storage = dsi.DeltaStorage(lake_root())
     print("Tables:")
+    if kafka:
+        from assets.kafka import TOPIC
+
+        size = _topic_size(os.environ["DSI_KAFKA_BOOTSTRAP"], TOPIC)
+        print(f"  {'transactions (Kafka topic)':<26} {size:>7} records")
     for name in (
-        "transactions",
+        *(() if kafka else ("transactions",)),
         "enriched_transactions",
         "suspicious_transactions",
         "late_transactions",
@@ -167,6 +221,17 @@ def main() -> None:
         rows = storage.delta.snapshot(storage.table_uri(name)).num_records
         print(f"  {name:<26} {rows:>7} rows")
     print(f"Done in {time.perf_counter() - started:.0f}s. Browse it with: make dev")
+
+
+def _topic_size(bootstrap: str, topic: str) -> int:
+    """Records in the topic (end minus earliest offsets), asked of the brokers."""
+    from dagster_sideinputs.core.kafka_admin import KafkaMetadata
+    from dagster_sideinputs.core.kafka_input import KafkaInput
+
+    metadata = KafkaMetadata(KafkaInput(bootstrap, topics=(topic,), value_format="string"), "demo")
+    partitions = [(topic, p) for p in metadata.describe([topic])[topic].partitions]
+    ends, starts = metadata.offsets(partitions, "latest"), metadata.offsets(partitions, "earliest")
+    return sum(ends[p] - starts[p] for p in partitions)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from assets.kafka import transactions_input
 
 SUSPICIOUS = dsi.OutputTag(
     "suspicious_transactions",
@@ -32,7 +33,7 @@ PROFILE_TIMEOUT = dt.timedelta(minutes=float(os.environ.get("DSI_PROFILE_TIMEOUT
 
 
 @dsi.side_input_assets(
-    main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
+    main=transactions_input(),  # the Delta table, or the Kafka topic (assets/kafka.py)
     side_inputs={
         "profile": dsi.SideInput.map(
             "customer_profiles", key="customer_id", missing="wait", timeout=PROFILE_TIMEOUT

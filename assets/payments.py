@@ -25,7 +25,7 @@ FX_START = "2024-01-01-00:00"
 hourly = dg.HourlyPartitionsDefinition(start_date=FX_START, end_offset=1)
 
 
-def _seed(context: dg.AssetExecutionContext) -> int:
+def _seed(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> int:
     return int(hashlib.sha1(context.run_id.encode()).hexdigest()[:8], 16)
 
 
@@ -84,6 +84,15 @@ class TransactionBatch(dg.Config):
 def transactions(
     context: dg.AssetExecutionContext, config: TransactionBatch, spark: dsi.SparkResource
 ) -> DataFrame:
+    return generate_transactions(context, config, spark)
+
+
+def generate_transactions(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    config: TransactionBatch,
+    spark: dsi.SparkResource,
+) -> DataFrame:
+    """A batch of transactions (also what ``assets/kafka.py`` produces to the topic)."""
     session = spark.spark_session  # first: F.lit needs an active SparkContext in this process
     seed = _seed(context) if config.seed is None else config.seed
     hour = hour_start(config.hour) - dt.timedelta(hours=config.hours_back)

@@ -7,12 +7,15 @@ Environment variables point it elsewhere without code changes:
 - ``DSI_LAKE_ROOT``: where every Delta table lives (default ``./data/lake``); on a
   cluster it must be a path every executor can reach (shared filesystem).
 - ``DSI_SPARK_UI``: ``false`` to run without the Spark web UI.
+- ``DSI_TRANSACTIONS_SOURCE``: ``kafka`` to read transactions from Kafka
+  (``assets/kafka.py``); the session then loads Spark's Kafka connector.
 """
 
 import os
 from pathlib import Path
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,12 +24,21 @@ def lake_root() -> str:
     return os.environ.get("DSI_LAKE_ROOT", str(REPO_ROOT / "data" / "lake"))
 
 
+# Spark's Kafka connector, only when transactions come from Kafka (resolved by Ivy from
+# Maven Central on first use, then from its cache).
+KAFKA_CONFIG = (
+    {"spark.jars.packages": dsi.SPARK_KAFKA_PACKAGE, "spark.jars.excludes": SPARK_KAFKA_EXCLUDES}
+    if os.environ.get("DSI_TRANSACTIONS_SOURCE", "delta").lower() == "kafka"
+    else {}
+)
+
 spark = dsi.SparkResource(
     master=os.environ.get("DSI_SPARK_MASTER", "local[*]"),
     remote=os.environ.get("DSI_SPARK_REMOTE") or None,
     app_name="payments-example",
     ui_enabled=os.environ.get("DSI_SPARK_UI", "true").lower() != "false",
     driver_memory=os.environ.get("DSI_SPARK_DRIVER_MEMORY", "2g"),
+    spark_config=KAFKA_CONFIG,
 )
 
 io_manager = dsi.DeltaIOManager(root=lake_root(), spark=spark)

@@ -1,0 +1,555 @@
+"""Benchmark: the operator reading Kafka against the hand-written Structured Streaming job.
+
+    python bench/kafka.py --rows 4000000 --side-rows 200000 --repeats 3
+
+One local broker (``tests/servers/kafka.py``) holds one topic of ``--rows`` JSON
+transactions keyed by customer (Kafka's default partitioner); every variant reads that
+same topic in the same run. Sections (``--only`` runs one):
+
+- ``frames``: ``SideInputOperator`` over ``MainInput.kafka`` in frames mode (a broadcast
+  map of customer profiles, a singleton threshold, a main output and a ``suspicious``
+  side output, Delta tables), against what an engineer writes by hand: ``readStream``
+  from Kafka, ``from_json``, a stream-static broadcast join in ``foreachBatch`` writing
+  the same two outputs (parquet), ``availableNow``. Medians and per-repeat ratios.
+- ``late``: reference data arriving late. 5% of the customers get their profile only
+  after the records were first processed: the operator (``missing="wait"``) holds their
+  records and releases them enriched once the profiles arrive; the stream-static join
+  emits them with empty profiles, and a later micro-batch has no reason to look at them
+  again. Prints how many records each enriched.
+- ``prekeyed``: the topic declared pre-keyed (``KeyGroups``) against the same operator
+  without it, with a keyed (shuffled) map and broadcast joins off: speed and shuffle
+  bytes from Spark's REST API.
+- ``murmur2``: Kafka's partitioner in Spark on 2M keys: the Arrow UDF the operator uses,
+  a pandas UDF, a pure Spark SQL expression, and Spark's own ``hash`` as the floor.
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from bench.operator import (
+    MAIN_COLUMNS,
+    SUSPICIOUS,
+    THRESHOLD,
+    SparkRest,
+    _load,
+    enrich_frames,
+    free_port,
+    interleaved,
+    median_of,
+    paired_ratios,
+    print_ratios,
+    profiles,
+    timed,
+)
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES, SPARK_KAFKA_PACKAGE
+from dagster_sideinputs.core.kafka_keyed import murmur2_partition
+from tests.servers.kafka import KafkaBroker
+
+SCHEMA = "tx_id long, customer_id long, amount double, currency string, ts timestamp"
+BASE_EPOCH = 1_704_067_200
+PARTITIONS = 8
+LATE_SHARE = 20  # 1 customer in LATE_SHARE gets its profile late (5%)
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def produce(broker: KafkaBroker, topic: str, rows: int, customers: int) -> float:
+    """``rows`` JSON transactions keyed by customer; returns seconds taken."""
+    template = '{"tx_id":%d,"customer_id":%d,"amount":%.2f,"currency":"%s","ts":"%s"}'
+    currencies = ("USD", "EUR", "GBP", "JPY")
+    base = dt.datetime.fromtimestamp(BASE_EPOCH, dt.timezone.utc)
+    stamps = [(base + dt.timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ") for s in range(86400)]
+
+    def records():
+        for i in range(rows):
+            customer = (i * 7919) % customers
+            amount = (i * 104729 % 100_000) / 100.0
+            value = template % (i, customer, amount, currencies[i % 4], stamps[i % 86400])
+            yield str(customer), value
+
+    seconds, _ = timed(lambda: broker.produce(topic, records()))
+    return seconds
+
+
+class Lake:
+    """Side tables and per-run output roots."""
+
+    def __init__(self, work: Path, spark: SparkSession, side_rows: int) -> None:
+        self.work, self.spark, self.side_rows = work, spark, side_rows
+        self.runs = 0
+        self.profiles_uri = str(work / "data" / "customer_profiles")
+        self.rules_uri = str(work / "data" / "fraud_rules")
+        dsi.write_dataframe(profiles(spark, side_rows), self.profiles_uri)
+        dsi.write_dataframe(
+            spark.createDataFrame([(THRESHOLD, 1)], "threshold double, version int"),
+            self.rules_uri,
+        )
+
+    def fresh_root(self, label: str) -> Path:
+        self.runs += 1
+        return self.work / "runs" / f"{label}_{self.runs}"
+
+
+def kafka_main(broker: KafkaBroker, topic: str, *, pre_keyed: bool = False) -> dsi.MainInput:
+    return dsi.MainInput.kafka(
+        topic,
+        bootstrap_servers=broker.bootstrap_servers,
+        schema=SCHEMA,
+        key="customer_id",
+        pre_keyed=dsi.KeyGroups(max_key_groups=PARTITIONS) if pre_keyed else None,
+    )
+
+
+def kafka_operator(
+    main: dsi.MainInput,
+    root: Path,
+    profiles_uri: str,
+    rules_uri: str,
+    *,
+    distribution: str = "broadcast",
+    missing: str = "null",
+) -> dsi.SideInputOperator:
+    wait = {"missing": "wait", "timeout": dt.timedelta(days=30), "on_timeout": "null"}
+    return dsi.SideInputOperator(
+        main=main,
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "customer_profiles",
+                key="customer_id",
+                distribution=distribution,  # type: ignore[arg-type]
+                path=profiles_uri,
+                **(wait if missing == "wait" else {}),  # type: ignore[arg-type]
+            ),
+            "rules": dsi.SideInput.singleton("fraud_rules", path=rules_uri),
+        },
+        fn=enrich_frames,
+        main_output="enriched",
+        side_outputs=[SUSPICIOUS],
+        storage=dsi.DeltaStorage(str(root)),
+    )
+
+
+def streaming_job(
+    spark: SparkSession,
+    broker: KafkaBroker,
+    topic: str,
+    profiles_uri: str,
+    rules_uri: str,
+    out: Path,
+) -> int:
+    """The hand-written job: Kafka -> from_json -> stream-static broadcast join in
+    foreachBatch -> two parquet outputs, availableNow. Returns its micro-batches."""
+
+    def process(batch: DataFrame, batch_id: int) -> None:
+        # Re-read every micro-batch: the freshest reference data a stream-static join gets.
+        profile = spark.read.parquet(profiles_uri).select(
+            "customer_id", "name", "segment", "risk_score"
+        )
+        threshold = spark.read.parquet(rules_uri).first()["threshold"]  # type: ignore[index]
+        joined = (
+            batch.join(F.broadcast(profile), "customer_id", "left")
+            .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
+            .persist()
+        )
+        joined.write.mode("append").parquet(str(out / "enriched"))
+        joined.filter(F.col("amount") > F.lit(threshold)).write.mode("append").parquet(
+            str(out / "suspicious")
+        )
+        joined.unpersist()
+
+    records = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("v"))
+        .select("v.*")
+    )
+    query = (
+        records.writeStream.foreachBatch(process)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .start()
+    )
+    query.awaitTermination()
+    return len(query.recentProgress)
+
+
+def parquet_rows(spark: SparkSession, path: Path, where: str | None = None) -> int:
+    if not path.exists():
+        return 0
+    frame = spark.read.parquet(str(path))
+    return (frame.filter(where) if where else frame).count()
+
+
+# --- sections ---------------------------------------------------------------------------------
+
+
+def _unpack(ctx: dict[str, Any]) -> tuple[SparkSession, Lake, KafkaBroker, str, Any]:
+    return ctx["spark"], ctx["lake"], ctx["broker"], ctx["topic"], ctx["args"]
+
+
+def bench_frames(ctx: dict[str, Any]) -> dict[str, Any]:
+    spark, lake, broker, topic, args = _unpack(ctx)
+
+    def operator(i: int) -> tuple[Path, dsi.RunResult]:
+        root = lake.fresh_root("kafka_op")
+        op = kafka_operator(kafka_main(broker, topic), root, lake.profiles_uri, lake.rules_uri)
+        return root, op.run(spark)
+
+    def baseline(i: int) -> Path:
+        out = lake.fresh_root("kafka_streaming")
+        streaming_job(spark, broker, topic, lake.profiles_uri, lake.rules_uri, out)
+        return out
+
+    operator(-1)  # warm up: JVM, Python workers, the broker's page cache
+    baseline(-1)
+    seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
+    op_counts = {(r.emitted("enriched"), r.emitted("suspicious")) for _, r in results["operator"]}
+    base_counts = {
+        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
+        for p in results["baseline"]
+    }
+    figures = {
+        "rows": args.rows,
+        "operator_rec_s": args.rows / seconds["operator"],
+        "baseline_rec_s": args.rows / seconds["baseline"],
+        "operator_s": seconds["operator"],
+        "baseline_s": seconds["baseline"],
+        "ratio": seconds["baseline"] / seconds["operator"],
+        "ratio_per_repeat": paired_ratios(),
+        "operator_counts": sorted(op_counts),
+        "baseline_counts": sorted(base_counts),
+        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
+    }
+    print(
+        f"\n[frames] {args.rows} records in Kafka ({PARTITIONS} partitions), "
+        f"{args.side_rows} profiles"
+    )
+    print(f"  hand-written readStream(kafka) + foreachBatch   {_rate(figures, 'baseline')}")
+    print(f"  SideInputOperator, MainInput.kafka              {_rate(figures, 'operator')}")
+    print_ratios(figures)
+    print(
+        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, hand-written "
+        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    return figures
+
+
+def bench_late(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Profiles of 5% of the customers arrive after their records were first processed."""
+    spark, lake, broker, topic, args = _unpack(ctx)
+    work = lake.fresh_root("late")
+    early_uri = str(work / "profiles")
+    everyone = dsi.read_table(spark, lake.profiles_uri)
+    dsi.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE != 0), early_uri)
+    root, out = work / "operator", work / "streaming"
+    op = kafka_operator(
+        kafka_main(broker, topic), root, early_uri, lake.rules_uri, distribution="broadcast",
+        missing="wait",
+    )  # fmt: skip
+    first_op, _ = timed(lambda: op.run(spark))
+    first_base, _ = timed(
+        lambda: streaming_job(spark, broker, topic, early_uri, lake.rules_uri, out)
+    )
+    # The late profiles arrive; both jobs run again (no new records).
+    dsi.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE == 0), early_uri)
+    again_op, second = timed(lambda: op.run(spark))
+    released = sum(b.released for b in second.batches)
+    again_base, _ = timed(
+        lambda: streaming_job(spark, broker, topic, early_uri, lake.rules_uri, out)
+    )
+    enriched_op = (
+        dsi.read_table(spark, str(root / "enriched")).filter(F.col("name").isNotNull()).count()
+    )
+    enriched_base = parquet_rows(spark, out / "enriched", "name IS NOT NULL")
+    figures = {
+        "rows": args.rows,
+        "late_customers_share": 1 / LATE_SHARE,
+        "operator_enriched": enriched_op,
+        "baseline_enriched": enriched_base,
+        "operator_released_when_profiles_arrived": released,
+        "operator_seconds": [round(first_op, 2), round(again_op, 2)],
+        "baseline_seconds": [round(first_base, 2), round(again_base, 2)],
+    }
+    print(f"\n[late] {args.rows} records; the profiles of 1 customer in {LATE_SHARE} arrive late")
+    print(
+        f"  records enriched: SideInputOperator {enriched_op} of {args.rows} "
+        f"({released} released from its buffer when the profiles arrived); "
+        f"hand-written stream-static join {enriched_base} of {args.rows}"
+    )
+    print(
+        f"  seconds (first run, after the profiles): operator {figures['operator_seconds']}, "
+        f"hand-written {figures['baseline_seconds']}"
+    )
+    return figures
+
+
+SHUFFLE_FIGURES = (
+    "shuffle_write_bytes",
+    "shuffle_read_bytes",
+    "shuffle_exchanges",
+    "main_side_shuffles",
+)
+
+
+def bench_prekeyed(ctx: dict[str, Any]) -> dict[str, Any]:
+    spark, lake, broker, topic, args = _unpack(ctx)
+    rest: SparkRest | None = ctx["rest"]
+    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    own: dict[str, list[float]] = {"shuffled": [], "pre_keyed": []}
+    metrics: dict[str, list[dict[str, Any]]] = {"shuffled": [], "pre_keyed": []}
+    results: dict[str, list[dsi.RunResult]] = {"shuffled": [], "pre_keyed": []}
+
+    def variant(name: str, pre_keyed: bool) -> Callable[[int], None]:
+        def run(i: int) -> None:
+            op = kafka_operator(
+                kafka_main(broker, topic, pre_keyed=pre_keyed), lake.fresh_root(name),
+                lake.profiles_uri, lake.rules_uri, distribution="keyed",
+            )  # fmt: skip
+            mark = rest.mark() if rest else None
+            seconds, result = timed(lambda: op.run(spark))
+            if i >= 0:
+                own[name].append(seconds)
+                results[name].append(result)
+                if rest and mark:
+                    metrics[name].append(rest.since(mark))
+
+        return run
+
+    try:
+        actions = {"shuffled": variant("shuffled", False), "pre_keyed": variant("pre_keyed", True)}
+        for action in actions.values():
+            action(-1)
+        interleaved(actions, args.repeats)
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", previous)
+    figures: dict[str, Any] = {"rows": args.rows, "partitions": PARTITIONS}
+    print(
+        f"\n[prekeyed] {args.rows} records in {PARTITIONS} Kafka partitions keyed by customer, "
+        f"keyed (shuffled) map of {args.side_rows} profiles, broadcast joins off"
+    )
+    for name in actions:
+        seconds = median_of(own[name])
+        counts = sorted({(r.emitted("enriched"), r.emitted("suspicious")) for r in results[name]})
+        notes = sorted({n for r in results[name] for b in r.batches for n in b.notes})
+        entry: dict[str, Any] = {
+            "rec_s": args.rows / seconds,
+            "seconds": seconds,
+            "counts": counts,
+            "notes": notes,
+        }
+        for key in SHUFFLE_FIGURES:
+            if metrics[name]:
+                entry[key] = median_of([m[key] for m in metrics[name]])
+        figures[name] = entry
+        shuffle = (
+            f"shuffle write {entry['shuffle_write_bytes'] / 2**20:7.1f} MiB, read "
+            f"{entry['shuffle_read_bytes'] / 2**20:7.1f} MiB; main records shuffled by key: "
+            f"{'yes' if entry['main_side_shuffles'] else 'no'}"
+            if metrics[name]
+            else "shuffle metrics unavailable"
+        )
+        print(f"  {name:<10} {entry['rec_s'] / 1e6:6.3f} M rec/s ({seconds:6.2f} s)  {shuffle}")
+        print(f"             rows {counts}; notes: {notes or '-'}")
+    figures["speedup"] = figures["shuffled"]["seconds"] / figures["pre_keyed"]["seconds"]
+    figures["counts_match"] = figures["shuffled"]["counts"] == figures["pre_keyed"]["counts"]
+    print(
+        f"  pre-keyed / shuffled speed {figures['speedup']:5.2f}x; rows "
+        f"{'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    return figures
+
+
+# --- Kafka's murmur2 three ways ------------------------------------------------------------------
+
+_M, _MASK, _SEED = 0x5BD1E995, 0xFFFFFFFF, 0x9747B28C
+
+
+def murmur2_sql(key_bytes: str) -> str:
+    """Kafka's murmur2 as one Spark SQL expression: 32-bit arithmetic in bigint (a product
+    with the constant stays below 2^63), bytes read from the key's hex string, a
+    higher-order ``aggregate`` over the 4-byte blocks."""
+
+    def byte(text: str, index: str) -> str:
+        return f"cast(conv(substr({text}, 2 * ({index}) + 1, 2), 16, 10) as bigint)"
+
+    block = (
+        "cast(conv(concat(substr(a.x, 8 * i + 7, 2), substr(a.x, 8 * i + 5, 2), "
+        "substr(a.x, 8 * i + 3, 2), substr(a.x, 8 * i + 1, 2)), 16, 10) as bigint)"
+    )
+    k1 = f"((({block}) * {_M}) & {_MASK})"
+    k2 = f"(({k1} ^ shiftright({k1}, 24)) * {_M}) & {_MASK}"
+    step = f"named_struct('h', ((a.h * {_M}) & {_MASK}) ^ ({k2}), 'x', a.x)"
+    n = "(length(a.x) div 2)"
+    body, rest = f"({n} div 4) * 4", f"({n} % 4)"
+    tail = (
+        f"(a.h ^ (case when {rest} = 3 then shiftleft({byte('a.x', f'{body} + 2')}, 16) else 0 end)"
+        f" ^ (case when {rest} >= 2 then shiftleft({byte('a.x', f'{body} + 1')}, 8) else 0 end)"
+        f" ^ (case when {rest} >= 1 then {byte('a.x', body)} else 0 end))"
+    )
+    tailed = f"(case when {rest} >= 1 then ({tail} * {_M}) & {_MASK} else a.h end)"
+    f1 = f"({tailed} ^ shiftright({tailed}, 13))"
+    f2 = f"(({f1} * {_M}) & {_MASK})"
+    final = f"({f2} ^ shiftright({f2}, 15))"
+    blocks = f"(length(hex({key_bytes})) div 8)"
+    seed = f"cast((({_SEED} ^ (length(hex({key_bytes})) div 2)) & {_MASK}) as bigint)"
+    return (
+        f"aggregate(if({blocks} > 0, sequence(0, {blocks} - 1), array()), "
+        f"named_struct('h', {seed}, 'x', hex({key_bytes})), (a, i) -> {step}, a -> {final})"
+    )
+
+
+def murmur2_pandas(partitions: int) -> Any:
+    """A pandas UDF: a Python murmur2 per key (the partitioner of tests/servers)."""
+    from tests.servers.partitioner import default_partition
+
+    @F.pandas_udf("int")  # type: ignore[call-overload]
+    def partition(keys: pd.Series) -> pd.Series:
+        return pd.Series(
+            np.fromiter(
+                (default_partition(k.encode(), partitions) for k in keys), np.int32, len(keys)
+            )
+        )
+
+    return partition
+
+
+KEY_BYTES = "encode(k, 'UTF-8')"
+
+
+def bench_murmur2(ctx: dict[str, Any]) -> dict[str, Any]:
+    spark, args = ctx["spark"], ctx["args"]
+    keys = spark.range(2_000_000).select(
+        F.concat(F.lit("customer-"), F.col("id").cast("string")).alias("k")
+    )
+    keys = keys.cache()
+    keys.count()
+    variants = {
+        "spark_hash": F.expr(f"pmod(hash(k), {PARTITIONS})"),
+        "arrow_udf": murmur2_partition(F.col("k"), PARTITIONS),
+        "pandas_udf": murmur2_pandas(PARTITIONS)(F.col("k")),
+        "sql_expression": F.expr(
+            f"cast((({murmur2_sql(KEY_BYTES)}) & 2147483647) % {PARTITIONS} as int)"
+        ),
+    }
+    check = (
+        keys.limit(2000)
+        .select(*[v.alias(n) for n, v in variants.items() if n != "spark_hash"])
+        .collect()
+    )
+    agree = all(r["arrow_udf"] == r["pandas_udf"] == r["sql_expression"] for r in check)
+    actions = {
+        name: (lambda i, c=col: keys.select(F.sum(c)).collect()) for name, col in variants.items()
+    }
+    seconds, _ = interleaved(actions, args.repeats)
+    print(f"\n[murmur2] Kafka's partition of 2M string keys in Spark (same results: {agree})")
+    for name, value in seconds.items():
+        print(f"  {name:<15} {value:6.2f} s   {2_000_000 / value / 1e6:5.2f} M keys/s")
+    keys.unpersist()
+    return {"seconds": seconds, "agree": agree}
+
+
+def _rate(figures: dict[str, Any], name: str) -> str:
+    return f"{figures[f'{name}_rec_s'] / 1e6:6.3f} M rec/s  ({figures[f'{name}_s']:6.2f} s)"
+
+
+SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "frames": bench_frames,
+    "late": bench_late,
+    "prekeyed": bench_prekeyed,
+    "murmur2": bench_murmur2,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--side-rows", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(SECTIONS), action="append")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    spark = dsi.build_spark_session(
+        master=args.master,
+        log_level="ERROR",
+        driver_memory=args.driver_memory,
+        configs={
+            "spark.jars.packages": SPARK_KAFKA_PACKAGE,
+            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
+            "spark.ui.port": str(free_port()),
+            "spark.ui.retainedJobs": "100000",
+            "spark.ui.retainedStages": "100000",
+            "spark.sql.ui.retainedExecutions": "100000",
+        },
+    )
+    try:
+        rest: SparkRest | None = SparkRest(spark)
+        rest.mark()  # type: ignore[union-attr]
+    except Exception as exc:
+        print(f"Spark REST API unavailable ({exc}); no shuffle bytes")
+        rest = None
+    work = Path(tempfile.mkdtemp(prefix="dsi-bench-kafka-"))
+    figures: dict[str, Any] = {
+        "rows": args.rows,
+        "side_rows": args.side_rows,
+        "repeats": args.repeats,
+    }
+    try:
+        with KafkaBroker(heap="1g") as broker:
+            topic = broker.create_topic("transactions", PARTITIONS)
+            produced = produce(broker, topic, args.rows, args.side_rows)
+            print(
+                f"rows={args.rows} side_rows={args.side_rows} repeats={args.repeats} "
+                f"master={args.master} partitions={PARTITIONS} cpus={os.cpu_count()} "
+                f"load={_load()}; produced in {produced:.1f} s "
+                f"(broker started in {broker.startup_s:.1f} s)"
+            )
+            sys.stdout.flush()
+            ctx = {
+                "spark": spark,
+                "broker": broker,
+                "topic": topic,
+                "args": args,
+                "rest": rest,
+                "lake": Lake(work, spark, args.side_rows),
+            }
+            for name, section in SECTIONS.items():
+                if args.only and name not in args.only:
+                    continue
+                started = time.perf_counter()
+                figures[name] = section(ctx)
+                print(f"  ({name} took {time.perf_counter() - started:.0f} s; load now {_load()})")
+                sys.stdout.flush()
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
