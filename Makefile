@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install the package with its dev tools
 
-demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
-	$(BIN)/python -m assets.demo
+demo: $(STAMP)  ## run the example pipeline end to end (wipes ./data and ./.dagster_home; VERBOSE=1 shows logs)
+	$(BIN)/python -m assets.demo $(if $(VERBOSE),--verbose)
 
 dev: $(STAMP)  ## open the Dagster UI on the example code location
 	mkdir -p $(DAGSTER_HOME)
