@@ -117,7 +117,8 @@ def inputs_markdown(
 ) -> str:
     """A table of every input of the operator: role, asset, how it is used."""
     lines = ["| input | role | asset | how it is used |", "|---|---|---|---|"]
-    lines.append(f"| main | main input | {main.asset} | {describe_main_input(main)} |")
+    main_text = describe_main_input(main).split(": ", 1)[1]
+    lines.append(f"| main | main input | {main.asset} | {main_text} |")
     for name, side in side_inputs.items():
         text = describe_side_input(name, side, main, unmatched).split(": ", 1)[1]
         lines.append(f"| {name} | side input | {side.asset} | {text} |")

@@ -110,8 +110,12 @@ ASSET_EVENTS = """
 query ($path: [String!]!, $limit: Int!) {
   assetOrError(assetKey: {path: $path}) {
     ... on Asset {
-      assetMaterializations(limit: $limit) { runId description metadataEntries { METADATA } }
-      assetObservations(limit: $limit) { runId description metadataEntries { METADATA } }
+      assetMaterializations(limit: $limit) {
+        runId timestamp description metadataEntries { METADATA }
+      }
+      assetObservations(limit: $limit) {
+        runId timestamp description metadataEntries { METADATA }
+      }
     }
   }
 }""".replace("METADATA", METADATA)
