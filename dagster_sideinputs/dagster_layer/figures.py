@@ -36,6 +36,19 @@ GLOSSARY: dict[str, str] = {
     "batches": "micro-batches the run committed",
     "run_seconds": "wall time of the run's micro-batches",
     "throughput_records_per_s": "records_processed / run_seconds",
+    "batch_id": "the micro-batch (continuous runs report each one)",
+    "batch_seconds": "wall time of one micro-batch",
+    "main_range": "the slice of the main input read: Delta versions, or files",
+    "side_input_versions": "the Delta version of each side table read",
+    "readiness": "per side input and window: ready or not, and why",
+    "not_ready": "the side inputs (per window) not ready, with the reason",
+    "unaccounted_batches": "micro-batches whose routes do not add up (none, when the check "
+    "passes)",
+    "max_rows": "the buffer's row limit (BufferLimits.max_rows; -1: none)",
+    "max_age_s": "the buffer's age limit in seconds (BufferLimits.max_age; -1: none)",
+    "files_added": "data files a write added",
+    "bytes_added": "bytes a write added",
+    "write_seconds": "wall time of a write",
 }
 """Every figure, by the metadata label it is reported under."""
 
