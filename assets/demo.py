@@ -94,6 +94,12 @@ def _quiet(log: Path) -> Iterator[None]:
             os.close(saved)
 
 
+def _short(path: str | Path) -> str:
+    """A path relative to the current folder when it is under it (as the README shows it)."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
 def run_summary(result: object) -> str:
     """One line of a run of the operator, in the README glossary's words."""
     import dagster as dg
@@ -173,6 +179,7 @@ def run(args: argparse.Namespace) -> None:
     from resources import RESOURCES, lake_root
 
     instance = dg.DagsterInstance.get()
+    home = os.environ["DAGSTER_HOME"]
     repository = defs.get_repository_def()
 
     def materialize(assets: list, **kwargs: object) -> None:
@@ -194,9 +201,11 @@ def run(args: argparse.Namespace) -> None:
         materialize([transactions], run_config={"ops": {"transactions": {"config": config}}})
 
     started = time.perf_counter()
-    print(f"Delta tables under {lake_root()}; Dagster instance in {os.environ['DAGSTER_HOME']}")
+    print(f"Delta tables under {_short(lake_root())}; Dagster instance in {_short(home)}")
     if not args.verbose:
-        print(f"Spark's, py4j's and Dagster's logs: {Path(lake_root()).parent / 'demo.log'}")
+        print(
+            f"Spark's, py4j's and Dagster's logs: {_short(Path(lake_root()).parent / 'demo.log')}"
+        )
     print("1. side inputs and three hours of transactions")
     materialize([fraud_rules])
     materialize([customer_profiles])

@@ -42,8 +42,7 @@ GLOSSARY: dict[str, str] = {
     "side_input_versions": "the Delta version of each side table read",
     "readiness": "per side input and window: ready or not, and why",
     "not_ready": "the side inputs (per window) not ready, with the reason",
-    "unaccounted_batches": "micro-batches whose routes do not add up (none, when the check "
-    "passes)",
+    "unaccounted_batches": "micro-batches whose routes do not add up (none if the check passes)",
     "max_rows": "the buffer's row limit (BufferLimits.max_rows; -1: none)",
     "max_age_s": "the buffer's age limit in seconds (BufferLimits.max_age; -1: none)",
     "files_added": "data files a write added",

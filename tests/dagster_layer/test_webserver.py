@@ -130,6 +130,10 @@ def test_first_run_figures_agree_in_materialization_check_and_log(story: Story):
     # Every label is defined once, in the glossary the README repeats.
     assert set(meta) - DAGSTER_LABELS <= set(GLOSSARY)
     assert set(check["values"]) <= set(GLOSSARY)
+    # The main input's appends: what each added, next to the table's total.
+    appends = [m["values"] for m in server.materializations("transactions")]
+    totals = {(a["rows_written"], a["dagster/row_count"]) for a in appends}
+    assert {(500, 500), (200, 700)} <= totals
 
 
 def test_run_releasing_buffered_records_reports_them_alike_everywhere(story: Story):
