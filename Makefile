@@ -18,8 +18,8 @@ install: $(STAMP)  ## create .venv and install the package with its dev tools
 kafka-jars: $(STAMP)  ## fetch the test Kafka broker's jars now (tests otherwise fetch them on first use)
 	$(BIN)/python -m tests.servers.kafka fetch-jars
 
-demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
-	$(BIN)/python -m assets.demo
+demo: $(STAMP)  ## run the example pipeline end to end (wipes ./data and ./.dagster_home; VERBOSE=1 shows logs)
+	$(BIN)/python -m assets.demo $(if $(VERBOSE),--verbose)
 
 dev: $(STAMP)  ## open the Dagster UI on the example code location
 	mkdir -p $(DAGSTER_HOME)

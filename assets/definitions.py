@@ -7,6 +7,7 @@ from assets.enrichment import UNMATCHED, payments_enrichment
 from assets.payments import customer_profiles, fraud_rules, fx_rates, transactions
 from resources import RESOURCES
 
+enrichment_checks = dsi.build_side_input_checks(payments_enrichment)
 enrichment_job = dsi.build_side_input_job(payments_enrichment, name="payments_enrichment_job")
 enrichment_continuous_job = dsi.build_side_input_job(
     payments_enrichment,
@@ -40,6 +41,7 @@ fx_schedule = dg.build_schedule_from_partitioned_job(
 defs = dg.Definitions(
     assets=[transactions, customer_profiles, fx_rates, fraud_rules, payments_enrichment],
     jobs=[enrichment_job, enrichment_continuous_job, replay_unmatched_job, sources_job],
+    asset_checks=[enrichment_checks],
     sensors=[enrichment_sensor],
     schedules=[enrichment_schedule, fx_schedule],
     resources=RESOURCES,

@@ -8,7 +8,6 @@ run is terminated), with readiness decided from the Dagster instance.
 """
 
 import datetime as dt
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.dagster_layer.describe import ROLE_TAG, input_metadata
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
@@ -183,51 +183,61 @@ def declaration_of(assets_def: dg.AssetsDefinition) -> SideInputAssets:
     return _DECLARATIONS[name]
 
 
+def output_role(decl: SideInputAssets, tag: OutputTag) -> str:
+    """``main_output``, ``side_output``, or ``<route>_output`` for a built-in route."""
+    if tag == decl.main_output:
+        return "main_output"
+    for route, route_tag in decl.spec.routes.items():
+        if tag == route_tag:
+            return f"{route}_output"
+    return "side_output"
+
+
 def _specs(decl: SideInputAssets, description: str | None) -> list[dg.AssetSpec]:
     deps = decl.input_keys
+    unmatched = decl.spec.routes.get("unmatched")
+    inputs = input_metadata(
+        decl.main, decl.side_inputs, unmatched.name if unmatched is not None else None
+    )
+    sides = ", ".join(f"{name} ({side.asset})" for name, side in decl.side_inputs.items())
     specs = []
     for tag in decl.all_tags:
-        role = "main output" if tag == decl.main_output else "side output"
+        role = output_role(decl, tag)
+        words = role.replace("_", " ")
         specs.append(
             dg.AssetSpec(
                 key=dg.AssetKey(list(asset_path(tag.name))),
                 deps=deps,
-                description=tag.description
-                or f"{role.capitalize()} of side-input operator {decl.name!r}"
-                + (f": {description}" if description else ""),
+                description=(
+                    tag.description
+                    or f"{words.capitalize()} of side-input operator {decl.name!r}"
+                    + (f": {description}" if description else "")
+                )
+                + f"\n\nMain input: {decl.main.asset}. Side inputs: {sides or 'none'}.",
                 group_name=decl.group_name,
                 kinds=KINDS,
                 metadata={
                     "dsi/operator": decl.name,
-                    "dsi/role": role,
-                    "dsi/main_input": decl.main.asset,
-                    "dsi/side_inputs": json.dumps(
-                        {name: repr(side) for name, side in decl.side_inputs.items()}
-                    ),
+                    "dsi/role": words,
+                    **inputs,
                 },
-                tags=dict(decl.tags),
+                tags={ROLE_TAG: role, "dsi/operator": decl.name, **decl.tags},
+                # Materialized only by the runs that commit to its table.
+                skippable=True,
             )
         )
     return specs
 
 
 def _check_specs(decl: SideInputAssets) -> list[dg.AssetCheckSpec]:
-    main_key = dg.AssetKey(list(asset_path(decl.main_output.name)))
+    """The check a run of the operator reports; the others run on their own
+    (:func:`~dagster_sideinputs.dagster_layer.checks.build_side_input_checks`)."""
     return [
         dg.AssetCheckSpec(
-            CHECK_BUFFER,
-            asset=main_key,
-            description="Buffered records stay within the operator's BufferLimits.",
-        ),
-        dg.AssetCheckSpec(
-            CHECK_READY,
-            asset=main_key,
-            description="Every side input was ready for the records of the last micro-batch.",
-        ),
-        dg.AssetCheckSpec(
             CHECK_ACCOUNTED,
-            asset=main_key,
-            description="Every input record went to an output, the buffer, or a declared route.",
+            asset=dg.AssetKey(list(asset_path(decl.main_output.name))),
+            description="Every record the run looked at (new_records + from_buffer) went to "
+            "exactly one route: released, buffered, late, unmatched, overflow or invalid.",
         ),
     ]
 
