@@ -22,7 +22,7 @@ from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.windows import as_utc
-from dagster_sideinputs.dagster_layer.assets import CHECK_ACCOUNTED, SideInputAssets
+from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
 from dagster_sideinputs.dagster_layer.readiness import (
