@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import pyspark
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.packages import (
@@ -251,7 +251,7 @@ _FETCH_FIX = (
 
 
 def _resolve_jvm_packages(
-    delta: DeltaMode, packages: list[str], settings: Mapping[str, str]
+    delta: DeltaMode, packages: list[str], settings: Mapping[str, str], *, trust_cache: bool = True
 ) -> bool:
     """Make sure the session's Maven packages are in the Ivy cache; whether to configure Delta.
 
@@ -260,6 +260,7 @@ def _resolve_jvm_packages(
     failure becomes one clear message instead of a JVM that dies before PySpark's gateway
     answers. With ``delta="auto"`` a Delta jar that cannot be had turns Delta off (one
     warning); packages asked for by name, or ``delta=True``, fail the start instead.
+    ``trust_cache=False`` resolves even when every jar is there (after a start failed).
     """
     want_delta = delta is True or delta == "auto"
     if not want_delta and not packages:
@@ -282,7 +283,7 @@ def _resolve_jvm_packages(
             coordinates = list(packages)
     ivy = ivy_dir_of(settings)
     repositories = settings.get("spark.jars.repositories")
-    if not missing_packages(coordinates, ivy):
+    if trust_cache and not missing_packages(coordinates, ivy):
         return want_delta
     result = fetch_packages(coordinates, ivy_dir=ivy, repositories=repositories)
     if result.ok:
@@ -308,6 +309,24 @@ def _resolve_jvm_packages(
         f"Could not fetch the Spark packages {coordinates} into {ivy}: {result.reason}.",
         fix=_FETCH_FIX,
     )
+
+
+def _local_builder(
+    app_name: str, master: str, settings: Mapping[str, str], *, delta: bool, packages: list[str]
+) -> SparkSession.Builder:
+    """A classic builder with every setting, Delta (through delta-spark) and the packages."""
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if delta:
+        from dagster_sideinputs.delta.spark_setup import configure_delta
+
+        return configure_delta(
+            builder, extensions=settings.get("spark.sql.extensions"), extra_packages=packages
+        )
+    if packages:
+        builder = builder.config("spark.jars.packages", ",".join(packages))
+    return builder
 
 
 def _check_remote_delta(spark: SparkSession, remote: str) -> None:
@@ -425,19 +444,20 @@ def build_spark_session(
         check_java()
         _choose_worker_python(master, settings)
         use_delta = _resolve_jvm_packages(delta, wanted, settings)
-        builder = SparkSession.builder.appName(app_name).master(master)
-        for key, value in settings.items():
-            builder = builder.config(key, value)
-        if use_delta:
-            from dagster_sideinputs.delta.spark_setup import configure_delta
-
-            builder = configure_delta(
-                builder, extensions=settings.get("spark.sql.extensions"), extra_packages=wanted
-            )
-        elif wanted:
-            builder = builder.config("spark.jars.packages", ",".join(wanted))
+        builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
     try:
-        spark = builder.getOrCreate()
+        try:
+            spark = builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            if remote is not None or not (use_delta or wanted):
+                raise
+            if exc.getCondition() != "JAVA_GATEWAY_EXITED":
+                raise
+            # The jars were there, yet Ivy could not resolve them offline (its metadata may
+            # point at a ~/.m2 that was cleaned): resolve again, capturing why, and retry.
+            use_delta = _resolve_jvm_packages(delta, wanted, settings, trust_cache=False)
+            builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
+            spark = builder.getOrCreate()
         if remote is not None:
             try:
                 _apply_remote_settings(spark, settings, remote=remote, required=REQUIRED_CONFIGS)
