@@ -1,6 +1,6 @@
 """The Spark session as a Dagster resource."""
 
-from typing import Any, Literal
+from typing import Any
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -66,12 +66,14 @@ class SparkResource(dg.ConfigurableResource):
         default=None, description="spark.driver.memory, e.g. '4g' (used when the JVM starts)."
     )
     log_level: str = Field(default="WARN", description="Spark log level.")
-    delta: bool | Literal["auto"] = Field(
-        default="auto",
+    # Optional[bool] rather than build_spark_session's `bool | "auto"`: Dagster's config
+    # system takes no union of a bool and a string.
+    delta: bool | None = Field(
+        default=None,
         description="Configure Delta Lake for Spark (delta-spark's jar, SQL extension and "
-        "catalog). 'auto': without it when its jar cannot be fetched (one warning; Delta "
-        "tables then go through the delta-rs bridge); true: fail instead; false: leave it out. "
-        "Over Spark Connect the server decides (true checks it has Delta).",
+        "catalog). Unset ('auto'): without it when its jar cannot be fetched (one warning; "
+        "Delta tables then go through the delta-rs bridge); true: fail instead; false: leave "
+        "it out. Over Spark Connect the server decides (true checks it has Delta).",
     )
     packages: list[str] = Field(
         default_factory=list,
@@ -99,7 +101,7 @@ class SparkResource(dg.ConfigurableResource):
                 ui_enabled=self.ui_enabled,
                 driver_memory=self.driver_memory,
                 log_level=self.log_level,
-                delta=self.delta,
+                delta="auto" if self.delta is None else self.delta,
                 packages=self.packages,
             )
         return self._session
