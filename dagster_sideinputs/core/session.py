@@ -444,6 +444,11 @@ def build_spark_session(
         check_java()
         _choose_worker_python(master, settings)
         use_delta = _resolve_jvm_packages(delta, wanted, settings)
+        if use_delta and partitions is not None and default_shuffle_partitions(master):
+            # Delta rebuilds a table's state from its log in 50 tasks by default; on a local
+            # master that made every first read after a commit 10-20 s slower (measured on
+            # two cores), for tables whose log is a few files.
+            settings.setdefault("spark.databricks.delta.snapshotPartitions", str(partitions))
         builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
     try:
         try:

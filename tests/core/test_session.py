@@ -387,3 +387,8 @@ def test_a_bad_package_coordinate_fails_before_the_jvm_starts(monkeypatch, tmp_p
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JVM start would fail on Java first
     with pytest.raises(SparkStartupError, match="'kafka' is not a Maven coordinate"):
         build_spark_session(master="local[1]", packages=["kafka"])
+
+
+def test_delta_rebuilds_table_state_in_as_many_tasks_as_shuffle_partitions(spark):
+    # Delta's default of 50 made each first read after a commit 10-20 s slower locally.
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "4"
