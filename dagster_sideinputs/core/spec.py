@@ -247,12 +247,6 @@ def build_spec(
         raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
     main = options.main
     operator_id = options.operator_id or default_operator_id(options.main_output)
-    if not _OPERATOR_ID.match(operator_id):
-        raise DeclarationError(
-            f"operator_id {operator_id!r} must use letters, digits, '_', '-' and '.' only (it "
-            "names a folder and the Delta application transactions of the operator).",
-            fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
-        )
     tags = _tags(options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
@@ -270,6 +264,12 @@ def build_spec(
         readiness=readiness or DeltaReadiness(),
     )
     _check_tables(spec)
+    if not _OPERATOR_ID.match(operator_id):
+        raise DeclarationError(
+            f"operator_id {operator_id!r} must use letters, digits, '_', '-' and '.' only (it "
+            "names a folder and the Delta application transactions of the operator).",
+            fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
+        )
     for bound in sides:
         _check_side(bound, options, readiness)
     if options.buffer.on_exceed == "overflow" and options.overflow is None:
