@@ -174,6 +174,7 @@ def _worker_env(trial: Path, group: str) -> dict[str, str]:
         DAGSTER_HOME=str(trial / "dagster_home"),
         DSI_LAKE_ROOT=str(trial / "lake"),
         DSI_PROFILE_TIMEOUT_MINUTES=GROUP_TIMEOUTS[group],
+        DSI_FX_START="2024-05-01-00:00",  # the scripts' FX hours (the demo starts yesterday)
         DSI_SPARK_MASTER="local[2]",
         DSI_SPARK_UI="false",
         DSI_SPARK_DRIVER_MEMORY="1g",
