@@ -301,7 +301,7 @@ class SideInputOperator:
         self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
     ) -> BatchMetrics | None:
         previous = self.recovery.previous()
-        pending = self.recovery.settle_pending()
+        pending = self.recovery.settle_pending(verdict.routing)
         if pending is not None:
             log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
             return self._finish(run_batch(context, pending, replayed=True), pending)

@@ -28,6 +28,7 @@ from dagster_sideinputs.core.windows import (
     WindowSpan,
     as_utc,
     assign_windows,
+    check_time_column,
     map_to_side_window,
     namespace_id,
     parse_namespace_id,
@@ -110,11 +111,7 @@ class Planner:
             )
             for ns, (start, end) in namespaces.items()
         }
-        side_changed = any(
-            snapshot is not None
-            and (last is None or snapshot.version != last.side_versions.get(b.name))
-            for b, snapshot in ((b, side_snapshots[b.name]) for b in spec.keyed_waits)
-        )
+        side_changed = any(_changed(last, b.name, side_snapshots[b.name]) for b in spec.keyed_waits)
         slots = choose_slots(
             spec,
             buffer,
@@ -144,6 +141,10 @@ class Planner:
             reroute=reroute and bool(slots),
             routing=routing,
             tables=tuple(spec.written_tables()),
+            side_ids={
+                name: (snap.table_id or None) if snap is not None else None
+                for name, snap in side_snapshots.items()
+            },
         )
         return Planned(plan, piece)
 
@@ -175,6 +176,9 @@ class Planner:
         assert window is not None
         assert window.time_column is not None
         column = window.time_column
+        schema = piece.snapshot.schema if piece.snapshot is not None else self.source.schema()
+        if schema is not None:  # a missing column must not reach Spark as a raw error
+            check_time_column(schema, column, where=f"Main input {self.spec.main.asset!r}")
         files = piece.files
         lows = [parse_stat_time(f.min_values.get(column)) for f in files]
         highs = [parse_stat_time(f.max_values.get(column)) for f in files]
@@ -293,6 +297,17 @@ class Planner:
             return None
         seen = parse_stat_time(record.get("max_event_time"))
         return None if seen is None else seen - window.watermark
+
+
+def _changed(last: BatchPlan | None, name: str, snapshot: TableSnapshot | None) -> bool:
+    """Whether a side table differs from the one the last batch read: another version, or
+    the same version number of a table deleted and created again."""
+    if snapshot is None:
+        return False
+    if last is None or snapshot.version != last.side_versions.get(name):
+        return True
+    known = last.side_ids.get(name)
+    return bool(known and snapshot.table_id and known != snapshot.table_id)
 
 
 def _incoming(files: Sequence[DataFile]) -> int | None:

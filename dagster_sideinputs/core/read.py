@@ -161,11 +161,12 @@ def _pre_keyed_scan(
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     if keyed.column in partition_columns:
+        # The key group each file declares (its partition value, which named its bucket
+        # link), not one recomputed from the key: the route stage compares the two, so a
+        # broken promise stops the batch instead of joining rows in the wrong bucket.
+        declared = F.regexp_extract(F.col("_metadata.file_name"), r"_(\d+)\.parquet$", 1)
         frame = frame.withColumn(
-            keyed.column,
-            key_group(spec.main.key, keyed.max_key_groups).cast(
-                snapshot.schema[keyed.column].dataType
-            ),
+            keyed.column, declared.cast(snapshot.schema[keyed.column].dataType)
         )
     return (
         frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]),
