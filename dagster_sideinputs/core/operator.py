@@ -263,7 +263,8 @@ class SideInputOperator:
                 metrics = self._step(context, clock(), verdict)
                 if metrics is not None:
                     batches.append(metrics)
-                    verdict = replace(verdict, reroute=False)
+                    if not metrics.replayed:  # a replay finished an older plan's batch
+                        verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
                         on_batch(metrics)
                 if max_batches is not None and len(batches) >= max_batches:

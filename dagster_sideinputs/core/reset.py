@@ -84,10 +84,25 @@ def reset(
             "buffer_rows": load_state(spec).rows(),
         },
     )
-    # "reset" is no declaration's fingerprint: records still buffered are routed again.
-    state.write_identity({**spec.identity(), "routing": RESET, **identity.table_ids(spec)})
+    # "reset" is no declaration's fingerprint: records still buffered are routed again
+    # (the declaration they were routed under is kept when known, for its window).
+    state.write_identity(
+        {
+            **spec.identity(),
+            "routing": RESET,
+            "routing_detail": _routing_detail(state),
+            **identity.table_ids(spec),
+        }
+    )
     log.warning("%s: reset at batch %s (main from %s)", spec.operator_id, batch_id, main_from)
     return batch_id
+
+
+def _routing_detail(state: OperatorState) -> object:
+    try:
+        return (state.identity() or {}).get("routing_detail")
+    except OperatorStateError:  # an unreadable operator.json is what the reset replaces
+        return None
 
 
 def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> MainRange:
