@@ -288,11 +288,14 @@ def test_main_key_changed_joins_waiting_records_by_the_new_key(lake, clock):
     schema = "tx_id long, customer_id long, account_id long"
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 77, 10)], schema)
-    by_customer = enriched_operator(lake, waiting_side())
+    unmatched = dsi.OutputTag("unmatched")
+    by_customer = enriched_operator(lake, waiting_side(), unmatched=unmatched)
     lake.run(by_customer, clock)
     assert by_customer.buffer().rows() == 1
     side = waiting_side(key_translator="account_id")
-    by_account = enriched_operator(lake, side, main=dsi.MainInput("transactions", key="account_id"))
+    by_account = enriched_operator(
+        lake, side, main=dsi.MainInput("transactions", key="account_id"), unmatched=unmatched
+    )
     lake.run(by_account, clock)
     assert lake.rows("enriched", "tx_id", "name") == [(1, "ann")]
     assert_accounted(lake.spark, by_account, [1])
