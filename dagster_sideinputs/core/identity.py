@@ -69,7 +69,9 @@ def check(spec: OperatorSpec, state: OperatorState) -> Verdict:
     reroute = recorded.get("routing") not in (None, routing)
     if reroute:
         _refuse_sliding_change(spec, recorded)
-        if load_state(spec).rows() == 0:
+        # With a batch pending, the recorded declaration is what its replay is checked
+        # against (recovery.py): it is updated once that batch is settled.
+        if load_state(spec).rows() == 0 and not state.has_pending():
             state.write_identity({**recorded, "routing": routing, "routing_detail": spec.routing()})
             reroute = False
     return Verdict(recorded, routing, reroute)

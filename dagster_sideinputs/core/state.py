@@ -71,6 +71,11 @@ class OperatorState:
         ids = self._ids("commits")
         return ids[-1] if ids else None
 
+    def has_pending(self) -> bool:
+        """Whether the newest plan has no commit record yet."""
+        planned, committed = self.last_planned(), self.last_committed()
+        return planned is not None and (committed is None or planned > committed)
+
     def is_empty(self) -> bool:
         return self.last_planned() is None and self.last_committed() is None
 
