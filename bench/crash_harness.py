@@ -1,6 +1,7 @@
 """Crash harness: the example pipeline killed with SIGKILL at random points, then rerun.
 
     python bench/crash_harness.py --trials 20 --seed 1
+    python bench/crash_harness.py --script short --trials 0 --side-change
 
 Every trial copies a template (a Dagster instance and a Delta lake holding the side
 inputs), runs the example pipeline (``assets/``) in a worker subprocess, kills the
@@ -22,6 +23,14 @@ killed worker stopped (its progress is a file, advanced after each action):
    (the transactions still waiting for a profile go to ``unmatched_transactions``);
 6. materialize profiles with 60 more customers, run
    ``replay_unmatched_transactions_job`` (the replay operator has its own state).
+
+Side-change trials (``--script short --side-change``) kill the first job right after
+batch 0's plan, either before any table is committed (``before-create-enriched``) or after
+the first one (``after-first-table``), then add 25 customer profiles before the rerun.
+A batch no table committed is planned again and must equal a run without faults that
+added them before the job (``short-change-first``); a batch some table committed is
+replayed with the profiles it planned with, and must equal a run that added them after
+the job (``short-change-after``).
 
 Nothing that changes the outputs depends on the wall clock: event times are fixed,
 the profile timeout is huge (then zero), and the side inputs with freshness policies

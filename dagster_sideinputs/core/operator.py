@@ -200,14 +200,18 @@ class SideInputOperator:
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
         pending = self.recovery.pending()
-        if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
-            pending.batch_id, pending.tables
-        ):
-            return pending
+        batch_id = self.recovery.next_batch_id()
+        if pending is not None:
+            if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
+                pending.batch_id, pending.tables
+            ):
+                return pending
+            # The next run sets the pending plan aside and plans its batch id again.
+            batch_id = self.state.last_planned()  # type: ignore[assignment]
         verdict = identity.check(self.spec, self.state)
         planner = Planner(self.spec, source_for(self.spec), spark=None)
         planned = planner.plan(
-            batch_id=self.recovery.next_batch_id(),
+            batch_id=batch_id,
             now=now or _utc_now(),
             previous=self.recovery.previous(),
             routing=verdict.routing,

@@ -707,3 +707,156 @@ def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, targe
     # The buffer is committed after the outputs: a conflict there leaves a batch to replay.
     assert result.batches[0].replayed == (target == "buffer")
     assert_accounted(lake.spark, op, [1, 2, 3, 4])
+
+
+def test_pre_keyed_file_holding_several_key_groups_then_pre_keyed_dropped(profiles):
+    lake = profiles
+    frame = lake.spark.createDataFrame([(1, 10, 1.0, 0), (2, 11, 1.0, 3)], TX + ", key_group int")
+    dsi.write_dataframe(frame.coalesce(1), lake.storage.table_uri("transactions"))
+    pre_keyed = dsi.MainInput(
+        "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(4, "key_group")
+    )
+    with refused(
+        dsi.PreKeyedViolationError, "transactions", "exactly one key group", fix="drop pre_keyed="
+    ):
+        lake.run(keyed(lake, main=pre_keyed))
+    op = keyed(lake, fn=lambda main, sides: enrich(main, sides))
+    lake.run(op)
+    assert_accounted(lake.spark, op, [1, 2])
+
+
+# --- declarations refused when written (nothing planned yet: the fixed one runs) ----------
+
+MAIN = dsi.MainInput("transactions", key="customer_id")
+RULES = {"rules": dsi.SideInput.singleton("rules")}
+ROW = T.StructType([T.StructField("tx_id", T.LongType())])
+NO_ROW_UNMATCHED = dsi.SideInput.map("profiles", key="customer_id", missing="unmatched")
+
+
+def declared(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
+    kwargs.setdefault("main", MAIN)
+    kwargs.setdefault("side_inputs", RULES)
+    kwargs.setdefault("fn", lambda main, sides: main.select("tx_id"))
+    kwargs.setdefault("main_output", "checked")
+    return lake.operator(**kwargs)
+
+
+def per_row(record, ctx):
+    yield {"tx_id": record.tx_id}
+
+
+DECLARATIONS = {
+    "slide-longer-than-size": (
+        lambda lake: dsi.Window.sliding(hours(1), slide=hours(2)),
+        "use a slide <= size",
+        lambda lake: declared(
+            lake,
+            main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
+            window=dsi.Window.sliding(hours(1), slide=hours(1)),
+        ),
+    ),
+    "wait-without-timeout": (
+        lambda lake: dsi.SideInput.map("profiles", key="customer_id", missing="wait"),
+        "pass timeout=",
+        lambda lake: declared(
+            lake,
+            side_inputs={
+                **RULES,
+                "profile": dsi.SideInput.map(
+                    "profiles", key="customer_id", missing="wait", timeout=hours(1)
+                ),
+            },
+            unmatched=UNMATCHED,
+        ),
+    ),
+    "option-of-another-view": (
+        lambda lake: dsi.SideInput.singleton("rules", key="customer_id"),  # type: ignore[call-arg]
+        "remove key=, or use SideInput.map(...)",
+        lambda lake: declared(lake),
+    ),
+    "unknown-readiness": (
+        lambda lake: dsi.SideInput.singleton("rules", readiness="sometimes"),  # type: ignore[arg-type]
+        "pass readiness= one of",
+        lambda lake: declared(
+            lake, side_inputs={"rules": dsi.SideInput.singleton("rules", readiness="present")}
+        ),
+    ),
+    "unmatched-without-tag": (
+        lambda lake: declared(
+            lake,
+            side_inputs={**RULES, "profile": NO_ROW_UNMATCHED},
+        ),
+        'pass unmatched=dsi.OutputTag("unmatched_...")',
+        lambda lake: declared(
+            lake,
+            side_inputs={**RULES, "profile": NO_ROW_UNMATCHED},
+            unmatched=UNMATCHED,
+        ),
+    ),
+    "fresh-without-max-age": (
+        lambda lake: declared(
+            lake, side_inputs={"rules": dsi.SideInput.singleton("rules", readiness="fresh")}
+        ),
+        "pass max_age=",
+        lambda lake: declared(
+            lake,
+            side_inputs={"rules": dsi.SideInput.singleton("rules", max_age=hours(24))},
+        ),
+    ),
+    "overflow-without-tag": (
+        lambda lake: declared(lake, buffer=dsi.BufferLimits(max_rows=5, on_exceed="overflow")),
+        "pass overflow=",
+        lambda lake: declared(
+            lake, buffer=dsi.BufferLimits(max_rows=5, on_exceed="overflow"), overflow=OVERFLOW
+        ),
+    ),
+    "rows-without-schema": (
+        lambda lake: declared(lake, fn=per_row, mode="rows"),
+        'OutputTag("name", schema=',
+        lambda lake: declared(
+            lake, fn=per_row, mode="rows", main_output=dsi.OutputTag("checked", ROW)
+        ),
+    ),
+    "operator-id-with-a-slash": (
+        lambda lake: declared(lake, operator_id="team/checked"),
+        "pass operator_id='team_checked'",
+        lambda lake: declared(lake, operator_id="team_checked"),
+    ),
+    "glob-in-an-asset-name": (
+        lambda lake: declared(lake, side_inputs={"rules": dsi.SideInput.singleton("rules*")}),
+        "use letters, digits",
+        lambda lake: declared(lake),
+    ),
+    "reserved-side-input-name": (
+        lambda lake: declared(lake, side_inputs={"_dsi_rules": dsi.SideInput.singleton("rules")}),
+        "rename the side input",
+        lambda lake: declared(lake),
+    ),
+    "pre-keyed-without-key": (
+        lambda lake: dsi.MainInput("transactions", pre_keyed=dsi.KeyGroups(4)),
+        "pass key=",
+        lambda lake: declared(lake),
+    ),
+    "main-not-a-main-input": (
+        lambda lake: declared(lake, main="transactions"),
+        'main=dsi.MainInput("transactions"',
+        lambda lake: declared(lake),
+    ),
+    "storage-not-a-delta-storage": (
+        lambda lake: declared(lake, storage=lake.storage.root),
+        "storage=dsi.DeltaStorage(",
+        lambda lake: declared(lake),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLARATIONS))
+def test_declaration_refused_when_written_then_the_fixed_one_runs(lake, case):
+    bad, fix, good = DECLARATIONS[case]
+    put(lake, "rules", [(1.0,)], "limit double")
+    put(lake, "transactions", [(1, 10, 1.0, T0), (2, 11, 1.0, T0)], TXT)
+    with refused(dsi.DeclarationError, fix=fix):
+        bad(lake)
+    op = good(lake)
+    lake.run(op, Clock(T0 + hours(3)))
+    assert_accounted(lake.spark, op, [1, 2])
