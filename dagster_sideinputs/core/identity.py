@@ -2,8 +2,11 @@
 
 The exactly-once argument relies on identities the operator used to assume: its state
 folder belongs to this declaration (not to another operator with the same id), the main
-input is the table it has been reading, the buffer is the one it wrote, and its output
-tables hold no batch its state does not know. :func:`check` verifies each of them
+input is the table it has been reading, the buffer and the ledger of landed files are
+the tables it wrote, ``operator.json`` itself was not deleted, and its output tables hold
+no batch its state does not know. (The main table's id, landed files' sizes and times and
+side tables' ids are checked where they are read: ``sources.py``, ``planner.py``,
+``recovery.py``.) :func:`check` verifies each of them
 against ``operator.json`` and the tables' application transactions, and refuses with an
 :class:`~dagster_sideinputs.errors.OperatorStateError` naming what changed and how to
 proceed. It never skips records to carry on.

@@ -4,13 +4,17 @@ A batch whose plan has no commit record is either
 
 - **replayed** exactly from its plan, when some table it may write (an output, the
   buffer, a landing folder's ledger) already holds its application transaction: the
-  transactions then keep every table exactly-once;
+  transactions then keep every table exactly-once. Only under the declaration routing
+  and the side tables the plan was made with: otherwise the replay could not compute
+  what the committed tables hold, and it is refused;
 - **set aside and planned again** from the current inputs, when no table committed
   anything: then a fix of the inputs (a deduplicated side table, a corrected record)
   takes effect instead of the failure being pinned by the old plan.
 
 An unreadable plan is set aside only when no table holds its batch; an unreadable commit
-record is dropped, so its batch is replayed (idempotently) and the record rewritten.
+record is dropped, so its batch is replayed (idempotently) and the record rewritten; a
+lost plan of a committed batch is rebuilt from its commit record (which repeats the
+position). A pending reset batch (interrupted after its table changes) is completed.
 """
 
 import datetime as dt
