@@ -334,7 +334,8 @@ class SideInputOperator:
             raise OperatorStateError(
                 f"Operator {self.operator_id!r}: batch {plan.batch_id} was planned by another "
                 "run at the same time; two runs must not process one operator at once.",
-                fix="rerun (the other run's plan is replayed); limit the job's concurrency",
+                fix="rerun (the other run's batch is then finished, or planned again); limit the "
+                "job's concurrency",
             )
         metrics = run_batch(context, plan, replayed=False, source=planned.source)
         return self._finish(metrics, plan)
