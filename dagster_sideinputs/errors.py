@@ -76,6 +76,9 @@ class CorruptDataFileError(DeltaTableError):
 class NonAppendOnlyChangeError(DeltaTableError):
     """An incremental read met a version that removed or rewrote data."""
 
+    version: int | None = None
+    """The first version in the range read that removed or rewrote data."""
+
 
 class ConcurrentWriteError(DeltaTableError):
     """Another writer committed a conflicting change to the same table first."""

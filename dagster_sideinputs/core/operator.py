@@ -200,14 +200,18 @@ class SideInputOperator:
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
         pending = self.recovery.pending()
-        if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
-            pending.batch_id, pending.tables
-        ):
-            return pending
+        batch_id = self.recovery.next_batch_id()
+        if pending is not None:
+            if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
+                pending.batch_id, pending.tables
+            ):
+                return pending
+            # The next run sets the pending plan aside and plans its batch id again.
+            batch_id = self.state.last_planned()  # type: ignore[assignment]
         verdict = identity.check(self.spec, self.state)
         planner = Planner(self.spec, source_for(self.spec), spark=None)
         planned = planner.plan(
-            batch_id=self.recovery.next_batch_id(),
+            batch_id=batch_id,
             now=now or _utc_now(),
             previous=self.recovery.previous(),
             routing=verdict.routing,
@@ -263,7 +267,8 @@ class SideInputOperator:
                 metrics = self._step(context, clock(), verdict)
                 if metrics is not None:
                     batches.append(metrics)
-                    verdict = replace(verdict, reroute=False)
+                    if not metrics.replayed:  # a replay finished an older plan's batch
+                        verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
                         on_batch(metrics)
                 if max_batches is not None and len(batches) >= max_batches:
@@ -301,7 +306,7 @@ class SideInputOperator:
         self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
     ) -> BatchMetrics | None:
         previous = self.recovery.previous()
-        pending = self.recovery.settle_pending()
+        pending = self.recovery.settle_pending(verdict.routing)
         if pending is not None:
             log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
             return self._finish(run_batch(context, pending, replayed=True), pending)
@@ -329,7 +334,8 @@ class SideInputOperator:
             raise OperatorStateError(
                 f"Operator {self.operator_id!r}: batch {plan.batch_id} was planned by another "
                 "run at the same time; two runs must not process one operator at once.",
-                fix="rerun (the other run's plan is replayed); limit the job's concurrency",
+                fix="rerun (the other run's batch is then finished, or planned again); limit the "
+                "job's concurrency",
             )
         metrics = run_batch(context, plan, replayed=False, source=planned.source)
         return self._finish(metrics, plan)
@@ -351,8 +357,10 @@ class SideInputOperator:
         Args:
             main_from: where the next batch reads the main input from: ``beginning`` (a
                 Delta table's first version; a landing folder's every file again),
-                ``latest`` (only what arrives from now on), or ``keep`` (the recorded
-                position, when only the identity or the buffer needs resetting).
+                ``latest`` (only what arrives from now on), ``keep`` (the recorded
+                position, when only the identity or the buffer needs resetting; refused
+                when there is none), or a Delta table version (read the versions after
+                it, e.g. to skip a version that deleted rows).
             drop_buffered: delete the buffered records (a removal committed by the reset
                 batch); otherwise they are kept and routed again by the next batch.
             wait_for_lock: seconds to wait for a running run of the operator.

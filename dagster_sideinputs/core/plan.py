@@ -97,6 +97,8 @@ class BatchPlan:
         routing: fingerprint of the declaration the batch routes under.
         tables: every table the batch may commit to (outputs, buffer, ledger): a plan
             none of them committed is planned again rather than replayed.
+        side_ids: the Delta table id of each side table read: a version number means
+            nothing once the table was deleted and created again.
     """
 
     operator_id: str
@@ -113,6 +115,7 @@ class BatchPlan:
     reroute: bool = False
     routing: str = ""
     tables: tuple[str, ...] = ()
+    side_ids: Mapping[str, str | None] = field(default_factory=dict)
     planned_by: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
@@ -155,6 +158,7 @@ class BatchPlan:
             "reroute": self.reroute,
             "routing": self.routing,
             "tables": list(self.tables),
+            "side_ids": dict(self.side_ids),
             "planned_by": self.planned_by,
         }
         return json.dumps(data, indent=1, sort_keys=True)
@@ -193,5 +197,28 @@ class BatchPlan:
             reroute=bool(data.get("reroute", False)),
             routing=str(data.get("routing", "")),
             tables=tuple(data.get("tables") or ()),
+            side_ids=dict(data.get("side_ids") or {}),
             planned_by=data.get("planned_by", ""),
         )
+
+
+def describe_change(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> str:
+    """``" (window: {...} -> None; sides.fx: ...)"``: the keys of two declaration
+    summaries that differ, for error messages ("" when equal)."""
+    changes = _changes(before, now, prefix)
+    return f" ({'; '.join(changes)})" if changes else ""
+
+
+def _changes(before: Any, now: Any, prefix: str) -> list[str]:
+    if isinstance(before, Mapping) and isinstance(now, Mapping):
+        found: list[str] = []
+        for key in sorted(set(before) | set(now), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in before:
+                found.append(f"{path} added")
+            elif key not in now:
+                found.append(f"{path} removed")
+            else:
+                found.extend(_changes(before[key], now[key], path))
+        return found
+    return [] if before == now else [f"{prefix or 'value'}: {before!r} -> {now!r}"]

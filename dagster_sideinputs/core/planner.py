@@ -8,12 +8,12 @@ reads or writes any data.
 """
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
@@ -28,6 +28,8 @@ from dagster_sideinputs.core.windows import (
     WindowSpan,
     as_utc,
     assign_windows,
+    check_time_column,
+    is_window_start,
     map_to_side_window,
     namespace_id,
     parse_namespace_id,
@@ -92,7 +94,7 @@ class Planner:
         piece = self.source.next_range(last.main if last is not None else None)
         buffer = load_state(spec)
         side_snapshots = {b.name: self._side_snapshot(b, last) for b in spec.sides}
-        namespaces = self._namespaces(piece, buffer)
+        namespaces = self._namespaces(piece, buffer, reroute=reroute)
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
         watermark = self._watermark(previous.record)
         plans = {
@@ -110,11 +112,7 @@ class Planner:
             )
             for ns, (start, end) in namespaces.items()
         }
-        side_changed = any(
-            snapshot is not None
-            and (last is None or snapshot.version != last.side_versions.get(b.name))
-            for b, snapshot in ((b, side_snapshots[b.name]) for b in spec.keyed_waits)
-        )
+        side_changed = any(_changed(last, b.name, side_snapshots[b.name]) for b in spec.keyed_waits)
         slots = choose_slots(
             spec,
             buffer,
@@ -144,13 +142,17 @@ class Planner:
             reroute=reroute and bool(slots),
             routing=routing,
             tables=tuple(spec.written_tables()),
+            side_ids={
+                name: (snap.table_id or None) if snap is not None else None
+                for name, snap in side_snapshots.items()
+            },
         )
         return Planned(plan, piece)
 
     # --- namespaces ----------------------------------------------------------------------
 
     def _namespaces(
-        self, piece: SourceSlice, buffer: BufferState
+        self, piece: SourceSlice, buffer: BufferState, *, reroute: bool
     ) -> dict[str, tuple[dt.datetime | None, dt.datetime | None]]:
         spec = self.spec
         namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
@@ -161,12 +163,18 @@ class Planner:
         if not piece.range.is_empty:
             for start, end in self.new_windows(piece):
                 namespaces[namespace_id(start)] = (start, end)
+        if reroute and buffer.slots():
+            # Buffered records routed again get the windows of their event times under
+            # the current declaration (read.py): decide those windows in this batch.
+            for start, end in self.buffered_windows(buffer):
+                namespaces[namespace_id(start)] = (start, end)
         for ns in buffer.namespaces():
             buffered = parse_namespace_id(ns)
-            if buffered is not None:
+            if buffered is None:
+                if not reroute:  # left by an earlier, unwindowed declaration
+                    namespaces[GLOBAL] = (None, None)
+            elif not reroute or is_window_start(spec.window, buffered):
                 namespaces[ns] = (buffered, buffered + spec.window.size)
-            else:
-                namespaces[GLOBAL] = (None, None)  # left by an earlier, unwindowed declaration
         return namespaces
 
     def new_windows(self, piece: SourceSlice) -> list[WindowSpan]:
@@ -175,7 +183,35 @@ class Planner:
         assert window is not None
         assert window.time_column is not None
         column = window.time_column
-        files = piece.files
+        schema = piece.snapshot.schema if piece.snapshot is not None else self.source.schema()
+        if schema is not None:  # a missing column must not reach Spark as a raw error
+            check_time_column(schema, column, where=f"Main input {self.spec.main.asset!r}")
+        return self._windows(
+            piece.files,
+            lambda: self.source.read(self.spark, piece),  # type: ignore[arg-type]
+        )
+
+    def buffered_windows(self, buffer: BufferState) -> list[WindowSpan]:
+        """The windows of the buffered records' event times under the current window."""
+        snapshot = buffer.snapshot
+        column = self.spec.window.time_column  # type: ignore[union-attr]
+        if snapshot is None or column not in snapshot.schema.fieldNames():
+            return []  # records without the column are invalid when routed again
+        name = f"{self.spec.operator_id} buffer"
+        return self._windows(
+            snapshot.files,
+            lambda: self.engine.read_snapshot(self.spark, snapshot, name=name),  # type: ignore[arg-type]
+        )
+
+    def _windows(
+        self, files: Sequence[DataFile], rows: Callable[[], DataFrame]
+    ) -> list[WindowSpan]:
+        """The windows of the records in ``files``: from their statistics when they tell,
+        else one Spark job over ``rows()``."""
+        window = self.spec.window
+        assert window is not None
+        assert window.time_column is not None
+        column = window.time_column
         lows = [parse_stat_time(f.min_values.get(column)) for f in files]
         highs = [parse_stat_time(f.max_values.get(column)) for f in files]
         if files and None not in lows and None not in highs:
@@ -189,15 +225,14 @@ class Planner:
                 return spans
         if self.spark is None:
             raise SideInputDataError(
-                "Peeking at this batch needs Spark: the event-time windows of new records "
+                "Peeking at this batch needs Spark: the event-time windows of its records "
                 "are not in the file statistics.",
                 fix="run the operator instead of peeking",
             )
-        raw = self.source.read(self.spark, piece)
-        rows = assign_windows(raw.select(quoted(column)), window, column)
+        framed = assign_windows(rows().select(quoted(column)), window, column)
         starts = [
             r[0]
-            for r in rows.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
+            for r in framed.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
         ]
         return sorted((as_utc(s), as_utc(s) + window.size) for s in starts)
 
@@ -293,6 +328,17 @@ class Planner:
             return None
         seen = parse_stat_time(record.get("max_event_time"))
         return None if seen is None else seen - window.watermark
+
+
+def _changed(last: BatchPlan | None, name: str, snapshot: TableSnapshot | None) -> bool:
+    """Whether a side table differs from the one the last batch read: another version, or
+    the same version number of a table deleted and created again."""
+    if snapshot is None:
+        return False
+    if last is None or snapshot.version != last.side_versions.get(name):
+        return True
+    known = last.side_ids.get(name)
+    return bool(known and snapshot.table_id and known != snapshot.table_id)
 
 
 def _incoming(files: Sequence[DataFile]) -> int | None:

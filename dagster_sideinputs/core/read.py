@@ -33,7 +33,12 @@ from dagster_sideinputs.core.keyed import (
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.sources import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import assign_global, assign_windows, check_time_column
+from dagster_sideinputs.core.windows import (
+    assign_global,
+    assign_windows,
+    check_time_column,
+    in_window,
+)
 from dagster_sideinputs.delta.files import join_uri
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
@@ -125,13 +130,24 @@ def _key_group(spec: OperatorSpec):
 
 
 def _rebuilt(spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...]) -> DataFrame:
-    """Buffered records under a changed declaration: fresh namespaces and key groups (their
-    first-seen time, batch and fingerprint stay, so limits and order are unchanged)."""
+    """Buffered records under a changed declaration: key groups computed again, and
+    namespaces too, unless a row's window is still a window of the current declaration
+    containing its event time (a sliding window's row then stays one row, not one per
+    window again). First-seen time, batch and fingerprint stay, so limits and order are
+    unchanged."""
     missing = [c for c in main_columns if c not in buffered.columns]
     for column in missing:  # columns the main input gained since the record was buffered
         buffered = buffered.withColumn(column, F.lit(None))
-    reset = buffered.drop(NS_START, NS_END)
-    return _namespaced(spec, reset).withColumn(KEY_GROUP, _key_group(spec))
+    buffered = buffered.withColumn(KEY_GROUP, _key_group(spec))
+    window = spec.window
+    if window is None:
+        return assign_global(buffered)
+    assert window.time_column is not None
+    if window.time_column not in buffered.columns:  # null event time: invalid, not dropped
+        buffered = buffered.withColumn(window.time_column, F.lit(None).cast("timestamp"))
+    kept = in_window(window, window.time_column)
+    moved = _namespaced(spec, buffered.filter(~kept).drop(NS_START, NS_END))
+    return buffered.filter(kept).unionByName(moved)
 
 
 def _pre_keyed_scan(
@@ -161,11 +177,12 @@ def _pre_keyed_scan(
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     if keyed.column in partition_columns:
+        # The key group each file declares (its partition value, which named its bucket
+        # link), not one recomputed from the key: the route stage compares the two, so a
+        # broken promise stops the batch instead of joining rows in the wrong bucket.
+        declared = F.regexp_extract(F.col("_metadata.file_name"), r"_(\d+)\.parquet$", 1)
         frame = frame.withColumn(
-            keyed.column,
-            key_group(spec.main.key, keyed.max_key_groups).cast(
-                snapshot.schema[keyed.column].dataType
-            ),
+            keyed.column, declared.cast(snapshot.schema[keyed.column].dataType)
         )
     return (
         frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]),

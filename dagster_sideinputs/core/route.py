@@ -332,9 +332,16 @@ def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> 
         raise MainInputDataError(
             f"{invalid} record(s) of main input {spec.main.asset!r} cannot be processed: "
             f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
-            fix='fix the records at the source, or declare invalid=dsi.OutputTag("...") '
-            "to route such records to their own table",
+            fix=_invalid_fix(spec),
         )
+
+
+def _invalid_fix(spec: OperatorSpec) -> str:
+    tag = 'declare invalid=dsi.OutputTag("...") to route such records to their own table'
+    if spec.main.is_files:  # a landed file not read yet can still be corrected
+        return f"fix the records at the source (the landed file), or {tag}"
+    # Correcting a Delta main input in place is a non-append change, which is refused.
+    return f"{tag} (a Delta main input is append-only: its records cannot be corrected in place)"
 
 
 def max_event_time(counts: Counts) -> dt.datetime | None:

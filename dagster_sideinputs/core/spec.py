@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import Column
+
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, OutputTag
@@ -150,6 +152,7 @@ class OperatorSpec:
                     "view": b.side.view,
                     "asset": b.side.asset,
                     "key": b.side.key,
+                    "key_translator": _translator_identity(b.side.key_translator),
                     "missing": b.side.missing,
                     "timeout": None if b.side.timeout is None else b.side.timeout.total_seconds(),
                     "on_timeout": b.side.on_timeout,
@@ -161,6 +164,18 @@ class OperatorSpec:
             },
             "routes": {route: tag.name for route, tag in sorted(self.routes.items())},
         }
+
+
+def _translator_identity(translator: Any) -> str | None:
+    """A stable description of a key translator: a column name, a Column's expression, a
+    function's qualified name (its code may change unseen; its name is what is stable)."""
+    if translator is None or isinstance(translator, str):
+        return translator
+    if isinstance(translator, Column):
+        return str(translator)
+    if hasattr(translator, "__qualname__"):
+        return f"{getattr(translator, '__module__', '')}.{translator.__qualname__}"
+    return str(translator)
 
 
 def fingerprint(values: dict[str, Any]) -> str:

@@ -153,6 +153,30 @@ def window_start_containing(window: Window, instant: dt.datetime) -> dt.datetime
     return EPOCH + window.offset + steps * window.slide
 
 
+def is_window_start(window: Window, start: dt.datetime) -> bool:
+    """Whether a window of ``window`` starts at ``start``."""
+    return (as_utc(start) - EPOCH - window.offset) % window.slide == dt.timedelta(0)
+
+
+def in_window(window: Window, time_column: str) -> Column:
+    """Whether a row's namespace columns hold one of ``window``'s windows containing its
+    event time (false for a null window or time)."""
+    column = F.col(quoted(time_column)).cast("timestamp")
+    start, end, at = (
+        F.unix_micros(F.col(NS_START)),
+        F.unix_micros(F.col(NS_END)),
+        F.unix_micros(column),
+    )
+    slide, size, offset = _micros(window.slide), _micros(window.size), _micros(window.offset)
+    fits = (
+        (end - start == F.lit(size))
+        & (F.pmod(start - F.lit(offset), F.lit(slide)) == 0)
+        & (start <= at)
+        & (at < end)
+    )
+    return F.coalesce(fits, F.lit(False))
+
+
 def windows_containing(window: Window, instant: dt.datetime) -> list[WindowSpan]:
     """Every window of ``window`` containing ``instant`` (one when tumbling), oldest first."""
     last = window_start_containing(window, instant)
