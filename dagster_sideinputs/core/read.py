@@ -60,7 +60,11 @@ def read(context: StageContext, batch: Batch) -> Batch:
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
     if buffered is not None and plan.reroute:
-        buffered = _rebuilt(spec, buffered, main_columns, plan)
+        # The declaration the records were buffered under (recorded until this batch
+        # confirms the new one): a sliding window's row is one (record, window) pair.
+        before = ((context.state.identity() or {}).get("routing_detail") or {}).get("window")
+        same_window = spec.window is not None and before == spec.routing()["window"]
+        buffered = _rebuilt(spec, buffered, main_columns, plan, same_window=same_window)
         notes.append("declaration changed: buffered records routed again under the new one")
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
     return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
@@ -134,13 +138,28 @@ def _key_group(spec: OperatorSpec):
 
 
 def _rebuilt(
-    spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...], plan: BatchPlan
+    spec: OperatorSpec,
+    buffered: DataFrame,
+    main_columns: tuple[str, ...],
+    plan: BatchPlan,
+    *,
+    same_window: bool,
 ) -> DataFrame:
-    """Buffered records under a changed declaration: fresh namespaces and key groups (their
-    first-seen time, batch and fingerprint stay, so limits and order are unchanged)."""
+    """Buffered records under a changed declaration: fresh namespaces (unless the window
+    is unchanged) and key groups; their first-seen time, batch and fingerprint stay, so
+    limits and order are unchanged.
+
+    Under an unchanged window a buffered row keeps its window: a sliding window's record
+    is buffered once per window, and assigning windows to each of those rows again gave
+    the record every window once per row (duplicates). Another window than a sliding
+    one's is refused before the batch (``identity``); rows of a tumbling or global
+    namespace are one per record, and get the new windows.
+    """
     missing = [c for c in main_columns if c not in buffered.columns]
     for column in missing:  # columns the main input gained since the record was buffered
         buffered = buffered.withColumn(column, F.lit(None))
+    if same_window:
+        return buffered.withColumn(KEY_GROUP, _key_group(spec))
     reset = buffered.drop(NS_START, NS_END)
     return _namespaced(spec, reset, plan).withColumn(KEY_GROUP, _key_group(spec))
 
