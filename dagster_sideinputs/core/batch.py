@@ -55,7 +55,10 @@ def run_batch(
             # Stages translate the Spark errors they expect; any other one still reaches
             # the user as a SideInputError (the Spark error as its cause).
             batch = translated(
-                context, partial(stage, context, batch), views=batch.views, what=f"the {name} stage"
+                context,
+                partial(stage, context, batch),
+                views=batch.views,
+                what=f"running the {name} stage",
             )
             batch = batch.timed(name, time.perf_counter() - mark)
     batch = batch.timed("total", time.perf_counter() - started)

@@ -127,13 +127,13 @@ def translate(
     what: str | None = None,
 ) -> SideInputError:
     """The project's error for a Spark failure of one batch (``what``: what the failed
-    job was computing, e.g. ``"output 'alerts'"``)."""
+    job was doing, e.g. ``"computing output 'alerts'"``)."""
     spec = context.spec
     text = str(exc)
     decoded = _decode(text) or _raised_in_python(text)
     if decoded is not None:
         return decoded
-    doing = f" while computing {what}" if what else ""
+    doing = f" while {what}" if what else ""
     if DUPLICATE_MARK in text:
         name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
         if views is not None and name in views.joins:
