@@ -103,6 +103,12 @@ class DuplicateKeyError(SideInputDataError):
     """A map side input holds several rows for one key."""
 
 
+class MissingSideColumnError(SideInputDataError, AttributeError, KeyError):
+    """A row function read a column its side input's row does not have (the side table
+    lost it, or the name is wrong). Also an ``AttributeError`` and a ``KeyError``, so
+    ``getattr(row, name, default)`` and ``try: row[name] except KeyError`` keep working."""
+
+
 class MainInputDataError(SideInputError):
     """Records of the main input cannot be processed (null key, schema drift, ...)."""
 
@@ -150,6 +156,7 @@ __all__ = [
     "EmptySingletonError",
     "FunctionError",
     "MainInputDataError",
+    "MissingSideColumnError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",

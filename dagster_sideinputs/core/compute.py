@@ -57,10 +57,13 @@ def compute(context: StageContext, batch: Batch) -> Batch:
         if route_name != "late":
             columns.append(F.col(REASON).alias("reason"))
         routed = batch.classified.filter(F.col(ROUTE) == route_name).select(*columns)
+        if tag.schema is not None:  # a declared schema holds for routed records too
+            routed = _conform(tag, routed, routed=True)
         outputs[tag] = (
             outputs[tag].unionByName(routed, allowMissingColumns=True) if tag in outputs else routed
         )
     for tag, frame in outputs.items():
+        _check_column_names(tag, frame)
         spec.engine.validate_append(
             frame.schema, spec.table_uri(tag), schema_mode=spec.options.schema_mode, name=tag.name
         )
@@ -123,8 +126,28 @@ def _frames(context: StageContext, batch: Batch) -> dict[OutputTag, DataFrame]:
     return {tag: _conform(tag, frame) for tag, frame in outputs.items()}
 
 
-def _conform(tag: OutputTag, frame: DataFrame) -> DataFrame:
-    """Frames-mode outputs of tags declaring a schema must have it (columns in any order)."""
+def _check_column_names(tag: OutputTag, frame: DataFrame) -> None:
+    """Delta tells columns apart regardless of case: two that differ only by case (or a
+    join's duplicated key column) cannot be stored."""
+    seen: dict[str, str] = {}
+    duplicates = []
+    for name in frame.columns:
+        if name.lower() in seen:
+            duplicates.append(name)
+        seen.setdefault(name.lower(), name)
+    if duplicates:
+        raise SchemaMismatchError(
+            f"Output {tag.name!r} has several columns named {sorted(set(duplicates))} (Delta "
+            f"compares column names regardless of case; columns: {frame.columns}). "
+            f"{NOTHING_WRITTEN}",
+            fix="drop or rename the duplicates in the function, e.g. "
+            'main.join(other, on="key") rather than on main.key == other.key',
+        )
+
+
+def _conform(tag: OutputTag, frame: DataFrame, *, routed: bool = False) -> DataFrame:
+    """Outputs of tags declaring a schema must have it (columns in any order); so must
+    the records the operator routes to a tag with a schema (``routed``)."""
     if tag.schema is None:
         return frame
     found = {f.name: f.dataType for f in frame.schema.fields}
@@ -140,8 +163,13 @@ def _conform(tag: OutputTag, frame: DataFrame) -> DataFrame:
     extra = [name for name in found if name not in tag.schema.fieldNames()]
     problems += [f"column {name!r} is not declared" for name in extra]
     if problems:
+        subject = (
+            f"The records routed to {tag.name!r} (main columns and 'reason') do"
+            if routed
+            else f"The function's output {tag.name!r} does"
+        )
         raise SchemaMismatchError(
-            f"The function's output {tag.name!r} does not have its declared schema: "
+            f"{subject} not have its declared schema: "
             + "; ".join(problems)
             + f". {NOTHING_WRITTEN}",
             fix="select and cast the output's columns to the OutputTag's schema, or change "
@@ -168,6 +196,7 @@ def _rows(
             c for c in released.columns if c not in joined and not c.startswith(LOOKUP_PREFIX)
         ],
         lookups=lookups,
+        side_labels={name: batch.views.data[name].bound.label for name in joined},
     )
     if len(user_tags) > 1:  # several writes read it: run the function once for all
         tagged = context.persist(tagged)

@@ -155,6 +155,7 @@ class SideInputOperator:
         )
         self.recovery = Recovery(self.spec, self.state)
         self._context: StageContext | None = None
+        self._read_input = False  # whether the last batch read a slice of the main input
 
     def __repr__(self) -> str:
         return (
@@ -273,7 +274,10 @@ class SideInputOperator:
                         on_batch(metrics)
                 if max_batches is not None and len(batches) >= max_batches:
                     return RunResult(batches, "max_batches")
-                if trigger == "available_now" and (metrics is None or _idle(metrics)):
+                # A batch that read an empty slice (an empty landed file, a version adding
+                # no rows) is idle but moved the position: what follows may hold records.
+                idle = metrics is None or (_idle(metrics) and not self._read_input)
+                if trigger == "available_now" and idle:
                     return RunResult(batches, "caught_up")
                 if trigger == "continuous":
                     stop.wait(max(0.0, interval.total_seconds() - (time.monotonic() - started)))
@@ -372,6 +376,7 @@ class SideInputOperator:
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
 
     def _finish(self, metrics: BatchMetrics, plan: BatchPlan) -> BatchMetrics:
+        self._read_input = not plan.main.is_empty
         if plan.routing:
             identity.confirm_routing(self.spec, self.state, plan.routing)
         identity.record_buffer(self.spec, self.state)

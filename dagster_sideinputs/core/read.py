@@ -31,6 +31,7 @@ from dagster_sideinputs.core.keyed import (
     key_group,
 )
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.route import invalid_condition
 from dagster_sideinputs.core.sources import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (
@@ -53,12 +54,18 @@ def read(context: StageContext, batch: Batch) -> Batch:
     if spec.main.pre_keyed is not None and piece.files:
         raw, note = _pre_keyed_scan(context, raw, piece)
         notes.append(note)
+    if CORRUPT in raw.columns:
+        # JSON / CSV records parse only the columns a Spark job reads, so whether a record
+        # is corrupt would depend on the job: the job counting routes might see a valid
+        # record that the job writing an output sees corrupt, and the record would reach
+        # neither. Parsed once, whole, each record is corrupt or not for the whole batch.
+        raw = context.persist(raw)
     main_columns = tuple(c for c in raw.columns if c != CORRUPT)
     check_main_schema(spec, raw.schema)
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
     if buffered is not None and plan.reroute:
-        buffered = _rebuilt(spec, buffered, main_columns)
+        buffered = _rebuilt(spec, buffered, main_columns, plan)
         notes.append("declaration changed: buffered records routed again under the new one")
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
     return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
@@ -105,7 +112,7 @@ def with_bookkeeping(
     spec: OperatorSpec, raw: DataFrame, plan: BatchPlan, main_columns: tuple[str, ...]
 ) -> DataFrame:
     """New records with their namespace, key group, first-seen time, batch and fingerprint."""
-    frame = _namespaced(spec, raw)
+    frame = _namespaced(spec, raw, plan)
     return (
         frame.withColumn(KEY_GROUP, _key_group(spec))
         .withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
@@ -115,11 +122,13 @@ def with_bookkeeping(
     )
 
 
-def _namespaced(spec: OperatorSpec, frame: DataFrame) -> DataFrame:
+def _namespaced(spec: OperatorSpec, frame: DataFrame, plan: BatchPlan) -> DataFrame:
     if spec.window is None:
         return assign_global(frame)
     assert spec.window.time_column is not None
-    return assign_windows(frame, spec.window, spec.window.time_column)
+    # An invalid record goes to the invalid tag once, not once per sliding window.
+    single = invalid_condition(spec, frame.schema, plan)
+    return assign_windows(frame, spec.window, spec.window.time_column, single=single)
 
 
 def _key_group(spec: OperatorSpec):
@@ -129,12 +138,15 @@ def _key_group(spec: OperatorSpec):
     return key_group(key, groups) if key else F.lit(None).cast("int")
 
 
-def _rebuilt(spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...]) -> DataFrame:
+def _rebuilt(
+    spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...], plan: BatchPlan
+) -> DataFrame:
     """Buffered records under a changed declaration: key groups computed again, and
     namespaces too, unless a row's window is still a window of the current declaration
     containing its event time (a sliding window's row then stays one row, not one per
     window again). First-seen time, batch and fingerprint stay, so limits and order are
-    unchanged."""
+    unchanged. A sliding window changed with rows buffered is refused before the batch
+    (``identity``): its rows are (record, window) pairs."""
     missing = [c for c in main_columns if c not in buffered.columns]
     for column in missing:  # columns the main input gained since the record was buffered
         buffered = buffered.withColumn(column, F.lit(None))
@@ -146,7 +158,7 @@ def _rebuilt(spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, .
     if window.time_column not in buffered.columns:  # null event time: invalid, not dropped
         buffered = buffered.withColumn(window.time_column, F.lit(None).cast("timestamp"))
     kept = in_window(window, window.time_column)
-    moved = _namespaced(spec, buffered.filter(~kept).drop(NS_START, NS_END))
+    moved = _namespaced(spec, buffered.filter(~kept).drop(NS_START, NS_END), plan)
     return buffered.filter(kept).unionByName(moved)
 
 

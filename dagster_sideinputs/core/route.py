@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dagster_sideinputs.core.buffer import BUFFER_ROUTES, Counts, enforce_limits
 from dagster_sideinputs.core.columns import (
@@ -42,6 +43,8 @@ from dagster_sideinputs.core.windows import (
     as_utc,
     map_to_side_window,
     namespace_id_column,
+    shifted,
+    time_range,
 )
 from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.errors import MainInputDataError, preview
@@ -192,7 +195,7 @@ def _with_routes(
         missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
         if bound.side.missing == "wait":
             assert bound.side.timeout is not None
-            deadline = F.lit(plan.now - bound.side.timeout).cast("timestamp")
+            deadline = F.lit(shifted(plan.now, bound.side.timeout, back=True)).cast("timestamp")
             timed_out = F.col(FIRST_SEEN) <= deadline
             if bound.side.on_timeout == "unmatched":
                 route = route.when(unmatched & timed_out, F.lit("unmatched"))
@@ -233,37 +236,69 @@ def _pre_keyed_message(spec: OperatorSpec) -> Column:
     )
 
 
-def _is_float(df: DataFrame, name: str) -> bool:
-    return df.schema[name].dataType.typeName() in ("float", "double")
+def _is_float(schema: T.StructType, name: str) -> bool:
+    return schema[name].dataType.typeName() in ("float", "double")
 
 
-def _invalid(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+def invalid_checks(
+    spec: OperatorSpec, schema: T.StructType, plan: BatchPlan
+) -> list[tuple[Column, str]]:
+    """What makes a record invalid, as (condition, reason) pairs over its main columns.
+
+    The read stage uses the same conditions to give an invalid record one row rather
+    than one per sliding window, so both must come from here.
+    """
+    names = schema.fieldNames()
     checks: list[tuple[Column, str]] = []
-    if CORRUPT in df.columns:
+    if CORRUPT in names:
         checks.append((F.col(CORRUPT).isNotNull(), "corrupt record"))
     key = spec.main.key
-    if key is not None:
+    if key is not None and key in names:
         checks.append((F.col(quoted(key)).isNull(), f"null key {key!r}"))
-        if _is_float(df, key):  # NaN equals no side key: invalid in frames and rows modes alike
+        if _is_float(schema, key):  # NaN equals no side key: invalid in frames and rows modes alike
             checks.append((F.isnan(F.col(quoted(key))), f"NaN key {key!r}"))
-    if spec.window is not None:
-        column = spec.window.time_column
-        checks.append((F.col(NS_START).isNull(), f"null event time {column!r}"))
+    window = spec.window
+    if window is not None and window.time_column in names:
+        column = window.time_column
+        time = F.col(quoted(column)).cast("timestamp")
+        checks.append((time.isNull(), f"null event time {column!r}"))
+        low, high = time_range(window)
+        checks.append(
+            (
+                (time < F.lit(low).cast("timestamp")) | (time > F.lit(high).cast("timestamp")),
+                f"event time {column!r} outside {low.isoformat()} .. {high.isoformat()}, where "
+                f"its {window.size} windows would not fit in Spark's timestamps",
+            )
+        )
         tolerance = spec.options.future_tolerance
-        if tolerance is not None and column is not None:
-            limit = plan.now + tolerance
+        if tolerance is not None:
+            limit = shifted(plan.now, tolerance)
             checks.append(
                 (
-                    F.col(quoted(column)).cast("timestamp") > F.lit(limit).cast("timestamp"),
+                    time > F.lit(limit).cast("timestamp"),
                     f"event time {column!r} after {limit.isoformat()} (more than {tolerance} "
                     "ahead of the batch)",
                 )
             )
+    return checks
+
+
+def invalid_condition(spec: OperatorSpec, schema: T.StructType, plan: BatchPlan) -> Column | None:
+    """Whether a record is invalid (None: no record can be)."""
+    checks = invalid_checks(spec, schema, plan)
     if not checks:
-        return F.lit(False), F.lit(None).cast("string")
+        return None
     invalid = checks[0][0]
     for condition, _ in checks[1:]:
         invalid = invalid | condition
+    return invalid
+
+
+def _invalid(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+    checks = invalid_checks(spec, df.schema, plan)
+    invalid = invalid_condition(spec, df.schema, plan)
+    if invalid is None:
+        return F.lit(False), F.lit(None).cast("string")
     reason = F.concat_ws("; ", *[F.when(c, F.lit(text)) for c, text in checks])
     if CORRUPT in df.columns:
         reason = F.when(
@@ -281,9 +316,11 @@ def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
     time_column = spec.window.time_column if spec.window else spec.main.event_time
     aggregates = [F.count(F.lit(1)).alias("n"), F.min(FIRST_SEEN).alias("oldest")]
     if time_column is not None and time_column in classified.columns:
-        aggregates.append(
-            F.max(F.when(F.col(ORIGIN) == "new", F.col(quoted(time_column)))).alias("max_time")
-        )
+        # Of valid new records only: an invalid time (year 1, say) must not move the
+        # watermark, nor even reach Python, whose datetimes cannot hold every timestamp.
+        time = F.col(quoted(time_column)).cast("timestamp")  # dates too
+        valid_new = (F.col(ORIGIN) == "new") & (F.col(ROUTE) != "invalid")
+        aggregates.append(F.max(F.when(valid_new, time)).alias("max_time"))
     rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
     return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
 

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS
 from dagster_sideinputs.core.context import StageContext, Views
-from dagster_sideinputs.core.rows import Lookup, LookupTable, Record
+from dagster_sideinputs.core.rows import Lookup, LookupTable, Record, side_record_type
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.errors import DeclarationError, DuplicateKeyError, preview
 
@@ -59,11 +59,12 @@ def broadcast_values(views: Views) -> dict[str, Any]:
                 "windowed and not joined by key.",
                 fix="use mode='frames', or give it a key relation to the main records",
             )
+        kind = side_record_type(data.bound.label)
         if side.view == "singleton":
             row = data.singleton_value()
-            values[name] = Record(row.asDict(recursive=True)) if hasattr(row, "asDict") else row
+            values[name] = kind(row.asDict(recursive=True)) if hasattr(row, "asDict") else row
             continue
-        rows = [Record(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
+        rows = [kind(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
         if side.view == "list":
             values[name] = rows
         elif side.view == "map":
@@ -85,11 +86,15 @@ def lookup_table(data: SideData) -> LookupTable:
     arrow = data.rows(None).drop(SIDE_NS).toArrow()
     multimap = side.view == "multimap"
     if not multimap and pc.count_distinct(arrow[side.key], mode="all").as_py() == len(arrow):
-        return LookupTable(arrow, side.key, multimap=False)  # one row per key: ship as is
+        # One row per key: ship as is.
+        return LookupTable(arrow, side.key, multimap=False, label=data.bound.label)
     rows = arrow.to_pylist()
     chosen = sorted(rows, key=repr) if multimap else _one_per_key(data, rows)
     return LookupTable(
-        pa.Table.from_pylist(chosen, schema=arrow.schema), side.key, multimap=multimap
+        pa.Table.from_pylist(chosen, schema=arrow.schema),
+        side.key,
+        multimap=multimap,
+        label=data.bound.label,
     )
 
 

@@ -185,6 +185,21 @@ class DeltaTableSource:
         return None  # the position lives in the plans
 
 
+def _check_file_name(name: str, asset: str, folder: str) -> None:
+    """Refuse a landed file Spark cannot read by name: Hadoop paths cannot hold a ':' in a
+    file name (the local file system fails on its checksum path), nor control characters.
+    Glob characters are fine: the read escapes them."""
+    bad = sorted({c for c in name if c == ":" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise MainInputDataError(
+            f"Landed file {name!r} of main input {asset!r} ({folder}) has {bad} in its name, "
+            "which Spark's (Hadoop's) file paths cannot hold: it cannot be read. Nothing was "
+            "written.",
+            fix="rename the file without those characters (e.g. ':' -> '-'); it is then read "
+            "as a new file by the next run",
+        )
+
+
 class LandingFolder:
     """A folder where files land; a slice is a list of new files (path, size, mtime).
 
@@ -224,6 +239,7 @@ class LandingFolder:
                 continue
             known = seen.get(entry.path)
             if known is None:
+                _check_file_name(entry.path, self.spec.main.asset, self.folder)
                 fresh.append(entry)
                 continue
             size, mtime = known

@@ -30,8 +30,9 @@ from dagster_sideinputs.errors import DeclarationError
 
 STATE_FOLDER = "_sideinputs"
 # Characters that Hadoop paths treat as globs, or URIs as delimiters or escapes: a table
-# name holding one would be read as a pattern or a different path.
-_SPECIAL = re.compile(r"[*?\[\]{}\\#%]")
+# name holding one would be read as a pattern or a different path. Control characters
+# (a tab, a newline) are not valid in paths at all.
+_SPECIAL = re.compile(r"[*?\[\]{}\\#%\x00-\x1f\x7f]")
 _OPERATOR_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -204,8 +205,8 @@ def check_location(uri: str, *, what: str) -> None:
     if found:
         raise DeclarationError(
             f"{what} is located at {uri!r}, whose characters {found} Spark's file system "
-            "reads as glob patterns, URI delimiters or escapes: it would read or write "
-            "another path.",
+            "reads as glob patterns, URI delimiters or escapes (or cannot hold at all): it "
+            "would read or write another path.",
             fix="use letters, digits, '_', '-', '.' and '/' in asset names and paths",
         )
 
@@ -257,7 +258,10 @@ def build_spec(
     for limit in ("max_versions_per_batch", "max_files_per_batch"):
         value = getattr(options, limit)
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise DeclarationError(f"{limit} must be an integer >= 1, got {value!r}.")
+            raise DeclarationError(
+                f"{limit} must be an integer >= 1, got {value!r}.",
+                fix=f"pass {limit}=None (no limit) or an integer >= 1",
+            )
     if not callable(options.fn):
         raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
     main = options.main

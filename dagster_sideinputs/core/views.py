@@ -240,6 +240,26 @@ def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
     return result
 
 
+_INTEGRAL_WIDTH: dict[type[T.DataType], int] = {
+    T.ByteType: 1,
+    T.ShortType: 2,
+    T.IntegerType: 4,
+    T.LongType: 8,
+}
+
+
+def _widens(main: T.DataType, side: T.DataType) -> bool:
+    """Whether every value of the main key type is exactly a value of the side key type."""
+    main_width, side_width = _INTEGRAL_WIDTH.get(type(main)), _INTEGRAL_WIDTH.get(type(side))
+    if main_width is not None and side_width is not None:
+        return main_width <= side_width
+    if isinstance(side, T.DoubleType):
+        return isinstance(main, T.FloatType) or (main_width is not None and main_width <= 4)
+    if isinstance(side, T.DecimalType) and main_width is not None:
+        return side.precision - side.scale >= {1: 3, 2: 5, 4: 10, 8: 19}[main_width]
+    return False
+
+
 def _cast_main_key(
     bound: BoundSide, expr: Column, main: DataFrame, side_type: T.DataType
 ) -> Column:
@@ -254,7 +274,13 @@ def _cast_main_key(
     if main_type == side_type:
         return expr
     if isinstance(main_type, _NUMERIC) and isinstance(side_type, _NUMERIC):
-        return expr.cast(side_type)
+        if _widens(main_type, side_type):
+            return expr.cast(side_type)
+        # A cast that may lose the value (10.5 -> 10, or an overflow, an error under ANSI)
+        # would match the wrong side row: a main key that does not survive the round trip
+        # has no side row.
+        narrowed = expr.try_cast(side_type)
+        return F.when(narrowed.cast(main_type) == expr, narrowed)
     if isinstance(main_type, T.StringType | T.DateType | T.TimestampType) and type(
         main_type
     ) is type(side_type):
