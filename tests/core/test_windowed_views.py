@@ -126,9 +126,9 @@ def owners_functions(multimap: bool) -> tuple[Callable[..., Any], Callable[..., 
         cards = ctx.side_input("cards")
         ann = cards.get("ann")
         if ann is None:
-            first = None
-        else:
-            first = "+".join(c.card for c in ann) if multimap else ann.card
+            yield {"tx_id": record.tx_id, "owners": sorted(cards), "ann": None}
+            return
+        first = "+".join(c.card for c in ann) if multimap else ann.card
         yield {"tx_id": record.tx_id, "owners": sorted(cards), "ann": first}
 
     return frames, rows
