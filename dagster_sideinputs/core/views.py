@@ -423,6 +423,18 @@ def _as_of_join(
         F.col(VALID_TO).alias(valid_to),
         F.lit(True).alias(matched(bound.name)),
     )
+    as_of = side.as_of
+    assert as_of is not None
+    if as_of.is_history or as_of.valid_to is not None:
+        duplicates: DataFrame | None = overlaps(rows, side.key)
+    elif side.pick is None:
+        # Validity ends where the key's next row starts: two rows starting together
+        # leave the first an empty interval (no second pass over the rows needed).
+        duplicates = rows.filter(F.col(VALID_TO) == F.col(VALID_FROM)).select(
+            F.col(quoted(side.key)), F.col(VALID_FROM).alias("valid_from")
+        )
+    else:
+        duplicates = None  # pick= kept one row per (key, valid_from)
     return JoinSpec(
         view,
         [expr],
@@ -430,7 +442,7 @@ def _as_of_join(
         None,
         side.distribution == "broadcast",
         matched(bound.name),
-        overlaps(rows, side.key),
+        duplicates,
         (valid_from, valid_to, F.col(quoted(event_time)).cast("timestamp")),
     )
 
