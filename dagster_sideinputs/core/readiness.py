@@ -174,15 +174,21 @@ def apply_grace(
 ) -> dict[str, Decision]:
     """A side window not ready by its provider's rule is final ``grace`` after its end
     by the batch clock (pinned in the plan, so a replay decides the same); windows
-    still waiting say when that will be."""
+    still waiting say when that will be (or that only side data will end the wait)."""
     result = dict(decided)
     grace = side.grace
-    if grace is None or side.window is None:
+    if side.window is None:
         return result
     for start, end in windows:
         key = namespace_id(start)
         current = result.get(key, Decision(False, "no readiness decision"))
         if current.ready:
+            continue
+        if grace is None:
+            # Say what ends the wait: nothing but side data (or the buffer's max_age).
+            result[key] = Decision(
+                False, f"{current.reason}; no grace= declared: waits for the side data"
+            )
             continue
         due = as_utc(end) + grace
         if as_utc(now) >= due:

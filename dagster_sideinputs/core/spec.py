@@ -334,16 +334,6 @@ def _check_side(
             fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
             "on_empty='release' to release them with the view's empty value",
         )
-    waits_on_time = side.window is not None or side.as_of is not None
-    if waits_on_time and side.grace is None and options.buffer.max_age is None:
-        # Records of a side window that never becomes final (or after an as-of horizon
-        # that never moves) would wait forever, with nothing saying so.
-        raise DeclarationError(
-            f"{bound.label}: its records may wait for side data that never comes, and "
-            "nothing bounds the wait: no grace= and BufferLimits(max_age=None).",
-            fix="pass grace=timedelta(...) (then the side data is final that long after "
-            "its time), or a BufferLimits(max_age=...)",
-        )
     if side.as_of is not None:
         as_of = side.as_of
         time = options.window.time_column if options.window is not None else None

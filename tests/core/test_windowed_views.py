@@ -231,10 +231,14 @@ def test_empty_side_window_routing_to_unmatched_needs_an_unmatched_tag(lake):
         operator(lake, "frames", events(on_empty="unmatched"))
 
 
-def test_a_window_whose_wait_nothing_bounds_is_refused_at_declaration(lake):
-    with pytest.raises(dsi.DeclarationError, match="nothing bounds the wait"):
-        operator(lake, "frames", events(), buffer=dsi.BufferLimits(max_age=None))
-    operator(lake, "frames", events(grace=hours(2)), buffer=dsi.BufferLimits(max_age=None))
+@pytest.mark.parametrize("mode", MODES)
+def test_a_window_waiting_without_grace_says_only_side_data_ends_the_wait(lake, mode):
+    lake.append("transactions", [(1, at(10))], TX)
+    lake.append("events", [("a", at(5))], EVENTS)
+    batch = lake.run(operator(lake, mode, events()), Clock(at(10_000))).batches[0]
+    assert batch.routes["buffered"] == 1
+    reason = batch.readiness["events"]["2024-05-01T00:00:00Z"]["reason"]
+    assert reason.endswith("no grace= declared: waits for the side data")
 
 
 def test_grace_needs_a_window_or_as_of():
