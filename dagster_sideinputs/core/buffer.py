@@ -159,11 +159,42 @@ def _recheck_keys(
     spec: OperatorSpec, buffer: BufferState, *, side_changed: bool, now: dt.datetime
 ) -> bool:
     waits = spec.keyed_waits
-    if not waits or side_changed:
+    temporal = [b for b in spec.sides if b.side.as_of is not None]
+    if not (waits or temporal) or side_changed:
         return True  # no wait declared any more: let the records through once
-    oldest = buffer.oldest(buffer.keywait_slots())
-    shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
-    return oldest is None or shifted(oldest, shortest) <= as_utc(now)
+    slots = buffer.keywait_slots()
+    if waits:
+        oldest = buffer.oldest(slots)
+        shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
+        if oldest is None or shifted(oldest, shortest) <= as_utc(now):
+            return True
+    if temporal:
+        # Records waiting for an as-of side input's horizon: due when the grace after
+        # their event time passed, or (Delta history, whose horizon is the clock) when
+        # the clock reached their time.
+        column = spec.window.time_column if spec.window is not None else spec.main.event_time
+        times = [f.min_values.get(column) for f in buffer.files(slots)] if column else []
+        if any(t is None for t in times):
+            return True
+        earliest = min((_utc(t) for t in times), default=None)
+        if earliest is None:
+            return False
+        for bound in temporal:
+            history = bound.side.as_of is not None and bound.side.as_of.is_history
+            grace = bound.side.grace
+            if (history and earliest <= as_utc(now)) or (
+                grace is not None and shifted(earliest, grace) <= as_utc(now)
+            ):
+                return True
+    return False
+
+
+def _utc(value: object) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        return as_utc(value)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def _overflow_due(

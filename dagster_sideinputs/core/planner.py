@@ -18,11 +18,17 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
 from dagster_sideinputs.core.columns import NS_START, SIDE_NS, quoted
-from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
-from dagster_sideinputs.core.readiness import Decision, SideFacts
+from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
+from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.sources import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
+from dagster_sideinputs.core.temporal import (
+    as_of_sides,
+    earliest_time,
+    main_time_column,
+    plan_as_of,
+)
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
@@ -112,7 +118,10 @@ class Planner:
             )
             for ns, (start, end) in namespaces.items()
         }
-        side_changed = any(_changed(last, b.name, side_snapshots[b.name]) for b in spec.keyed_waits)
+        side_changed = any(
+            _changed(last, b.name, side_snapshots[b.name])
+            for b in (*spec.keyed_waits, *as_of_sides(spec))
+        )
         slots = choose_slots(
             spec,
             buffer,
@@ -124,6 +133,14 @@ class Planner:
         )
         if piece.range.is_empty and not slots:
             return None
+        as_of = self._as_of(piece, buffer, slots, side_snapshots, now)
+        for name, entry in as_of.items():  # users see how far each as-of side input reaches
+            if GLOBAL in decisions.get(name, {}):
+                known = entry.horizon.isoformat() if entry.horizon is not None else "nothing"
+                decision = decisions[name][GLOBAL]
+                decisions[name][GLOBAL] = Decision(
+                    decision.ready, f"{decision.reason}; known up to {known}"
+                )
         plan = BatchPlan(
             operator_id=spec.operator_id,
             batch_id=batch_id,
@@ -146,8 +163,36 @@ class Planner:
                 name: (snap.table_id or None) if snap is not None else None
                 for name, snap in side_snapshots.items()
             },
+            as_of=as_of,
         )
         return Planned(plan, piece)
+
+    def _as_of(
+        self,
+        piece: SourceSlice,
+        buffer: BufferState,
+        slots: Sequence[str],
+        side_snapshots: Mapping[str, TableSnapshot | None],
+        now: dt.datetime,
+    ) -> dict[str, AsOfPlan]:
+        """Horizon and history versions of every as-of side input, pinned for the batch."""
+        sides = as_of_sides(self.spec)
+        if not sides:
+            return {}
+        column = main_time_column(self.spec)
+        files = [*piece.files, *buffer.files(slots)] if slots else list(piece.files)
+        earliest = earliest_time(files, column) if files else None
+        return {
+            b.name: plan_as_of(
+                b,
+                side_snapshots[b.name],
+                engine=self.engine,
+                spark=self.spark,
+                now=now,
+                earliest=earliest,
+            )
+            for b in sides
+        }
 
     # --- namespaces ----------------------------------------------------------------------
 
@@ -274,6 +319,8 @@ class Planner:
                 decisions[bound.name] = {}
                 continue
             decided = dict(self.spec.readiness.decide(facts, windows, now))
+            if windows is not None:
+                decided = apply_grace(side, windows, decided, now)
             wanted = [GLOBAL] if windows is None else [namespace_id(s) for s, _ in windows]
             if side.window is not None and GLOBAL in {m[bound.name] for m in mapping.values()}:
                 wanted.append(GLOBAL)

@@ -36,7 +36,8 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.views import JoinSpec, apply_join, build_join
+from dagster_sideinputs.core.temporal import main_time_column, waits_for_horizon
+from dagster_sideinputs.core.views import JoinSpec, apply_join, build_join, empty_namespaces
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
@@ -59,7 +60,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
-    classified = _with_routes(spec, records, plan, views.joins)
+    classified = _with_routes(spec, records, plan, views.joins, views.empty)
     notes: list[str] = []
     if _should_cache(context, views):
         classified = context.persist(classified)
@@ -116,6 +117,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
     spec = context.spec
     data: dict[str, SideData] = {}
     joins: dict[str, JoinSpec] = {}
+    empty: dict[str, Column] = {}
     sample = records.withColumn(NS_ID, F.lit(GLOBAL))
     for bound in spec.sides:
         version = plan.side_versions.get(bound.name)
@@ -134,10 +136,21 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
         main_side_ns = (
             lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
         )
-        join = build_join(data[bound.name], sample, windows=windows, main_side_ns=main_side_ns)
+        join = build_join(
+            data[bound.name],
+            sample,
+            windows=windows,
+            main_side_ns=main_side_ns,
+            event_time=main_time_column(spec),
+            as_of=plan.as_of.get(bound.name),
+        )
         if join is not None:
             joins[bound.name] = join
-    return Views(data, joins)
+        if bound.side.on_empty == "unmatched":
+            empties = empty_namespaces(data[bound.name], windows)
+            if empties:
+                empty[bound.name] = main_side_ns.isin(empties)
+    return Views(data, joins, empty)
 
 
 def _should_cache(context: StageContext, views: Views) -> bool:
@@ -177,7 +190,11 @@ def not_ready_reason(plan: BatchPlan, ns: str) -> str:
 
 
 def _with_routes(
-    spec: OperatorSpec, df: DataFrame, plan: BatchPlan, joins: Mapping[str, JoinSpec]
+    spec: OperatorSpec,
+    df: DataFrame,
+    plan: BatchPlan,
+    joins: Mapping[str, JoinSpec],
+    empty: Mapping[str, Column],
 ) -> DataFrame:
     invalid, reason = _invalid(spec, df, plan)
     route = F.when(_pre_keyed_lie(spec, df), F.raise_error(_pre_keyed_message(spec)))
@@ -186,6 +203,18 @@ def _with_routes(
     if spec.options.late is not None and late:
         route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
     route = route.when(~F.col(NS_ID).isin(plan.ready_namespaces), F.lit("buffered"))
+    # Side inputs declaring on_empty="unmatched" whose namespace holds no rows.
+    empty_reasons = [F.when(condition, F.lit(name)) for name, condition in empty.items()]
+    for condition in empty.values():
+        route = route.when(condition, F.lit("unmatched"))
+    # As-of maps: records after the side data's horizon wait for it (or for its grace).
+    horizon_reason: Column = F.lit(None).cast("string")
+    time = main_time_column(spec)
+    for bound in spec.sides:
+        waiting = waits_for_horizon(bound, plan, F.col(quoted(time))) if time else None
+        if waiting is not None:
+            route = route.when(waiting[0], F.lit("key_wait"))
+            horizon_reason = F.coalesce(horizon_reason, F.when(waiting[0], waiting[1]))
     missing_reasons = []
     for bound in spec.sides:
         join = joins.get(bound.name)
@@ -205,10 +234,16 @@ def _with_routes(
     route = route.otherwise(F.lit("released"))
     not_ready = {ns: not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready}
     missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
+    emptied = F.concat_ws(", ", *empty_reasons) if empty_reasons else F.lit("")
     why = (
         F.when(F.col(ROUTE) == "invalid", reason)
         .when(F.col(ROUTE) == "buffered", lookup(not_ready, F.col(NS_ID)))
+        .when((F.col(ROUTE) == "key_wait") & horizon_reason.isNotNull(), horizon_reason)
         .when(F.col(ROUTE) == "key_wait", F.concat(F.lit("waiting for the side row of: "), missing))
+        .when(
+            (F.col(ROUTE) == "unmatched") & (emptied != ""),
+            F.concat(F.lit("the side namespace holds no rows in: "), emptied),
+        )
         .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
     )
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
@@ -257,6 +292,14 @@ def invalid_checks(
         checks.append((F.col(quoted(key)).isNull(), f"null key {key!r}"))
         if _is_float(schema, key):  # NaN equals no side key: invalid in frames and rows modes alike
             checks.append((F.isnan(F.col(quoted(key))), f"NaN key {key!r}"))
+    event_time = spec.main.event_time
+    if (
+        spec.window is None
+        and event_time is not None
+        and event_time in names
+        and any(b.side.as_of for b in spec.sides)
+    ):
+        checks.append((F.col(quoted(event_time)).isNull(), f"null event time {event_time!r}"))
     window = spec.window
     if window is not None and window.time_column in names:
         column = window.time_column

@@ -160,6 +160,8 @@ class OperatorSpec:
                     "window": None if b.side.window is None else _window_identity(b.side.window),
                     "mapping": b.side.window_mapping is not None,
                     "readiness": b.side.readiness,
+                    # Only when declared, so older declarations keep their fingerprint.
+                    **({"as_of": repr(b.side.as_of)} if b.side.as_of is not None else {}),
                 }
                 for b in self.sides
             },
@@ -344,6 +346,28 @@ def _check_side(
             fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
             'on_timeout="null" to join them with nulls',
         )
+    if side.on_empty == "unmatched" and options.unmatched is None:
+        raise DeclarationError(
+            f"{bound.label} sends records whose side namespace holds no rows to the "
+            "unmatched tag (on_empty='unmatched'), but the operator declares none.",
+            fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
+            "on_empty='release' to release them with the view's empty value",
+        )
+    if side.as_of is not None:
+        as_of = side.as_of
+        time = options.window.time_column if options.window is not None else None
+        if (time or options.main.event_time) is None:
+            raise DeclarationError(
+                f"{bound.label} is joined as of each record's event time, but main input "
+                f"{options.main.asset!r} declares none.",
+                fix='pass MainInput(..., event_time="ts")',
+            )
+        if side.pick is not None and (as_of.is_history or as_of.valid_to is not None):
+            raise DeclarationError(
+                f"{bound.label}: pick= breaks ties between rows of one key starting at the "
+                f"same valid_from; it does not apply to {as_of!r}.",
+                fix="drop pick=, or use AsOf.column(valid_from) without valid_to",
+            )
     if side.readiness == "fresh" and side.max_age is None and readiness is None:
         raise DeclarationError(
             f"{bound.label} has readiness='fresh' but no max_age; without Dagster the "
