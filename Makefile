@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install kafka-jars demo demo-kafka dev test test-fast lint bench bench-scale crash clean
+.PHONY: install jars kafka-jars demo demo-kafka dev test test-fast lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,26 +13,33 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the package with its dev tools
+install: $(STAMP) jars  ## create .venv, install the package with its dev tools, fetch the JVM jars
 
 kafka-jars: $(STAMP)  ## fetch the test Kafka broker's jars now (tests otherwise fetch them on first use)
 	$(BIN)/python -m tests.servers.kafka fetch-jars
 
-demo: $(STAMP)  ## run the example payments pipeline end to end (local Spark, Delta under ./data)
-	$(BIN)/python -m assets.demo
+# Spark resolves spark.jars.packages (Delta, Kafka, avro, S3A) into the Ivy cache
+# (~/.ivy2.5.2) when a JVM starts; resolving them here once lets every later start, tests
+# and CI included, read the cache only, and fails here, clearly, when Maven Central is
+# unreachable. A file check when they are cached (docs/JVM_PACKAGES.md).
+jars: $(STAMP)  ## resolve the JVM packages once into the Ivy cache
+	$(BIN)/python -m dagster_sideinputs.core.jars fetch
 
-demo-kafka: $(STAMP)  ## the same pipeline with its transactions in Kafka (starts a local broker)
-	$(BIN)/python -m assets.demo --kafka
+demo: install  ## run the example pipeline end to end (wipes ./data and ./.dagster_home; VERBOSE=1 shows logs)
+	$(BIN)/python -m assets.demo $(if $(VERBOSE),--verbose)
 
-dev: $(STAMP)  ## open the Dagster UI on the example code location
+demo-kafka: install kafka-jars  ## the same pipeline with its transactions in Kafka (starts a local broker)
+	$(BIN)/python -m assets.demo --kafka $(if $(VERBOSE),--verbose)
+
+dev: install  ## open the Dagster UI on the example code location
 	mkdir -p $(DAGSTER_HOME)
 	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
-test: $(STAMP)  ## run the whole test suite (real Spark, Delta, Dagster)
+test: install  ## run the whole test suite (real Spark, Delta, Dagster)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)  ## the suite without the slow tests
+test-fast: install  ## the suite without the slow tests
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)  ## formatting, lint and types
@@ -48,8 +55,9 @@ bench: $(STAMP)  ## the benchmarks (minutes; see bench/)
 bench-scale: $(STAMP)  ## 50M main records, 10M side rows, growth curves (about an hour)
 	$(BIN)/python bench/scale.py
 
-crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared
+crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared; then kills followed by a side-input change
 	$(BIN)/python bench/crash_harness.py --trials 20 --kill-at all
+	$(BIN)/python bench/crash_harness.py --script short --trials 0 --side-change
 
 clean:
 	rm -rf data .dagster_home

@@ -8,6 +8,7 @@ from assets.kafka import KAFKA_MODE, produce_transactions_job
 from assets.payments import customer_profiles, fraud_rules, fx_rates, transactions
 from resources import RESOURCES
 
+enrichment_checks = dsi.build_side_input_checks(payments_enrichment)
 enrichment_job = dsi.build_side_input_job(payments_enrichment, name="payments_enrichment_job")
 enrichment_continuous_job = dsi.build_side_input_job(
     payments_enrichment,
@@ -46,6 +47,7 @@ producers = [produce_transactions_job] if KAFKA_MODE else []
 defs = dg.Definitions(
     assets=[main_input, customer_profiles, fx_rates, fraud_rules, payments_enrichment],
     jobs=[enrichment_job, enrichment_continuous_job, replay_unmatched_job, sources_job, *producers],
+    asset_checks=[enrichment_checks],
     sensors=[enrichment_sensor],
     schedules=[enrichment_schedule, fx_schedule],
     resources=RESOURCES,

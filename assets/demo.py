@@ -1,10 +1,12 @@
 """Run the example pipeline end to end, through Dagster, on this machine.
 
     python -m assets.demo            # or: make demo
+    python -m assets.demo --verbose  # or: make demo VERBOSE=1
 
-Uses Dagster's local instance in ``$DAGSTER_HOME`` (default ``./.dagster_home``), so the
-runs, materializations and checks appear in ``dagster dev -w workspace.yaml`` afterwards,
-and Delta tables under ``$DSI_LAKE_ROOT`` (default ``./data/lake``). Steps:
+Starts from scratch: it deletes the Delta tables under ``$DSI_LAKE_ROOT`` (default
+``./data/lake``) and Dagster's instance in ``$DAGSTER_HOME`` (default ``./.dagster_home``)
+unless ``--keep`` is given. The runs, materializations and checks then appear in
+``make dev``. Steps:
 
 1. materialize the side inputs (profiles, fraud rules, the last hours of FX rates) and
    three hourly batches of transactions;
@@ -12,8 +14,14 @@ and Delta tables under ``$DSI_LAKE_ROOT`` (default ``./data/lake``). Steps:
    transactions of unknown customers wait for their profile;
 3. a late batch arrives and is routed to ``late_transactions``;
 4. profiles of half of the unknown customers arrive: their transactions are released;
-5. the profile timeout passes: the rest go to ``unmatched_transactions``;
+5. the profile timeout passes (the demo waits for it, about a minute, on purpose): the
+   rest go to ``unmatched_transactions``;
 6. their profiles arrive too, and the replay job feeds them back through the operator.
+
+Each run of the operator prints the figures of the README's glossary:
+``new_records + from_buffer = released + buffered + late + unmatched``, then the
+buffer's total (``buffered_rows``) and which outputs it materialized. Without
+``--verbose`` everything Spark, py4j and Dagster log goes to ``data/demo.log``.
 
 ``--kafka`` (``make demo-kafka``) runs the same steps with the transactions in a Kafka
 topic: it starts a local single-node broker (Kafka's jars are fetched with Maven on first
@@ -33,18 +41,26 @@ import datetime as dt
 import itertools
 import os
 import shutil
+import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _prepare_environment(fresh: bool, timeout_seconds: float) -> None:
+def _prepare_environment(fresh: bool, timeout_seconds: float, hour: str | None) -> None:
     os.environ.setdefault("DAGSTER_HOME", str(REPO / ".dagster_home"))
     os.environ.setdefault("DSI_LAKE_ROOT", str(REPO / "data" / "lake"))
     os.environ.setdefault("DSI_SPARK_UI", "false")
     os.environ["DSI_PROFILE_TIMEOUT_MINUTES"] = str(timeout_seconds / 60)
+    if hour is not None:
+        # The FX partitions must start before the pinned hour (by default: yesterday).
+        day = dt.datetime.fromisoformat(hour).replace(hour=0, minute=0, second=0, microsecond=0)
+        os.environ.setdefault(
+            "DSI_FX_START", (day - dt.timedelta(days=1)).strftime("%Y-%m-%d-%H:%M")
+        )
     home = Path(os.environ["DAGSTER_HOME"])
     if fresh:
         shutil.rmtree(os.environ["DSI_LAKE_ROOT"], ignore_errors=True)
@@ -56,6 +72,32 @@ def _prepare_environment(fresh: bool, timeout_seconds: float) -> None:
             "telemetry:\n  enabled: false\n"
             "python_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n"
         )
+
+
+@contextlib.contextmanager
+def _quiet(log: Path) -> Iterator[None]:
+    """Send this process's stderr (and so the JVM's, py4j's, Dagster's logs) to ``log``.
+
+    The JVM inherits file descriptor 2 when Spark starts, so the descriptor itself is
+    redirected, not only ``sys.stderr``. A failure is still shown, with the log's path.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    saved = os.dup(2)
+    sys.stderr.flush()
+    with log.open("w") as target:
+        os.dup2(target.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            print(f"The demo failed; its full log is {log}", file=sys.stderr)
+            traceback.print_exc()
+            raise SystemExit(1) from None
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 @contextlib.contextmanager
@@ -72,6 +114,39 @@ def _kafka(bootstrap: str | None) -> Iterator[str]:
         broker.create_topic(topic, partitions=4)
         print(f"Kafka broker on {broker.bootstrap_servers}, topic {topic!r} (4 partitions)")
         yield broker.bootstrap_servers
+
+
+def _short(path: str | Path) -> str:
+    """A path relative to the current folder when it is under it (as the README shows it)."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def run_summary(result: object) -> str:
+    """One line of a run of the operator, in the README glossary's words."""
+    import dagster as dg
+
+    from dagster_sideinputs.dagster_layer.figures import figures_line
+
+    assert isinstance(result, dg.ExecuteInProcessResult)
+    materialized, observed = [], []
+    figures: dict[str, int] = {}
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            data = event.step_materialization_data.materialization
+            materialized.append(data.asset_key.to_user_string())
+        elif event.event_type == dg.DagsterEventType.ASSET_OBSERVATION:
+            data = event.asset_observation_data.asset_observation
+            observed.append(data.asset_key.to_user_string())
+        else:
+            continue
+        if data.asset_key.path == ["enriched_transactions"]:
+            figures = {label: entry.value for label, entry in data.metadata.items()}
+    return (
+        f"{figures_line(figures)}; buffered_rows={figures['buffered_rows']}\n"
+        f"    materialized: {', '.join(materialized) or 'none'}"
+        + (f"; nothing written to: {', '.join(observed)}" if observed else "")
+    )
 
 
 def main() -> None:
@@ -95,6 +170,11 @@ def main() -> None:
         "(default: the current hour)",
     )
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's, py4j's and Dagster's logs instead of writing them to data/demo.log",
+    )
+    parser.add_argument(
         "--kafka",
         action="store_true",
         help="read the transactions from a Kafka topic (starts a local broker unless "
@@ -102,17 +182,20 @@ def main() -> None:
     )
     parser.add_argument("--bootstrap", help="with --kafka: an existing broker's host:port")
     args = parser.parse_args()
-    _prepare_environment(fresh=not args.keep, timeout_seconds=args.timeout_seconds)
-    if not args.kafka:
-        _run(args)
-        return
-    os.environ["DSI_TRANSACTIONS_SOURCE"] = "kafka"
-    with _kafka(args.bootstrap) as bootstrap:
-        os.environ["DSI_KAFKA_BOOTSTRAP"] = bootstrap
-        _run(args)
+    _prepare_environment(fresh=not args.keep, timeout_seconds=args.timeout_seconds, hour=args.hour)
+    with contextlib.ExitStack() as stack:
+        if args.kafka:
+            os.environ["DSI_TRANSACTIONS_SOURCE"] = "kafka"
+            os.environ["DSI_KAFKA_BOOTSTRAP"] = stack.enter_context(_kafka(args.bootstrap))
+        if args.verbose:
+            run(args)
+        else:
+            with _quiet(Path(os.environ["DSI_LAKE_ROOT"]).parent / "demo.log"):
+                run(args)
 
 
-def _run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
+    """The demo's steps (see the module docstring)."""
     kafka = os.environ.get("DSI_TRANSACTIONS_SOURCE") == "kafka"
 
     import dagster as dg
@@ -130,6 +213,7 @@ def _run(args: argparse.Namespace) -> None:
     from resources import RESOURCES, lake_root
 
     instance = dg.DagsterInstance.get()
+    home = os.environ["DAGSTER_HOME"]
     repository = defs.get_repository_def()
 
     def materialize(assets: list, **kwargs: object) -> None:
@@ -139,15 +223,7 @@ def _run(args: argparse.Namespace) -> None:
     def run_job(name: str) -> None:
         result = repository.get_job(name).execute_in_process(instance=instance)
         assert result.success
-        for event in result.get_asset_materialization_events():
-            materialization = event.step_materialization_data.materialization
-            if materialization.asset_key.path == ["enriched_transactions"]:
-                meta = materialization.metadata
-                print(
-                    f"  {name}: batches={meta['batches'].value} records_in="
-                    f"{meta['records_in'].value} released={meta['released'].value} "
-                    f"buffered={meta['buffered_rows'].value}"
-                )
+        print(f"  {name}: {run_summary(result)}")
 
     anchor = hour_start(args.hour)
     seeds = None if args.seed is None else itertools.count(args.seed)
@@ -166,7 +242,11 @@ def _run(args: argparse.Namespace) -> None:
         materialize([transactions], run_config={"ops": {"transactions": {"config": config}}})
 
     started = time.perf_counter()
-    print(f"Delta tables under {lake_root()}; Dagster instance in {os.environ['DAGSTER_HOME']}")
+    print(f"Delta tables under {_short(lake_root())}; Dagster instance in {_short(home)}")
+    if not args.verbose:
+        print(
+            f"Spark's, py4j's and Dagster's logs: {_short(Path(lake_root()).parent / 'demo.log')}"
+        )
     print("1. side inputs and three hours of transactions")
     materialize([fraud_rules])
     materialize([customer_profiles])
@@ -192,7 +272,10 @@ def _run(args: argparse.Namespace) -> None:
     )
     run_job("payments_enrichment_job")
 
-    print(f"5. after {args.timeout_seconds:.0f}s the others time out to unmatched_transactions")
+    print(
+        f"5. waiting {args.timeout_seconds:.0f}s on purpose: the others time out to "
+        "unmatched_transactions"
+    )
     time.sleep(max(0.0, last_wait + args.timeout_seconds + 2 - time.monotonic()))
     transactions_batch(count=100, unknown_customer_share=0.0)
     run_job("payments_enrichment_job")

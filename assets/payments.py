@@ -5,11 +5,17 @@
   arriving hours late).
 - ``customer_profiles``: one row per customer; expected daily (freshness policy).
 - ``fx_rates``: hourly partitioned exchange rates to USD; each partition is one hour.
+  The partitions start at the beginning of yesterday (UTC), near the generated data,
+  or at ``DSI_FX_START`` (``YYYY-MM-DD-HH:MM``).
 - ``fraud_rules``: one row of thresholds; expected every 12 hours.
+
+Each asset says its role for the operator in ``assets/enrichment.py``: the tag
+``dsi/role`` and a kind (``main_input`` or ``side_input``), shown in the lineage.
 """
 
 import datetime as dt
 import hashlib
+import os
 
 import dagster as dg
 from pydantic import Field
@@ -20,7 +26,22 @@ import dagster_sideinputs as dsi
 
 CUSTOMERS = 1_000
 CURRENCIES = {"USD": 1.0, "EUR": 1.08, "GBP": 1.27, "JPY": 0.0067, "CHF": 1.12}
-FX_START = "2024-01-01-00:00"
+
+
+def _fx_start() -> str:
+    """The first FX partition: ``DSI_FX_START``, or the start of yesterday (UTC).
+
+    The demo and the UI work with the last few hours; a start years back would show
+    thousands of empty partitions.
+    """
+    configured = os.environ.get("DSI_FX_START")
+    if configured:
+        return configured
+    today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (today - dt.timedelta(days=1)).strftime("%Y-%m-%d-%H:%M")
+
+
+FX_START = _fx_start()
 
 hourly = dg.HourlyPartitionsDefinition(start_date=FX_START, end_offset=1)
 
@@ -77,9 +98,11 @@ class TransactionBatch(dg.Config):
 
 @dg.asset(
     group_name="payments",
-    kinds={"spark", "delta"},
+    kinds={"spark", "delta", "main_input"},
+    tags={"dsi/role": "main_input"},
     metadata={"write_mode": "append"},
-    description="Card transactions, appended batch by batch (the operator's main input).",
+    description="Main input of payments_enrichment: card transactions, appended batch by "
+    "batch, keyed by customer_id, event time ts.",
 )
 def transactions(
     context: dg.AssetExecutionContext, config: TransactionBatch, spark: dsi.SparkResource
@@ -136,9 +159,11 @@ class ProfilesConfig(dg.Config):
 
 @dg.asset(
     group_name="payments",
-    kinds={"spark", "delta"},
+    kinds={"spark", "delta", "side_input"},
+    tags={"dsi/role": "side_input"},
     freshness_policy=dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(days=1)),
-    description="Customer profiles (keyed map side input; expected daily).",
+    description="Side input 'profile' of payments_enrichment: customer profiles, a map by "
+    "customer_id (expected daily).",
 )
 def customer_profiles(spark: dsi.SparkResource, config: ProfilesConfig) -> DataFrame:
     session = spark.spark_session  # first: F.lit needs an active SparkContext in this process
@@ -155,9 +180,11 @@ def customer_profiles(spark: dsi.SparkResource, config: ProfilesConfig) -> DataF
 
 @dg.asset(
     group_name="payments",
-    kinds={"spark", "delta"},
+    kinds={"spark", "delta", "side_input"},
+    tags={"dsi/role": "side_input"},
     partitions_def=hourly,
-    description="Exchange rates to USD, one partition per hour (windowed map side input).",
+    description="Side input 'fx' of payments_enrichment: exchange rates to USD, one partition "
+    "per hour (an hour's transactions wait for its partition).",
 )
 def fx_rates(context: dg.AssetExecutionContext, spark: dsi.SparkResource) -> DataFrame:
     window = context.partition_time_window
@@ -173,9 +200,11 @@ def fx_rates(context: dg.AssetExecutionContext, spark: dsi.SparkResource) -> Dat
 
 @dg.asset(
     group_name="payments",
-    kinds={"spark", "delta"},
+    kinds={"spark", "delta", "side_input"},
+    tags={"dsi/role": "side_input"},
     freshness_policy=dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=12)),
-    description="Fraud thresholds (singleton side input; expected every 12 hours).",
+    description="Side input 'rules' of payments_enrichment: fraud thresholds, one row "
+    "(expected every 12 hours; transactions wait while stale).",
 )
 def fraud_rules(spark: dsi.SparkResource) -> DataFrame:
     return spark.spark_session.createDataFrame(

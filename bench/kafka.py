@@ -59,7 +59,7 @@ from bench.operator import (
     profiles,
     timed,
 )
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES, SPARK_KAFKA_PACKAGE
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
 from dagster_sideinputs.core.kafka_keyed import murmur2_partition
 from tests.servers.kafka import KafkaBroker
 
@@ -497,9 +497,8 @@ def main() -> None:
         master=args.master,
         log_level="ERROR",
         driver_memory=args.driver_memory,
+        packages=[SPARK_KAFKA_PACKAGE],
         configs={
-            "spark.jars.packages": SPARK_KAFKA_PACKAGE,
-            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
             "spark.ui.port": str(free_port()),
             "spark.ui.retainedJobs": "100000",
             "spark.ui.retainedStages": "100000",

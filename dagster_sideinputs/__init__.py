@@ -22,7 +22,7 @@ from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.rows import Record, RowContext
 from dagster_sideinputs.core.session import build_spark_session
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.side_inputs import AsOf, SideInput
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
@@ -41,6 +41,7 @@ from dagster_sideinputs.errors import (
     KafkaOffsetsLostError,
     KafkaSourceError,
     MainInputDataError,
+    MissingSideColumnError,
     NonAppendOnlyChangeError,
     NotADeltaTableError,
     OperatorBusyError,
@@ -63,6 +64,7 @@ _DAGSTER_LAYER = {
     "DeltaIOManager": "dagster_sideinputs.dagster_layer.io_manager",
     "SparkResource": "dagster_sideinputs.dagster_layer.resources",
     "build_replay_job": "dagster_sideinputs.dagster_layer.job",
+    "build_side_input_checks": "dagster_sideinputs.dagster_layer.checks",
     "build_side_input_job": "dagster_sideinputs.dagster_layer.job",
     "build_side_input_sensor": "dagster_sideinputs.dagster_layer.sensor",
     "kafka_topic_asset": "dagster_sideinputs.dagster_layer.kafka",
@@ -85,6 +87,7 @@ __all__ = [
     "MAIN",
     "SPARK_KAFKA_PACKAGE",
     "AppTransaction",
+    "AsOf",
     "BatchMetrics",
     "BufferLimitExceededError",
     "BufferLimits",
@@ -108,6 +111,7 @@ __all__ = [
     "KeyGroups",
     "MainInput",
     "MainInputDataError",
+    "MissingSideColumnError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",
@@ -136,6 +140,7 @@ __all__ = [
     "Window",
     "WriteResult",
     "build_replay_job",
+    "build_side_input_checks",
     "build_side_input_job",
     "build_side_input_sensor",
     "build_spark_session",

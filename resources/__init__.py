@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,10 +25,10 @@ def lake_root() -> str:
 
 # Spark's Kafka connector, only when transactions come from Kafka (resolved by Ivy from
 # Maven Central on first use, then from its cache).
-KAFKA_CONFIG = (
-    {"spark.jars.packages": dsi.SPARK_KAFKA_PACKAGE, "spark.jars.excludes": SPARK_KAFKA_EXCLUDES}
+KAFKA_PACKAGES = (
+    [dsi.SPARK_KAFKA_PACKAGE]
     if os.environ.get("DSI_TRANSACTIONS_SOURCE", "delta").lower() == "kafka"
-    else {}
+    else []
 )
 
 spark = dsi.SparkResource(
@@ -38,7 +37,7 @@ spark = dsi.SparkResource(
     app_name="payments-example",
     ui_enabled=os.environ.get("DSI_SPARK_UI", "true").lower() != "false",
     driver_memory=os.environ.get("DSI_SPARK_DRIVER_MEMORY", "2g"),
-    spark_config=KAFKA_CONFIG,
+    packages=KAFKA_PACKAGES,
 )
 
 io_manager = dsi.DeltaIOManager(root=lake_root(), spark=spark)

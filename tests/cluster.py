@@ -309,13 +309,23 @@ class ConnectServer(_Service):
         work: a folder for its log and warehouse.
         master: the master the server's Spark runs on (``local[2]``, ``spark://...``).
         startup_timeout_s: how long to wait for it to accept connections.
+        packages: Maven coordinates the server loads (``--packages``), e.g. Delta's jar.
+        confs: more ``--conf`` settings, e.g. Delta's SQL extension and catalog.
     """
 
     def __init__(
-        self, work: Path, *, master: str = "local[2]", startup_timeout_s: float = 240.0
+        self,
+        work: Path,
+        *,
+        master: str = "local[2]",
+        startup_timeout_s: float = 240.0,
+        packages: Sequence[str] = (),
+        confs: Mapping[str, str] | None = None,
     ) -> None:
         self.work = work
         self.master = master
+        self.packages = list(packages)
+        self.extra_confs = dict(confs or {})
         self.port = free_port()
         self.startup_timeout_s = startup_timeout_s
         self.process: _Process | None = None
@@ -332,6 +342,7 @@ class ConnectServer(_Service):
             "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": str(self.work / "warehouse"),
             "spark.driver.memory": "2g",
+            **self.extra_confs,
         }
         args = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -340,6 +351,8 @@ class ConnectServer(_Service):
             "--master",
             self.master,
         ]
+        if self.packages:
+            args += ["--packages", ",".join(self.packages)]
         for key, value in confs.items():
             args += ["--conf", f"{key}={value}"]
         args.append("spark-internal")
@@ -364,6 +377,51 @@ class ConnectServer(_Service):
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+_DELTA_CLIENT = """
+import json, sys
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.spark_setup import is_delta_configured
+
+url, path, delta = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+report = {}
+try:
+    spark = build_spark_session(remote=url, delta=delta)
+except Exception as exc:
+    report.update(error=type(exc).__name__, message=str(exc))
+else:
+    report.update(session=type(spark).__module__, delta=is_delta_configured(spark))
+    if report["delta"]:
+        spark.range(3).withColumnRenamed("id", "k").write.format("delta").save(path)
+        spark.sql(
+            f"MERGE INTO delta.`{path}` t USING (SELECT 1L AS k UNION ALL SELECT 7L) s "
+            "ON t.k = s.k WHEN NOT MATCHED THEN INSERT *"
+        )
+        report["rows"] = sorted(r.k for r in spark.read.format("delta").load(path).collect())
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+        report["history"] = [(r.version, r.operation) for r in history]
+    spark.stop()
+print("REPORT " + json.dumps(report))
+"""
+
+
+def run_delta_client(url: str, path: Path, *, delta: object) -> dict:
+    """A Connect client (subprocess) building its session with ``delta``; its report.
+
+    With Delta it writes, MERGEs and reads a table at ``path`` through SQL / DataFrames.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _DELTA_CLIENT, url, str(path), json.dumps(delta)],
+        capture_output=True,
+        text=True,
+        env=spark_env(),
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("REPORT "))
 
 
 # --- the example pipeline in a subprocess ---------------------------------------------------

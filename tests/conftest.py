@@ -8,11 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core.kafka_input import (
-    SPARK_AVRO_PACKAGE,
-    SPARK_KAFKA_EXCLUDES,
-    SPARK_KAFKA_PACKAGE,
-)
+from dagster_sideinputs.core.packages import OPTIONAL_PACKAGES
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.servers.s3 import S3Server
@@ -23,9 +19,13 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """local[2], UI off, 4 shuffle partitions, UTC (set by build_spark_session), with
-    Spark's Kafka connector and avro module (resolved by Ivy from Maven Central on first
-    use, then from its cache)."""
+    """local[2], UI off, 4 shuffle partitions, UTC (set by build_spark_session).
+
+    With Delta Lake for Spark (``delta=True``: no jar fails the run rather than silently
+    testing without it) and the Kafka, avro and S3A packages, so that every engine and
+    connector test shares this one JVM. ``make test`` fetched the jars into the Ivy
+    cache, so starting it downloads nothing.
+    """
     warehouse = tempfile.mkdtemp(prefix="dsi-warehouse-")
     session = build_spark_session(
         master="local[2]",
@@ -33,12 +33,12 @@ def spark() -> Iterator[SparkSession]:
         ui_enabled=False,
         shuffle_partitions=4,
         log_level="ERROR",
+        delta=True,
+        packages=OPTIONAL_PACKAGES,
         configs={
             "spark.sql.warehouse.dir": warehouse,
             "spark.driver.memory": "2g",
             "spark.sql.adaptive.enabled": "true",
-            "spark.jars.packages": f"{SPARK_KAFKA_PACKAGE},{SPARK_AVRO_PACKAGE}",
-            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
         },
     )
     yield session

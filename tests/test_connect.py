@@ -22,6 +22,7 @@ from tests.cluster import (
     assert_demo_matches_local_run,
     check,
     free_port,
+    run_delta_client,
     run_operator_client,
     run_probe,
 )
@@ -147,6 +148,21 @@ def test_static_setting_refused_by_the_connect_server_is_a_startup_error(client_
     assert "spark.executor.memory='3g'" in outcome["message"]
     assert "only runtime SQL settings" in outcome["message"]
     assert "--conf spark.executor.memory=3g" in outcome["message"]
+
+
+@needs_server
+def test_delta_true_against_a_server_without_delta_says_how_to_start_it(server, tmp_path):
+    report = run_delta_client(server.url, tmp_path / "t", delta=True)
+    assert report.get("error") == "SparkStartupError", report
+    assert "runs without Delta Lake" in report["message"]
+    assert "--packages io.delta:delta-spark_4.1_2.13:4.4.0" in report["message"]
+
+
+@needs_server
+def test_delta_auto_against_a_server_without_delta_connects_without_it(server, tmp_path):
+    report = run_delta_client(server.url, tmp_path / "t", delta="auto")
+    assert report.get("session") == "pyspark.sql.connect.session", report
+    assert report["delta"] is False
 
 
 @needs_server

@@ -1,20 +1,42 @@
-"""The README's Python examples and the package's doctests run as written."""
+"""The README as written: its Python examples run, its UI walkthrough names what the
+example code location defines, its glossary is the one the code reports with, and its
+sample ``make demo`` output is what the demo prints."""
 
 import doctest
 import importlib
+import os
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import dagster_sideinputs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MAKEFILE = REPO / "Makefile"
 
 
 def readme_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def readme_section(start: str, end: str) -> str:
+    text = README.read_text()
+    return text[text.index(start) : text.index(end)]
+
+
+def test_documents_link_only_to_files_in_the_repository():
+    """Relative links of the README and docs/ point to files a clone has."""
+    root = README.parent
+    for document in [README, *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (document.parent / target).exists(), f"{document.name} links {target}"
 
 
 def test_readme_has_python_examples():
@@ -26,6 +48,113 @@ def test_readme_examples_run_in_order(spark, tmp_path, monkeypatch):
     namespace: dict = {}
     for block in readme_blocks():
         exec(compile(block, str(README), "exec"), namespace)
+
+
+def test_readme_links_and_images_exist():
+    for target in re.findall(r"\]\(((?:docs|assets|resources)/[^)#]+)\)", README.read_text()):
+        assert (REPO / target).exists(), target
+
+
+def _code_location_names() -> set[str]:
+    """Every name the example code location defines and the UI shows."""
+    import dagster as dg
+
+    from assets.definitions import defs
+    from assets.enrichment import payments_enrichment
+    from assets.payments import TransactionBatch
+    from dagster_sideinputs.dagster_layer.assets import declaration_of
+
+    repository = defs.get_repository_def()
+    graph = repository.asset_graph
+    names: set[str] = set()
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        names.add(key.to_user_string())
+        names.update(node.kinds)
+        names.update(node.metadata)
+        names.add(node.group_name)
+        for tag_key, value in node.tags.items():
+            if not tag_key.startswith("dagster/"):
+                names.update({tag_key, value})
+    names.update(job.name for job in repository.get_all_jobs())
+    names.update(sensor.name for sensor in repository.sensor_defs)
+    names.update(schedule.name for schedule in repository.schedule_defs)
+    names.update(check.name for check in graph.asset_check_keys)
+    names.update(TransactionBatch.model_fields)
+    names.update(declaration_of(payments_enrichment).side_inputs)
+    assert isinstance(defs, dg.Definitions)
+    return names
+
+
+def test_ui_walkthrough_names_exist_in_the_code_location():
+    section = readme_section("## The example pipeline, in the UI", "### What the figures mean")
+    defined = _code_location_names()
+    sources = (REPO / "resources" / "__init__.py").read_text() + (
+        REPO / "assets" / "payments.py"
+    ).read_text()
+    unknown = []
+    for token in sorted(set(re.findall(r"`([^`]+)`", section))):
+        if token.startswith("make "):
+            assert re.search(rf"^{token[5:]}:", MAKEFILE.read_text(), flags=re.M), token
+        elif token.startswith("DSI_"):
+            assert token.split("=")[0] in sources, token  # an environment variable read
+        elif token.endswith((".py", ".yaml", "/")):  # a file or folder of the repository
+            assert (REPO / token).exists(), token
+        elif token not in defined:
+            unknown.append(token)
+    assert not unknown, f"the README names what the code location does not define: {unknown}"
+    # Every job, sensor and schedule of the code location is in the walkthrough.
+    from assets.definitions import defs
+
+    repository = defs.get_repository_def()
+    shown = {job.name for job in repository.get_all_jobs() if not job.name.startswith("__")}
+    shown |= {s.name for s in repository.sensor_defs} | {s.name for s in repository.schedule_defs}
+    missing = {name for name in shown if f"`{name}`" not in section} - {"fx_rates_job"}
+    assert not missing, missing
+
+
+def test_glossary_is_the_one_the_code_reports_with():
+    from dagster_sideinputs.dagster_layer.figures import GLOSSARY
+
+    section = readme_section("### What the figures mean", "## On a Spark cluster")
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (.*) \|$", section, flags=re.M))
+    assert rows == GLOSSARY
+
+
+def _shape(line: str) -> str:
+    """A demo line with what changes from run to run masked: numbers (and the spaces that
+    align them), and which outputs a run wrote to (which waiting transactions time out
+    before their profile arrives depends on how long the steps take)."""
+    if line.strip().startswith("materialized:"):
+        return "materialized: ..."
+    return re.sub(r"\s+", " ", re.sub(r"\d+", "N", line)).rstrip()
+
+
+@pytest.mark.slow
+def test_demo_prints_what_the_readme_shows(tmp_path):
+    """``python -m assets.demo`` as ``make demo`` runs it (about 3 minutes: it waits a
+    minute on purpose), in a scratch instance and lake."""
+    quick_start = readme_section("## Quick start", "## The example pipeline, in the UI")
+    [sample] = re.findall(r"A run of it.*?:\n\n```\n(.*?)```", quick_start, flags=re.S)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / ".dagster_home"),
+        "DSI_LAKE_ROOT": str(tmp_path / "data" / "lake"),
+    }
+    # The seed makes the run's figures (not only their shape) repeatable.
+    finished = subprocess.run(
+        [sys.executable, "-m", "assets.demo", "--seed", "11"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    printed = finished.stdout.splitlines()
+    assert (tmp_path / "data" / "demo.log").stat().st_size > 0  # the logs went there
+    assert finished.stderr == ""  # quiet by default
+    assert [_shape(line) for line in printed] == [_shape(line) for line in sample.splitlines()]
 
 
 MODULES = sorted(

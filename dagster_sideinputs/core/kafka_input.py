@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.packages import AVRO, KAFKA
 from dagster_sideinputs.errors import DeclarationError
 
 ValueFormat = Literal["json", "avro", "string", "bytes"]
@@ -39,10 +40,8 @@ VALUE = "value"  # the one value column of the ``string`` and ``bytes`` formats
 # Spark's Kafka connector and Avro module for this Spark line (4.1). 4.1.1 is the newest
 # 4.1 release whose connector dependencies Maven Central serves (the connector also runs
 # on later 4.1 patch releases).
-SPARK_KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
-SPARK_AVRO_PACKAGE = "org.apache.spark:spark-avro_2.13:4.1.1"
-# Jars the connector depends on that pyspark already ships under other names.
-SPARK_KAFKA_EXCLUDES = "org.apache.hadoop:hadoop-client-runtime,org.apache.hadoop:hadoop-client-api"
+SPARK_KAFKA_PACKAGE = KAFKA
+SPARK_AVRO_PACKAGE = AVRO
 
 # Connector options the operator sets itself: they decide which offsets a batch reads.
 _RESERVED_READER_OPTIONS = {

@@ -38,7 +38,6 @@ from dagster_sideinputs.core.kafka_input import (
     OFFSET,
     PARTITION,
     SPARK_AVRO_PACKAGE,
-    SPARK_KAFKA_EXCLUDES,
     SPARK_KAFKA_PACKAGE,
     TIMESTAMP,
     TOPIC,
@@ -412,6 +411,27 @@ class KafkaSource:
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
 
+    def schema(self) -> T.StructType | None:
+        """The main records' columns when known without Spark (None: an Avro value, whose
+        columns Spark derives from the Avro schema)."""
+        kafka = self.kafka
+        if kafka.value_format == "avro":
+            return None
+        if kafka.value_format == "json":
+            values = list(kafka.decoded_schema().fields)
+        else:
+            kind = T.StringType() if kafka.value_format == "string" else T.BinaryType()
+            values = [T.StructField(VALUE, kind)]
+        key = T.StringType() if kafka.key_format == "string" else T.BinaryType()
+        coordinates = [
+            T.StructField(KEY, key),
+            T.StructField(TOPIC, T.StringType()),
+            T.StructField(PARTITION, T.IntegerType()),
+            T.StructField(OFFSET, T.LongType()),
+            T.StructField(TIMESTAMP, T.TimestampType()),
+        ]
+        return T.StructType([*values, *coordinates])
+
     # --- lag ---------------------------------------------------------------------------------
 
     def lag(self, position: MainRange) -> list[dict[str, Any]]:
@@ -434,10 +454,10 @@ def missing_connector(label: str) -> KafkaSourceError:
     return KafkaSourceError(
         f"{label}: this Spark session cannot read Kafka: Spark's Kafka connector is not "
         "loaded. Nothing was written.",
-        fix=f'start the session with spark.jars.packages="{SPARK_KAFKA_PACKAGE}" (and '
-        f'spark.jars.excludes="{SPARK_KAFKA_EXCLUDES}"), e.g. '
-        f'dsi.SparkResource(spark_config={{"spark.jars.packages": "{SPARK_KAFKA_PACKAGE}"}}); '
-        "over Spark Connect, start the server with --packages",
+        fix=f'start the session with spark.jars.packages="{SPARK_KAFKA_PACKAGE}", e.g. '
+        f'dsi.SparkResource(packages=["{SPARK_KAFKA_PACKAGE}"]) or '
+        f'build_spark_session(packages=["{SPARK_KAFKA_PACKAGE}"]); over Spark Connect, '
+        "start the server with --packages",
     )
 
 

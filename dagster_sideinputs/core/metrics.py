@@ -85,14 +85,21 @@ class BatchMetrics:
         return self.routes.get("buffered", 0) + self.routes.get("key_wait", 0)
 
     @property
+    def records_processed(self) -> int:
+        """Every record the batch routed: ``rows_in`` + ``released_from_buffer``."""
+        return self.rows_in + self.released_from_buffer
+
+    @property
     def accounted(self) -> bool:
         """Every record looked at went to exactly one route."""
-        return sum(self.routes.values()) == self.rows_in + self.released_from_buffer
+        return sum(self.routes.values()) == self.records_processed
 
     @property
     def records_per_second(self) -> float:
+        """``records_processed`` per second of the batch (a batch that only releases
+        buffered records has a throughput too)."""
         total = self.durations.get("total", 0.0)
-        return self.rows_in / total if total > 0 else 0.0
+        return self.records_processed / total if total > 0 else 0.0
 
     def emitted(self, table: str) -> int:
         write = self.writes.get(table)
@@ -102,6 +109,7 @@ class BatchMetrics:
         data = asdict(self)
         data["released"] = self.released
         data["newly_buffered"] = self.newly_buffered
+        data["records_processed"] = self.records_processed
         data["records_per_second"] = round(self.records_per_second, 1)
         data["accounted"] = self.accounted
         return data
@@ -126,6 +134,11 @@ class RunResult:
     @property
     def rows_in(self) -> int:
         return sum(b.rows_in for b in self.batches)
+
+    @property
+    def records_processed(self) -> int:
+        """New records plus records read back from the buffer, over all batches."""
+        return sum(b.records_processed for b in self.batches)
 
     def emitted(self, table: str) -> int:
         return sum(b.emitted(table) for b in self.batches)

@@ -5,6 +5,7 @@ The Dagster ``SparkResource`` is a thin configurable wrapper around
 """
 
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -12,14 +13,22 @@ import socket
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import pyspark
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from dagster_sideinputs.core.packages import (
+    fetch_packages,
+    ivy_dir_of,
+    missing_packages,
+    parse_packages,
+)
 from dagster_sideinputs.errors import SparkStartupError
+
+log = logging.getLogger("dagster_sideinputs")
 
 MIN_JAVA_MAJOR = 17
 
@@ -232,6 +241,114 @@ def _choose_worker_python(master: str, settings: Mapping[str, str]) -> None:
         os.environ["PYSPARK_PYTHON"] = chosen
 
 
+DeltaMode = Literal["auto"] | bool
+
+_FETCH_FIX = (
+    "make Maven Central (https://repo1.maven.org/maven2) reachable and run "
+    "`python -m dagster_sideinputs.core.jars fetch` once (`make install` does), or name a "
+    "mirror in spark.jars.repositories / DEFAULT_ARTIFACT_REPOSITORY (docs/JVM_PACKAGES.md)"
+)
+
+
+def _resolve_jvm_packages(
+    delta: DeltaMode, packages: list[str], settings: Mapping[str, str], *, trust_cache: bool = True
+) -> bool:
+    """Make sure the session's Maven packages are in the Ivy cache; whether to configure Delta.
+
+    Cached packages cost nothing here (a file check), so a start needs no network. Missing
+    ones are resolved in a separate spark-submit first: its output is captured, and a
+    failure becomes one clear message instead of a JVM that dies before PySpark's gateway
+    answers. With ``delta="auto"`` a Delta jar that cannot be had turns Delta off (one
+    warning); packages asked for by name, or ``delta=True``, fail the start instead.
+    ``trust_cache=False`` resolves even when every jar is there (after a start failed).
+    """
+    want_delta = delta is True or delta == "auto"
+    if not want_delta and not packages:
+        return False
+    coordinates = list(packages)
+    if want_delta:
+        try:
+            # Our wrapper of delta-spark's pip package; core never imports `delta` itself.
+            from dagster_sideinputs.delta.spark_setup import delta_package
+
+            coordinates.insert(0, delta_package())
+        except ImportError as exc:
+            if delta is True:
+                raise SparkStartupError(
+                    f"delta=True needs the delta-spark pip package: {exc}.",
+                    fix='pip install "delta-spark==4.4.0"',
+                ) from exc
+            log.warning("Delta Lake for Spark is off: delta-spark is not importable (%s).", exc)
+            want_delta = False
+            coordinates = list(packages)
+    ivy = ivy_dir_of(settings)
+    repositories = settings.get("spark.jars.repositories")
+    if trust_cache and not missing_packages(coordinates, ivy):
+        return want_delta
+    result = fetch_packages(coordinates, ivy_dir=ivy, repositories=repositories)
+    if result.ok:
+        return want_delta
+    if delta == "auto" and want_delta:
+        if packages and missing_packages(packages, ivy):
+            rest = fetch_packages(packages, ivy_dir=ivy, repositories=repositories)
+            if not rest.ok:
+                raise SparkStartupError(
+                    f"Could not fetch the Spark packages {packages} into {ivy}: {rest.reason}.",
+                    fix=_FETCH_FIX,
+                )
+        log.warning(
+            "Delta Lake for Spark is off in this session: could not fetch %s into %s (%s); "
+            "Delta tables go through the delta-rs bridge. To turn it on, %s.",
+            coordinates[0],
+            ivy,
+            result.reason,
+            _FETCH_FIX,
+        )
+        return False
+    raise SparkStartupError(
+        f"Could not fetch the Spark packages {coordinates} into {ivy}: {result.reason}.",
+        fix=_FETCH_FIX,
+    )
+
+
+def _local_builder(
+    app_name: str, master: str, settings: Mapping[str, str], *, delta: bool, packages: list[str]
+) -> SparkSession.Builder:
+    """A classic builder with every setting, Delta (through delta-spark) and the packages."""
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if delta:
+        from dagster_sideinputs.delta.spark_setup import configure_delta
+
+        return configure_delta(
+            builder, extensions=settings.get("spark.sql.extensions"), extra_packages=packages
+        )
+    if packages:
+        builder = builder.config("spark.jars.packages", ",".join(packages))
+    return builder
+
+
+def _check_remote_delta(spark: SparkSession, remote: str) -> None:
+    """delta=True over Spark Connect: the server must run with Delta's extension and catalog."""
+    from dagster_sideinputs.delta.spark_setup import (
+        DELTA_CATALOG,
+        DELTA_SQL_EXTENSION,
+        delta_package,
+        is_delta_configured,
+    )
+
+    if is_delta_configured(spark):
+        return
+    raise SparkStartupError(
+        f"delta=True, but the Spark Connect server at {remote!r} runs without Delta Lake "
+        "(spark.sql.extensions / spark.sql.catalog.spark_catalog are not Delta's).",
+        fix=f"start the server with `--packages {delta_package()} --conf "
+        f"spark.sql.extensions={DELTA_SQL_EXTENSION} --conf "
+        f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}`, or pass delta='auto'",
+    )
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -242,6 +359,8 @@ def build_spark_session(
     ui_enabled: bool = True,
     driver_memory: str | None = None,
     log_level: str = "WARN",
+    delta: DeltaMode = "auto",
+    packages: Sequence[str] = (),
 ) -> SparkSession:
     """Start (or reuse) a SparkSession configured for the Delta bridge.
 
@@ -260,6 +379,17 @@ def build_spark_session(
         ui_enabled: whether to start the Spark UI.
         driver_memory: ``spark.driver.memory`` (only effective when this call starts the JVM).
         log_level: Spark log level once started.
+        delta: configure Delta Lake for Spark (delta-spark's jar through
+            ``configure_spark_with_delta_pip``, its SQL extension and catalog). ``"auto"``
+            (default): when its jar cannot be fetched, start without it and log one
+            warning (Delta tables then go through the delta-rs bridge); ``True``: fail
+            instead; ``False``: leave it out. Over Spark Connect the server decides:
+            ``True`` checks that it runs with Delta.
+        packages: more Maven coordinates to load (``spark.jars.packages``), e.g.
+            :data:`~dagster_sideinputs.core.packages.KAFKA_PACKAGES` or ``S3A_PACKAGES``;
+            merged with any ``spark.jars.packages`` in ``configs``. Fetched into the Ivy
+            cache before the JVM starts, once (``make install`` fetches them all).
+            Not possible over Spark Connect (start the server with ``--packages``).
 
     Returns:
         The active SparkSession.
@@ -268,7 +398,8 @@ def build_spark_session(
         SparkStartupError: no Java 17+ (checked before launching, so it never hangs), a
             ``remote`` URL without the Spark Connect client installed or with no server
             answering (checked before connecting, so it never hangs either), a setting the
-            Connect server refuses, or the session could not start.
+            Connect server refuses, packages that cannot be fetched (or Delta's jar with
+            ``delta=True``), or the session could not start.
 
     Examples:
         >>> spark = build_spark_session(master="local[2]", ui_enabled=False)  # doctest: +SKIP
@@ -286,8 +417,25 @@ def build_spark_session(
             settings["spark.driver.memory"] = driver_memory
     settings.update({key: str(value) for key, value in (configs or {}).items()})
     settings.update(REQUIRED_CONFIGS)
+    # One list: configure_spark_with_delta_pip replaces spark.jars.packages as a whole.
+    try:
+        wanted = parse_packages(
+            [*parse_packages(settings.pop("spark.jars.packages", None)), *packages]
+        )
+    except ValueError as exc:
+        raise SparkStartupError(
+            f"Bad Spark package list: {exc}.",
+            fix="name each package group:artifact:version, e.g. "
+            "'org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1'",
+        ) from exc
 
     if remote is not None:
+        if wanted:
+            raise SparkStartupError(
+                f"Spark packages {wanted} cannot be added over Spark Connect ({remote!r}): "
+                "the server's JVM loads jars when it starts.",
+                fix=f"start the Connect server with `--packages {','.join(wanted)}`",
+            )
         _require_connect_client(remote)
         _require_connect_server(remote, timeout_s=10.0)
         # Settings go through conf.set below: the Connect builder ignores refused ones.
@@ -295,14 +443,31 @@ def build_spark_session(
     else:
         check_java()
         _choose_worker_python(master, settings)
-        builder = SparkSession.builder.appName(app_name).master(master)
-        for key, value in settings.items():
-            builder = builder.config(key, value)
+        use_delta = _resolve_jvm_packages(delta, wanted, settings)
+        if use_delta and partitions is not None and default_shuffle_partitions(master):
+            # Delta rebuilds a table's state from its log in 50 tasks by default; on a local
+            # master that made every first read after a commit 10-20 s slower (measured on
+            # two cores), for tables whose log is a few files.
+            settings.setdefault("spark.databricks.delta.snapshotPartitions", str(partitions))
+        builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
     try:
-        spark = builder.getOrCreate()
+        try:
+            spark = builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            if remote is not None or not (use_delta or wanted):
+                raise
+            if exc.getCondition() != "JAVA_GATEWAY_EXITED":
+                raise
+            # The jars were there, yet Ivy could not resolve them offline (its metadata may
+            # point at a ~/.m2 that was cleaned): resolve again, capturing why, and retry.
+            use_delta = _resolve_jvm_packages(delta, wanted, settings, trust_cache=False)
+            builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
+            spark = builder.getOrCreate()
         if remote is not None:
             try:
                 _apply_remote_settings(spark, settings, remote=remote, required=REQUIRED_CONFIGS)
+                if delta is True:
+                    _check_remote_delta(spark, remote)
             except SparkStartupError:
                 spark.stop()  # not left behind half-configured for the next getOrCreate()
                 raise

@@ -1,8 +1,9 @@
 """Running a side-input operator inside a Dagster run.
 
-``available_now`` runs every available micro-batch and reports one materialization
-per output asset. ``continuous`` runs the operator on a worker thread and reports a
-materialization per micro-batch; when the run is terminated (from the UI, or any
+``available_now`` runs every available micro-batch and reports one materialization per
+output asset the run committed to (an observation with the same figures for the
+others). ``continuous`` runs the operator on a worker thread and reports the same per
+micro-batch; when the run is terminated (from the UI, or any
 interrupt), it asks the operator to stop after its current batch, waits for it, and
 ends the run: no batch is left half-written, and none is lost.
 """
@@ -11,20 +12,18 @@ import datetime as dt
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
+from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.dagster_layer.assets import (
-    CHECK_ACCOUNTED,
-    CHECK_BUFFER,
-    CHECK_READY,
-    SideInputAssets,
-)
+from dagster_sideinputs.core.windows import as_utc
+from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
+from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
 from dagster_sideinputs.dagster_layer.kafka import kafka_batch_metadata, kafka_run_metadata
 from dagster_sideinputs.dagster_layer.readiness import (
@@ -47,6 +46,13 @@ def storage_of(resources: Any, decl: SideInputAssets) -> DeltaStorage:
             fix=f'resources={{"{decl.io_manager_key}": dsi.DeltaIOManager(root=..., spark=...)}}',
         )
     return storage
+
+
+def asset_graph_of(job_def: dg.JobDefinition) -> Any:
+    """The whole asset graph a job was made from (a subset job's own graph hides the
+    partitions of the assets it does not execute, e.g. the side inputs of a check run)."""
+    graph = job_def.asset_layer.asset_graph
+    return getattr(graph, "source_asset_graph", graph)
 
 
 def build_operator(
@@ -82,12 +88,111 @@ def build_operator(
     return decl.operator(storage, DagsterReadiness(instance, side_assets), replay=tag)
 
 
-def _batch_metadata(metrics: BatchMetrics, tag: OutputTag) -> dict[str, Any]:
+def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per side input and window: ready or not, and why (decisions as dicts or Decisions)."""
+    lines = ["| side input | window | ready | reason |", "|---|---|---|---|"]
+    for side, per_ns in sorted(readiness.items()):
+        for ns, decision in sorted(per_ns.items()):
+            ready, reason = (
+                (decision["ready"], decision["reason"])
+                if isinstance(decision, Mapping)
+                else (decision.ready, decision.reason)
+            )
+            lines.append(f"| {side} | {ns} | {'yes' if ready else 'no'} | {reason} |")
+    return "\n".join(lines)
+
+
+def table_versions(op: SideInputOperator) -> dict[str, int | None]:
+    """The Delta version of every output table now (None: no table yet)."""
+    engine = op.spec.storage.delta
+    return {
+        name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
+        for name, uri in op.output_tables.items()
+    }
+
+
+def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool:
+    """Whether a batch committed to an output table.
+
+    An output the batch wrote rows to, created, or whose commit it found already made
+    by the interrupted run it replays (which never reported it). A write with no rows
+    to an existing table commits nothing and does not count.
+    """
+    write = batch.writes.get(tag)
+    if write is None:
+        return False
+    return write.rows > 0 or write.skipped or version_before is None
+
+
+def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
+    buffer = op.buffer()
+    oldest = buffer.oldest()
+    return {
+        "buffered_rows": buffer.rows(),
+        "oldest_buffered_age_s": round(
+            (dt.datetime.now(dt.timezone.utc) - as_utc(oldest)).total_seconds(), 1
+        )
+        if oldest is not None
+        else 0.0,
+    }
+
+
+def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
+    uri = op.output_tables[tag.name]
+    engine = op.spec.storage.delta
+    metadata: dict[str, Any] = {"dagster/uri": dg.MetadataValue.path(uri)}
+    if engine.exists(uri):
+        snapshot = engine.snapshot(uri, name=tag.name)
+        metadata["delta_version"] = snapshot.version
+        metadata["dagster/column_schema"] = table_schema_metadata(snapshot.schema)
+        if snapshot.num_records is not None:
+            metadata["dagster/row_count"] = snapshot.num_records
+    return metadata
+
+
+def output_metadata(
+    op: SideInputOperator,
+    tag: OutputTag,
+    batches: Sequence[BatchMetrics],
+    seconds: float,
+    buffer: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Metadata of one output asset after a run: what the run did, and the table now.
+
+    Every label is defined in :data:`~dagster_sideinputs.dagster_layer.figures.GLOSSARY`.
+
+    Args:
+        op: the operator owning the output's table.
+        buffer: the buffer figures of the operator that ran (default: ``op``'s).
+    """
+    figures = record_figures(batches)
+    metadata: dict[str, Any] = {
+        "rows_written": sum(b.emitted(tag.name) for b in batches),
+        **_table_figures(op, tag),
+        **figures,
+        **(buffer if buffer is not None else _buffer_figures(op)),
+        "batches": len(batches),
+        "run_seconds": round(seconds, 3),
+        "throughput_records_per_s": round(figures["records_processed"] / seconds, 1)
+        if seconds > 0
+        else 0.0,
+    }
+    if batches:
+        last = batches[-1]
+        metadata["main_range"] = ", ".join(b.main_range for b in batches[-3:])
+        metadata["side_input_versions"] = dg.MetadataValue.json(last.side_versions)
+        metadata["readiness"] = dg.MetadataValue.md(readiness_markdown(last.readiness))
+    metadata.update(kafka_run_metadata(op, batches))
+    return metadata
+
+
+def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics) -> dict[str, Any]:
+    """Metadata of one output asset after one micro-batch of a continuous run."""
     return {
         "batch_id": metrics.batch_id,
         "rows_written": metrics.emitted(tag.name),
-        "records_in": metrics.rows_in,
-        "released": metrics.released,
+        **_table_figures(op, tag),
+        **record_figures([metrics]),
         "buffered_rows": metrics.buffer_rows,
         "main_range": metrics.main_range,
         "side_input_versions": dg.MetadataValue.json(metrics.side_versions),
@@ -96,123 +201,53 @@ def _batch_metadata(metrics: BatchMetrics, tag: OutputTag) -> dict[str, Any]:
     }
 
 
-def _readiness_markdown(readiness: dict[str, dict[str, dict[str, Any]]]) -> str:
-    lines = ["| side input | namespace | ready | reason |", "|---|---|---|---|"]
-    for side, per_ns in sorted(readiness.items()):
-        for ns, decision in sorted(per_ns.items()):
-            lines.append(
-                f"| {side} | {ns} | {'yes' if decision['ready'] else 'no'} | {decision['reason']} |"
-            )
-    return "\n".join(lines)
-
-
-def output_metadata(
-    op: SideInputOperator,
-    tag: OutputTag,
+def split_outputs(
+    tags: Sequence[OutputTag],
     batches: Sequence[BatchMetrics],
-    seconds: float,
-) -> dict[str, Any]:
-    """Materialization metadata of one output asset after a run."""
-    uri = op.output_tables[tag.name]
-    engine = op.spec.storage.delta
-    metadata: dict[str, Any] = {
-        "dagster/uri": dg.MetadataValue.path(uri),
-        "rows_written": sum(b.emitted(tag.name) for b in batches),
-        "batches": len(batches),
-        "records_in": sum(b.rows_in for b in batches),
-        "released": sum(b.released for b in batches),
-        "run_seconds": round(seconds, 3),
-        "throughput_records_per_s": round(sum(b.rows_in for b in batches) / seconds, 1)
-        if seconds > 0
-        else 0.0,
-    }
-    if engine.exists(uri):
-        snapshot = engine.snapshot(uri, name=tag.name)
-        metadata["delta_version"] = snapshot.version
-        metadata["dagster/column_schema"] = table_schema_metadata(snapshot.schema)
-        if snapshot.num_records is not None:
-            metadata["dagster/row_count"] = snapshot.num_records
-    buffer = op.buffer()
-    metadata["buffered_rows"] = buffer.rows()
-    oldest = buffer.oldest()
-    metadata["oldest_buffered_age_s"] = (
-        round((dt.datetime.now(dt.timezone.utc) - oldest).total_seconds(), 1)
-        if oldest is not None
-        else 0.0
-    )
-    if batches:
-        last = batches[-1]
-        metadata["main_range"] = ", ".join(b.main_range for b in batches[-3:])
-        metadata["side_input_versions"] = dg.MetadataValue.json(last.side_versions)
-        metadata["readiness"] = dg.MetadataValue.md(_readiness_markdown(last.readiness))
-        metadata["routes"] = dg.MetadataValue.json(
-            {route: sum(b.routes.get(route, 0) for b in batches) for route in last.routes}
-        )
-    metadata.update(kafka_run_metadata(op, batches))
-    return metadata
+    versions_before: Mapping[str, int | None],
+) -> tuple[list[OutputTag], list[OutputTag]]:
+    """The outputs the batches committed to, and the others.
+
+    Only the first get a materialization: a run that changed a table nothing does not
+    move its "last materialized". The others get an observation with the same figures.
+    """
+    written, untouched = [], []
+    for tag in tags:
+        before = versions_before.get(tag.name)
+        if any(committed(b, tag.name, before) for b in batches):
+            written.append(tag)
+        else:
+            untouched.append(tag)
+    return written, untouched
 
 
-def check_results(
-    op: SideInputOperator, batches: Sequence[BatchMetrics]
-) -> list[dg.AssetCheckResult]:
-    """The operator's asset checks, on its main output."""
-    key = dg.AssetKey(op.spec.main_tag.name.split("/"))
-    limits = op.spec.options.buffer
-    buffer = op.buffer()
-    rows, oldest = buffer.rows(), buffer.oldest()
-    age = (dt.datetime.now(dt.timezone.utc) - oldest) if oldest is not None else None
-    within = (limits.max_rows is None or rows <= limits.max_rows) and (
-        limits.max_age is None or age is None or age <= limits.max_age
-    )
-    plan = op.last_plan()
-    not_ready = (
-        {
-            f"{side}/{ns}": d.reason
-            for side, per_ns in plan.decisions.items()
-            for ns, d in per_ns.items()
-            if not d.ready
-        }
-        if plan is not None
-        else {}
-    )
+def _key(tag: OutputTag) -> dg.AssetKey:
+    return dg.AssetKey(list(asset_path(tag.name)))
+
+
+def accounted_check(decl: SideInputAssets, batches: Sequence[BatchMetrics]) -> dg.AssetCheckResult:
+    """``records_accounted_for``: every record the run looked at went to exactly one route."""
     unaccounted = [b.batch_id for b in batches if not b.accounted]
-    return [
-        dg.AssetCheckResult(
-            asset_key=key,
-            check_name=CHECK_BUFFER,
-            passed=within,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={
-                "buffered_rows": rows,
-                "max_rows": limits.max_rows or -1,
-                "oldest_buffered_age_s": round(age.total_seconds(), 1) if age else 0.0,
-                "max_age_s": limits.max_age.total_seconds() if limits.max_age else -1.0,
-            },
-        ),
-        dg.AssetCheckResult(
-            asset_key=key,
-            check_name=CHECK_READY,
-            passed=not not_ready,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"not_ready": dg.MetadataValue.json(not_ready)},
-            description="; ".join(f"{k}: {v}" for k, v in not_ready.items()) or None,
-        ),
-        dg.AssetCheckResult(
-            asset_key=key,
-            check_name=CHECK_ACCOUNTED,
-            passed=not unaccounted,
-            metadata={
-                "batches": len(batches),
-                "unaccounted_batches": dg.MetadataValue.json(unaccounted),
-                "records_in": sum(b.rows_in + b.released_from_buffer for b in batches),
-                "records_routed": sum(sum(b.routes.values()) for b in batches),
-            },
-        ),
-    ]
+    figures = record_figures(batches)
+    return dg.AssetCheckResult(
+        asset_key=dg.AssetKey(list(asset_path(decl.main_output.name))),
+        check_name=CHECK_ACCOUNTED,
+        passed=not unaccounted,
+        metadata={
+            "batches": len(batches),
+            **figures,
+            "unaccounted_batches": dg.MetadataValue.json(unaccounted),
+        },
+        description=figures_line(figures) if batches else "no micro-batch in this run",
+    )
 
 
 def _log_batch(context: dg.AssetExecutionContext, metrics: BatchMetrics) -> None:
-    context.log.info(metrics.summary())
+    context.log.info(
+        f"batch {metrics.batch_id}{' (replay of an interrupted batch)' if metrics.replayed else ''}"
+        f" {metrics.main_range}: {figures_line(record_figures([metrics]))}; "
+        f"buffered_rows={metrics.buffer_rows}; {metrics.durations.get('total', 0.0):.2f}s"
+    )
     for side, per_ns in metrics.readiness.items():
         for ns, decision in per_ns.items():
             if not decision["ready"]:
@@ -246,6 +281,7 @@ def _run_continuous(
         except BaseException as exc:  # handed to the run's thread below
             outcome["error"] = exc
 
+    versions = table_versions(op)
     worker = threading.Thread(target=work, name=f"dsi-{op.operator_id}", daemon=True)
     worker.start()
     try:
@@ -256,14 +292,28 @@ def _run_continuous(
                 continue
             batches.append(metrics)
             _log_batch(context, metrics)
-            for tag in op.spec.all_tags:
+            written, untouched = split_outputs(op.spec.all_tags, [metrics], versions)
+            what = f"micro-batch {metrics.batch_id}"
+            for tag in written:
                 context.log_event(
                     dg.AssetMaterialization(
-                        asset_key=dg.AssetKey(tag.name.split("/")),
-                        metadata=_batch_metadata(metrics, tag),
-                        description=f"micro-batch {metrics.batch_id}",
+                        asset_key=_key(tag),
+                        metadata=batch_metadata(op, tag, metrics),
+                        description=what,
                     )
                 )
+            for tag in untouched:
+                context.log_event(
+                    dg.AssetObservation(
+                        asset_key=_key(tag),
+                        metadata=batch_metadata(op, tag, metrics),
+                        description=f"{what}: nothing written to this table",
+                    )
+                )
+            versions = {
+                name: metrics.writes[name].version if name in metrics.writes else version
+                for name, version in versions.items()
+            }
     except BaseException:
         context.log.info("Run terminated: stopping after the current micro-batch.")
         stop.set()
@@ -274,44 +324,60 @@ def _run_continuous(
 
 
 def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterator[Any]:
-    """The body of a ``@side_input_assets`` multi-asset."""
-    config = dict(context.op_config or {})
+    """The body of a ``@side_input_assets`` multi-asset.
+
+    Reports a materialization only for the outputs the run committed to; the others get
+    an observation with the same figures. ``records_accounted_for`` is evaluated on the
+    run's own batches (a replay's included).
+    """
+    config = dict(context.op_execution_context.op_config or {})
     trigger = config.get("trigger", "available_now")
     spark = getattr(context.resources, decl.spark_resource_key).spark_session
     storage = storage_of(context.resources, decl)
-    graph = context.job_def.asset_layer.asset_graph
-    main_op = build_operator(decl, storage, context.instance, graph)
+    graph = asset_graph_of(context.job_def)
     replay = config.get("replay")
-    op = (
-        main_op
-        if replay is None
-        else build_operator(decl, storage, context.instance, graph, replay=replay)
-    )
+    op = build_operator(decl, storage, context.instance, graph, replay=replay)
     context.log.info(f"{op!r}: trigger={trigger}, tables under {storage.root}")
-    started = time.perf_counter()
     batches: list[BatchMetrics] = []
     if trigger == "continuous":
         _run_continuous(context, op, spark, config, batches)
-    else:
+        yield accounted_check(decl, batches)
+        return
 
-        def collect(metrics: BatchMetrics) -> None:
-            batches.append(metrics)
-            _log_batch(context, metrics)
+    def collect(metrics: BatchMetrics) -> None:
+        batches.append(metrics)
+        _log_batch(context, metrics)
 
-        result: RunResult = op.run(
-            spark,
-            trigger="available_now",
-            max_batches=config.get("max_batches"),
-            on_batch=collect,
-            wait_for_lock=config.get("wait_for_lock_seconds", 0.0),
-        )
-        context.log.info(f"{len(result.batches)} micro-batch(es); stopped: {result.stopped}")
+    versions = table_versions(op)
+    started = time.perf_counter()
+    result: RunResult = op.run(
+        spark,
+        trigger="available_now",
+        max_batches=config.get("max_batches"),
+        on_batch=collect,
+        wait_for_lock=config.get("wait_for_lock_seconds", 0.0),
+    )
     seconds = time.perf_counter() - started
-    for tag in decl.all_tags:
-        # A replay writes through its own operator; the replayed output itself is unchanged.
-        writer = op if tag in op.spec.all_tags else main_op
+    buffer = _buffer_figures(op)
+    context.log.info(
+        f"{len(batches)} micro-batch(es), stopped: {result.stopped}; "
+        f"{figures_line(record_figures(batches))}; buffered_rows={buffer['buffered_rows']}"
+    )
+    # A replay runs its own operator, which never writes the output it replays: that
+    # table's figures come from the main operator.
+    main_op = op if replay is None else build_operator(decl, storage, context.instance, graph)
+    owner = {tag.name: op for tag in op.spec.all_tags}
+    tags = [next((t for t in op.spec.all_tags if t == tag), tag) for tag in decl.all_tags]
+    written, untouched = split_outputs(tags, batches, versions)
+    for tag in written:
         yield dg.MaterializeResult(
-            asset_key=dg.AssetKey(tag.name.split("/")),
-            metadata=output_metadata(writer, tag, batches if writer is op else [], seconds),
+            asset_key=_key(tag), metadata=output_metadata(op, tag, batches, seconds, buffer)
         )
-    yield from check_results(main_op, batches if op is main_op else [])
+    what = f"replay of {replay}" if replay else f"run of {len(batches)} micro-batch(es)"
+    for tag in untouched:
+        yield dg.AssetObservation(
+            asset_key=_key(tag),
+            metadata=output_metadata(owner.get(tag.name, main_op), tag, batches, seconds, buffer),
+            description=f"{what}: nothing written to this table",
+        )
+    yield accounted_check(decl, batches)

@@ -26,11 +26,18 @@ def table_schema_metadata(schema: T.StructType) -> dg.TableSchema:
     )
 
 
-def write_metadata(result: WriteResult, schema: T.StructType) -> dict[str, Any]:
-    """Materialization metadata of one Delta write."""
+def write_metadata(
+    result: WriteResult, schema: T.StructType, row_count: int | None = None
+) -> dict[str, Any]:
+    """Materialization metadata of one Delta write.
+
+    ``rows_written`` is what this write added; ``dagster/row_count`` the rows of the
+    table (or of the written partition) after it, as Dagster defines it.
+    """
     return {
         "dagster/uri": dg.MetadataValue.path(result.uri),
-        "dagster/row_count": result.num_rows,
+        "rows_written": result.num_rows,
+        **({"dagster/row_count": row_count} if row_count is not None else {}),
         "dagster/column_schema": table_schema_metadata(schema),
         "delta_version": result.version,
         "files_added": result.num_files,
@@ -75,6 +82,18 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     )
     spark: dg.ResourceDependency[SparkResource]
 
+    def __init__(self, **data: Any) -> None:
+        # Without it, loading an input fails deep in a run; say so where the manager is made.
+        if data.get("spark") is None:
+            raise DeclarationError(
+                f"DeltaIOManager(root={data.get('root')!r}) has no SparkResource: it reads "
+                "tables back into Spark DataFrames when a downstream asset loads one.",
+                fix="pass the same resource the run uses: spark = dsi.SparkResource(); "
+                'resources={"spark": spark, "io_manager": dsi.DeltaIOManager(root=..., '
+                "spark=spark)}",
+            )
+        super().__init__(**data)
+
     @property
     def storage(self) -> DeltaStorage:
         """Where tables live, as the core layer sees it."""
@@ -116,7 +135,19 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             name=asset,
             commit_metadata={"dagster.run_id": context.run_id, "dagster.asset": asset},
         )
-        context.add_output_metadata(write_metadata(result, data.schema))
+        context.add_output_metadata(
+            write_metadata(result, data.schema, self._row_count(result, replace))
+        )
+
+    def _row_count(self, result: WriteResult, partition: dict[str, Any] | None) -> int | None:
+        """Rows of the table after a write, or of the partition(s) written (file statistics)."""
+        snapshot = self.storage.delta.snapshot(result.uri, version=result.version)
+        if partition is None:
+            return snapshot.num_records
+        [(column, keys)] = partition.items()
+        wanted = {keys} if isinstance(keys, str) else set(keys)
+        counts = [f.num_records for f in snapshot.files if f.partition_values.get(column) in wanted]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c)
 
     def _partitioning(
         self, context: dg.OutputContext, df: DataFrame, metadata: Mapping[str, Any], asset: str

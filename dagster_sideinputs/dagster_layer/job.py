@@ -6,7 +6,7 @@ from typing import Any, TypeAlias
 import dagster as dg
 
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.dagster_layer.assets import declaration_of
+from dagster_sideinputs.dagster_layer.declaration import declaration_of
 
 AssetJob: TypeAlias = Any
 """What ``dagster.define_asset_job`` returns (its class is not exported by Dagster)."""

@@ -3,7 +3,12 @@
 - ``present``: the side asset has been materialized at least once (for a windowed side
   input: the partition of the side window).
 - ``complete``: a non-partitioned side asset has one successful materialization; a
-  time-window partitioned one has the partition the main window maps to.
+  time-window partitioned one has the partition the main window maps to. A partition
+  materialized with no rows is final and empty: its records get the view's empty value
+  (or go to ``unmatched`` with ``on_empty="unmatched"``).
+- ``grace`` (declared on a windowed side input) makes a side window final that long
+  after its end even if its partition never materializes (decided by the operator's
+  planner for every provider).
 - ``fresh``: the asset's ``FreshnessPolicy`` passes at the batch's time:
   ``time_window`` policies want the last materialization within ``fail_window``;
   ``cron`` policies want it no older than the last deadline tick minus
@@ -30,6 +35,7 @@ from dagster_sideinputs.core.readiness import (
 )
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
+from dagster_sideinputs.dagster_layer.figures import human_duration
 from dagster_sideinputs.errors import DeclarationError
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -93,7 +99,7 @@ def freshness_decision(
         return Decision(
             ok,
             f"{'fresh' if ok else 'stale'}: materialized {_human(age)} ago, "
-            f"freshness window {window}",
+            f"freshness window {human_duration(window)}",
         )
     deadline = last_deadline(policy, now)
     lower_bound = deadline - policy.lower_bound_delta  # type: ignore[attr-defined]
@@ -127,8 +133,17 @@ class DagsterReadiness:
         self.instance = instance
         self.side_assets = dict(side_assets)
         self._fallback = DeltaReadiness()
+        self.decisions: dict[str, dict[str, Decision]] = {}
+        """The latest decisions, per side input (what a check reports without a run)."""
 
     def decide(
+        self, facts: SideFacts, windows: Sequence[WindowSpan] | None, now: dt.datetime
+    ) -> dict[str, Decision]:
+        decisions = self._decide(facts, windows, now)
+        self.decisions[facts.name] = decisions
+        return decisions
+
+    def _decide(
         self, facts: SideFacts, windows: Sequence[WindowSpan] | None, now: dt.datetime
     ) -> dict[str, Decision]:
         asset = self.side_assets.get(facts.name) or SideAsset(

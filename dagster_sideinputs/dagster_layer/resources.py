@@ -66,6 +66,21 @@ class SparkResource(dg.ConfigurableResource):
         default=None, description="spark.driver.memory, e.g. '4g' (used when the JVM starts)."
     )
     log_level: str = Field(default="WARN", description="Spark log level.")
+    # Optional[bool] rather than build_spark_session's `bool | "auto"`: Dagster's config
+    # system takes no union of a bool and a string.
+    delta: bool | None = Field(
+        default=None,
+        description="Configure Delta Lake for Spark (delta-spark's jar, SQL extension and "
+        "catalog). Unset ('auto'): without it when its jar cannot be fetched (one warning; "
+        "Delta tables then go through the delta-rs bridge); true: fail instead; false: leave "
+        "it out. Over Spark Connect the server decides (true checks it has Delta).",
+    )
+    packages: list[str] = Field(
+        default_factory=list,
+        description="More Maven packages to load (spark.jars.packages), e.g. "
+        "['org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1']; see "
+        "dagster_sideinputs.core.packages. Not possible over Spark Connect.",
+    )
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
@@ -86,6 +101,8 @@ class SparkResource(dg.ConfigurableResource):
                 ui_enabled=self.ui_enabled,
                 driver_memory=self.driver_memory,
                 log_level=self.log_level,
+                delta="auto" if self.delta is None else self.delta,
+                packages=self.packages,
             )
         return self._session
 

@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES, SPARK_KAFKA_PACKAGE
+from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
 
 TX = "tx_id long, customer_id long, amount double"
 SUSPICIOUS = dsi.OutputTag("suspicious")
@@ -97,10 +97,7 @@ def main() -> int:
         ui_enabled=False,
         log_level="ERROR",
         shuffle_partitions=2,
-        configs={
-            "spark.jars.packages": SPARK_KAFKA_PACKAGE,
-            "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
-        },
+        packages=[SPARK_KAFKA_PACKAGE],
     )
     result = operator(root, bootstrap, topic).run(spark)
     print(json.dumps({"batches": [b.summary() for b in result.batches]}), flush=True)

@@ -5,8 +5,10 @@ parsing without starting a JVM. Everything else uses the one shared test session
 """
 
 import datetime as dt
+import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.packages import KAFKA, OPTIONAL_PACKAGES, retrieved_jar
 from dagster_sideinputs.core.session import (
     MIN_JAVA_MAJOR,
     REQUIRED_CONFIGS,
@@ -25,7 +28,9 @@ from dagster_sideinputs.core.session import (
     find_java,
     java_major_version,
 )
+from dagster_sideinputs.delta.spark_setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
+from tests.cluster import free_port, spark_env
 
 INSTALL_HINT = "openjdk-17-jre-headless"
 
@@ -236,3 +241,154 @@ def test_worker_python_defaults_to_this_interpreter_on_local_masters_only(
         monkeypatch.setenv("PYSPARK_PYTHON", preset)
     _choose_worker_python(master, settings)
     assert os.environ.get("PYSPARK_PYTHON") == expected
+
+
+# --- Delta and other JVM packages --------------------------------------------------------
+
+_OFFLINE_SESSION = """
+import json, logging, sys
+
+warnings = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+
+
+logging.getLogger("dagster_sideinputs").addHandler(Keep(level=logging.WARNING))
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.spark_setup import is_delta_configured
+
+args = json.loads(sys.argv[1])
+report = {"warnings": warnings}
+try:
+    spark = build_spark_session(master="local[1]", ui_enabled=False, log_level="ERROR", **args)
+except Exception as exc:
+    report.update(error=type(exc).__name__, message=str(exc))
+else:
+    report.update(delta=is_delta_configured(spark), count=spark.range(3).count())
+    report.update(packages=spark.sparkContext.getConf().get("spark.jars.packages", ""))
+    spark.stop()
+print("REPORT " + json.dumps(report))
+"""
+
+
+def start_offline(
+    tmp_path: Path, ivy: Path | None = None, *, hide_m2: bool = True, **args: object
+) -> dict:
+    """Build a session in a subprocess whose Maven repository refuses connections.
+
+    ``DEFAULT_ARTIFACT_REPOSITORY`` replaces Maven Central (and spark-packages) in Spark's
+    Ivy resolver chain, and ``hide_m2`` hides ``~/.m2/repository``, the first link of that
+    chain (``-Duser.home``), so nothing can be found but what ``ivy`` (default: the real
+    Ivy cache) already holds. The real cache may point at ``~/.m2`` for modules it found
+    there, so a test of it keeps ``~/.m2``.
+    """
+    if ivy is not None:
+        args["configs"] = {"spark.jars.ivy": str(ivy)}
+    extra = {"DEFAULT_ARTIFACT_REPOSITORY": f"http://127.0.0.1:{free_port()}/"}
+    if hide_m2:
+        home = tmp_path / "home"
+        home.mkdir(exist_ok=True)
+        extra["SPARK_SUBMIT_OPTS"] = f"-Duser.home={home}"
+    env = spark_env(**extra)
+    proc = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_SESSION, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("REPORT ")] or [
+        f"REPORT {json.dumps({'crashed': proc.stderr[-3000:]})}"
+    ]
+    return json.loads(line.removeprefix("REPORT "))
+
+
+def jars_under(folder: Path) -> list[Path]:
+    return list(folder.rglob("*.jar")) if folder.exists() else []
+
+
+@pytest.mark.slow
+def test_delta_auto_without_maven_starts_without_delta_and_says_why_in_one_line(tmp_path):
+    ivy = tmp_path / "ivy"
+    report = start_offline(tmp_path, ivy, delta="auto")
+    assert report.get("count") == 3, report
+    assert report["delta"] is False
+    assert report["packages"] == ""
+    [warning] = report["warnings"]
+    assert "\n" not in warning
+    assert "Delta Lake for Spark is off" in warning
+    assert "io.delta:delta-spark_4.1_2.13:4.4.0" in warning
+    assert "Connection refused" in warning
+    assert "delta-rs bridge" in warning
+    assert "python -m dagster_sideinputs.core.jars fetch" in warning
+    assert jars_under(ivy) == []
+
+
+@pytest.mark.slow
+def test_a_retrieved_jar_that_ivy_cannot_resolve_offline_falls_back_the_same_way(tmp_path):
+    # The jar file passes the quick cache check, but Ivy's cache has no metadata for it:
+    # the JVM dies resolving it, and the session is retried after a captured resolution.
+    ivy = tmp_path / "ivy"
+    (ivy / "jars").mkdir(parents=True)
+    Path(retrieved_jar(delta_package(), str(ivy))).touch()
+    report = start_offline(tmp_path, ivy, delta="auto")
+    assert report.get("count") == 3, report
+    assert report["delta"] is False
+    [warning] = report["warnings"]
+    assert "Connection refused" in warning
+
+
+@pytest.mark.slow
+def test_delta_true_without_maven_fails_naming_the_jar_and_the_fix(tmp_path):
+    report = start_offline(tmp_path, tmp_path / "ivy", delta=True)
+    assert report.get("error") == "SparkStartupError", report
+    assert "io.delta:delta-spark_4.1_2.13:4.4.0" in report["message"]
+    assert "Connection refused" in report["message"]
+    assert "Fix: make Maven Central" in report["message"]
+    assert report["warnings"] == []
+
+
+@pytest.mark.slow
+def test_named_packages_without_maven_fail_even_with_delta_auto(tmp_path):
+    kafka = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
+    report = start_offline(tmp_path, tmp_path / "ivy", delta="auto", packages=[kafka])
+    assert report.get("error") == "SparkStartupError", report
+    assert kafka in report["message"]
+
+
+@pytest.mark.slow
+def test_cached_packages_start_without_any_network(tmp_path):
+    # The real Ivy cache, filled by `make install`; Maven is unreachable in the subprocess.
+    # Packages from configs and from `packages` are merged, in order, without repeats.
+    report = start_offline(
+        tmp_path,
+        hide_m2=False,
+        delta=True,
+        configs={"spark.jars.packages": ",".join(OPTIONAL_PACKAGES[:2])},
+        packages=list(OPTIONAL_PACKAGES[1:]),
+    )
+    assert report.get("count") == 3, report
+    assert report["delta"] is True
+    assert report["packages"].split(",") == [delta_package(), *OPTIONAL_PACKAGES]
+    assert report["warnings"] == []
+
+
+def test_packages_over_connect_fail_before_connecting():
+    with pytest.raises(SparkStartupError, match="cannot be added over Spark Connect") as info:
+        build_spark_session(remote="sc://127.0.0.1:1", packages=[KAFKA])
+    assert f"--packages {KAFKA}" in str(info.value.fix)
+
+
+def test_a_bad_package_coordinate_fails_before_the_jvm_starts(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JVM start would fail on Java first
+    with pytest.raises(SparkStartupError, match="'kafka' is not a Maven coordinate"):
+        build_spark_session(master="local[1]", packages=["kafka"])
+
+
+def test_delta_rebuilds_table_state_in_as_many_tasks_as_shuffle_partitions(spark):
+    # Delta's default of 50 made each first read after a commit 10-20 s slower locally.
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "4"

@@ -244,6 +244,33 @@ def test_materialization_reports_version_rows_uri_and_column_schema(resources, i
     )
 
 
+def test_append_reports_rows_written_and_the_tables_total_row_count(resources, instance):
+    orders = orders_asset(metadata={"write_mode": "append"})
+    first = materialization_metadata(run([orders], resources, instance), "orders")
+    second = materialization_metadata(run([orders], resources, instance), "orders")
+    assert (first["rows_written"], first["dagster/row_count"]) == (2, 2)
+    assert (second["rows_written"], second["dagster/row_count"]) == (2, 4)
+
+
+def test_partition_append_counts_the_rows_of_that_partition_only(resources, instance):
+    @dg.asset(name="events", partitions_def=HOURLY, metadata={"write_mode": "append"})
+    def events(spark: SparkResource) -> DataFrame:
+        return spark.spark_session.createDataFrame([(1, "x")], "id long, what string")
+
+    run([events], resources, instance, partition_key=HOUR_0)
+    run([events], resources, instance, partition_key=HOUR_1)
+    again = materialization_metadata(
+        run([events], resources, instance, partition_key=HOUR_0), "events"
+    )
+    assert (again["rows_written"], again["dagster/row_count"]) == (1, 2)
+
+
+def test_io_manager_without_spark_fails_where_it_is_made_naming_the_fix(root):
+    with pytest.raises(DeclarationError, match="no SparkResource") as raised:
+        DeltaIOManager(root=root)
+    assert "spark=spark" in str(raised.value)
+
+
 def test_partitioned_materialization_reports_the_partitions_rows_and_key_column(
     resources, instance
 ):

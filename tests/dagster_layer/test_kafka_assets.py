@@ -9,7 +9,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_EXCLUDES
 from tests.servers.kafka import KafkaBroker
 
 pytestmark = pytest.mark.kafka
@@ -61,10 +60,7 @@ def env(tmp_path, kafka_broker: KafkaBroker) -> Iterator[dict]:
         spark = dsi.SparkResource(
             master="local[2]",
             ui_enabled=False,
-            spark_config={
-                "spark.jars.packages": dsi.SPARK_KAFKA_PACKAGE,
-                "spark.jars.excludes": SPARK_KAFKA_EXCLUDES,
-            },
+            packages=[dsi.SPARK_KAFKA_PACKAGE],
         )
         io = dsi.DeltaIOManager(root=str(tmp_path / "lake"), spark=spark)
         resources = {"spark": spark, "io_manager": io}

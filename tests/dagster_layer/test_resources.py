@@ -6,7 +6,9 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
+from dagster_sideinputs.core.packages import KAFKA
 from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.spark_setup import is_delta_configured
 from dagster_sideinputs.errors import SparkStartupError
 
 PROBE = "spark.dsi.test.probe"
@@ -68,6 +70,8 @@ def test_resource_defaults_suit_a_local_deployment():
     assert resource.remote is None
     assert resource.shuffle_partitions is None
     assert resource.spark_config == {}
+    assert resource.delta is None  # "auto"
+    assert resource.packages == []
 
 
 def test_every_resource_field_is_documented():
@@ -87,3 +91,25 @@ def test_resource_with_remote_url_fails_fast_with_startup_error(spark):
     with pytest.raises(SparkStartupError, match=r"sc://127\.0\.0\.1:1"):
         _ = SparkResource(remote="sc://127.0.0.1:1").spark_session
     assert SparkSession.getActiveSession() is spark
+
+
+def test_delta_and_packages_come_from_run_config(spark):
+    @dg.asset
+    def delta_ready(spark: SparkResource) -> dg.MaterializeResult:
+        return dg.MaterializeResult(metadata={"delta": is_delta_configured(spark.spark_session)})
+
+    config = {"master": "local[2]", "ui_enabled": False, "delta": True, "packages": [KAFKA]}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [delta_ready],
+            resources={"spark": SparkResource.configure_at_launch()},
+            run_config={"resources": {"spark": {"config": config}}},
+            instance=instance,
+        )
+    [materialization] = result.asset_materializations_for_node("delta_ready")
+    assert materialization.metadata["delta"].value is True
+
+
+def test_resource_with_packages_over_connect_fails_before_connecting():
+    with pytest.raises(SparkStartupError, match="cannot be added over Spark Connect"):
+        _ = SparkResource(remote="sc://127.0.0.1:1", packages=[KAFKA]).spark_session

@@ -95,6 +95,7 @@ def convert(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
     return main.select("tx_id", F.col("fx.rate").alias("rate"))
 
 
+enrich_checks = dsi.build_side_input_checks(enrich)
 enrich_job = dsi.build_side_input_job(enrich)
 replay_job = dsi.build_replay_job(enrich, UNMATCHED)
 sensor = dsi.build_side_input_sensor(enrich, job=enrich_job)
@@ -108,6 +109,7 @@ def env(tmp_path) -> Iterator[dict]:
         resources = {"spark": spark, "io_manager": io}
         defs = dg.Definitions(
             assets=[tx, profiles, rules, fx, enrich, convert],
+            asset_checks=[enrich_checks],
             jobs=[enrich_job, replay_job],
             sensors=[sensor],
             resources=resources,
@@ -145,6 +147,27 @@ def metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
     return {k: v.value for k, v in events[-1].metadata.items()}
 
 
+def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {
+        e.step_materialization_data.materialization.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+    }
+
+
+def observed(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
+    """Observations of the run, by asset: their metadata."""
+    found = {}
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_OBSERVATION:
+            data = event.asset_observation_data.asset_observation
+            found[data.asset_key.to_user_string()] = {k: v.value for k, v in data.metadata.items()}
+    return found
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
 def test_outputs_are_assets_depending_on_the_main_and_every_side_input():
     keys = {dg.AssetKey("enriched"), dg.AssetKey("flagged"), dg.AssetKey("unmatched")}
     assert set(enrich.keys) == keys
@@ -158,11 +181,43 @@ def test_outputs_are_assets_depending_on_the_main_and_every_side_input():
         assert spec.kinds == {"spark", "delta"}
         assert spec.group_name == "test_payments"
         assert "side-input operator 'enrich'" in spec.description
-    assert {c.name for c in enrich.check_specs} == {
+        assert "Main input: tx. Side inputs: profile (profiles), rules (rules)." in (
+            spec.description
+        )
+        assert spec.skippable  # materialized only by runs that write to it
+    roles = {key.to_user_string(): enrich.specs_by_key[key].tags["dsi/role"] for key in keys}
+    assert roles == {
+        "enriched": "main_output",
+        "flagged": "side_output",
+        "unmatched": "unmatched_output",
+    }
+    assert {c.name for c in enrich.check_specs} == {"records_accounted_for"}
+    assert {c.name for c in enrich_checks.check_specs} == {
         "buffer_within_limits",
         "side_inputs_ready",
-        "records_accounted_for",
     }
+
+
+def test_output_metadata_describes_main_and_side_inputs_in_words():
+    meta = enrich.specs_by_key[dg.AssetKey("enriched")].metadata
+    assert meta["dsi/main_input"] == (
+        "tx: new Delta versions (appends) read incrementally; key customer_id; event time ts"
+    )
+    assert meta["dsi/side_input/profile"] == (
+        "profile: map of profiles (one row per key); key customer_id joined on "
+        "tx.customer_id; ready once materialized, and while its asset's FreshnessPolicy "
+        "passes (if any); a record whose key has no row goes to unmatched"
+    )
+    assert meta["dsi/side_input/rules"].startswith("rules: singleton of rules (one row)")
+    table = meta["dsi/inputs"].value
+    assert "| main | main input | tx |" in table
+    assert "| profile | side input | profiles |" in table
+    windowed = convert.specs_by_key[dg.AssetKey("converted")].metadata["dsi/side_input/fx"]
+    assert "ready per window" in windowed
+    assert "tumbling windows of 1 hour on ts" in windowed
+    for value in [*meta.values(), windowed]:
+        assert "datetime.timedelta" not in str(value)
+        assert "SideInput." not in str(value)
 
 
 def test_example_code_location_loads_with_its_lineage():
@@ -198,7 +253,11 @@ def test_job_run_reports_metadata_and_checks(env):
     result = run(env)
     meta = metadata(result, "enriched")
     assert meta["rows_written"] == 2
-    assert meta["records_in"] == 3
+    assert meta["dagster/row_count"] == 2
+    assert meta["new_records"] == 3
+    assert meta["from_buffer"] == 0
+    assert meta["records_processed"] == 3
+    assert (meta["released"], meta["unmatched"], meta["buffered"]) == (2, 1, 0)
     assert meta["delta_version"] == 0
     assert meta["buffered_rows"] == 0
     assert meta["side_input_versions"] == {"profile": 0, "rules": 0}
@@ -212,14 +271,66 @@ def test_job_run_reports_metadata_and_checks(env):
     ]
     assert metadata(result, "flagged")["rows_written"] == 1
     assert metadata(result, "unmatched")["rows_written"] == 1
-    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {
+    evaluations = checks(result)
+    assert {name: e.passed for name, e in evaluations.items()} == {
         "buffer_within_limits": True,
         "side_inputs_ready": True,
         "records_accounted_for": True,
     }
+    # One figure, one meaning: the check reports what the materialization reports.
+    accounted = {k: v.value for k, v in evaluations["records_accounted_for"].metadata.items()}
+    for figure in ("new_records", "from_buffer", "records_processed", "released", "unmatched"):
+        assert accounted[figure] == meta[figure], figure
+    buffer = evaluations["buffer_within_limits"].metadata["buffered_rows"].value
+    assert buffer == meta["buffered_rows"]
     run(env)  # a second run: nothing new, nothing written twice
     assert rows(env, "enriched", "tx_id") == [(1,), (2,)]
+
+
+def test_a_run_that_writes_nothing_materializes_nothing_and_says_so(env):
+    materialize(env, [profiles, rules])
+    materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
+    first = run(env)
+    assert materialized(first) == {"enriched", "flagged", "unmatched"}  # tables created
+    materialize(env, [tx], run_config=batch_config((2, 10, 5.0, 1)))
+    second = run(env)
+    assert materialized(second) == {"enriched"}  # nothing flagged, nothing unmatched
+    assert observed(second)["flagged"]["rows_written"] == 0
+    assert observed(second)["unmatched"]["records_processed"] == 1
+
+    idle = run(env)
+    assert materialized(idle) == set()
+    assert set(observed(idle)) == {"enriched", "flagged", "unmatched"}
+    assert observed(idle)["enriched"]["batches"] == 0
+    # The standalone checks need a materialization in the run; the run's own check does not.
+    assert set(checks(idle)) == {"records_accounted_for"}
+    assert checks(idle)["records_accounted_for"].passed
+
+
+def test_buffer_and_readiness_checks_run_on_their_own(env):
+    materialize(env, [profiles])  # rules never materialized: records wait
+    materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0), (2, 11, 6.0, 1)))
+    run(env)
+    job = env["defs"].resolve_implicit_global_asset_job_def()
+    keys = {
+        dg.AssetCheckKey(dg.AssetKey("enriched"), name)
+        for name in ("buffer_within_limits", "side_inputs_ready")
+    }
+    alone = job.get_subset(asset_selection=set(), asset_check_selection=keys)
+    result = alone.execute_in_process(instance=env["instance"], resources=env["resources"])
+    assert result.success
+    assert materialized(result) == set()  # the operator did not run
+    evaluations = checks(result)
+    assert evaluations["buffer_within_limits"].passed
+    assert evaluations["buffer_within_limits"].metadata["buffered_rows"].value == 2
+    ready = evaluations["side_inputs_ready"]
+    assert not ready.passed
+    assert "rules/global: asset rules has no Delta table yet" in ready.description
+
+    materialize(env, [rules])
+    again = alone.execute_in_process(instance=env["instance"], resources=env["resources"])
+    assert checks(again)["side_inputs_ready"].passed
+    assert rows(env, "enriched") == []  # still nothing ran
 
 
 @pytest.mark.slow
@@ -231,8 +342,9 @@ def test_records_wait_while_a_side_input_is_stale_and_go_after_it_is_remateriali
     materialize(env, [tx], run_config=batch_config((2, 11, 6.0, 5)))
     stale = run(env)
     assert rows(env, "enriched", "tx_id") == [(1,)]
-    meta = metadata(stale, "enriched")
-    assert meta["buffered_rows"] == 1
+    assert materialized(stale) == set()  # everything waited: no table changed
+    meta = observed(stale)["enriched"]
+    assert (meta["new_records"], meta["buffered"], meta["buffered_rows"]) == (1, 1, 1)
     assert "stale: materialized" in meta["readiness"]
     materialize(env, [rules])
     run(env)
@@ -310,8 +422,16 @@ def test_replay_job_feeds_unmatched_records_back_exactly_once(env):
     materialize(
         env, [profiles], run_config={"ops": {"profiles": {"config": {"customers": [10, 11]}}}}
     )
-    run(env, replay_job.name)
-    run(env, replay_job.name)
+    replay = run(env, replay_job.name)
+    # The replay writes the main output, never the output it replays.
+    assert materialized(replay) == {"enriched"}
+    assert set(observed(replay)) == {"flagged", "unmatched"}
+    meta = metadata(replay, "enriched")
+    accounted = checks(replay)["records_accounted_for"].metadata
+    assert meta["new_records"] == accounted["new_records"].value == 1
+    assert meta["released"] == accounted["released"].value == 1
+    again = run(env, replay_job.name)
+    assert materialized(again) == set()
     assert rows(env, "enriched", "tx_id", "name") == [(1, "customer 10"), (2, "customer 11")]
 
 
@@ -335,3 +455,6 @@ def test_continuous_mode_materializes_every_micro_batch(env):
     ]
     assert [e.description for e in events[:1]] == ["micro-batch 0"]
     assert events[0].metadata["rows_written"].value == 1
+    assert events[0].metadata["new_records"].value == 1
+    # Nothing flagged or unmatched in that micro-batch, but the tables were created.
+    assert materialized(result) == {"enriched", "flagged", "unmatched"}

@@ -1,0 +1,212 @@
+"""The optional JVM packages a SparkSession may load, and fetching them into the Ivy cache.
+
+Spark resolves ``spark.jars.packages`` with Apache Ivy when its JVM starts: every
+coordinate and its dependencies are looked up in ``~/.m2/repository``, then the Ivy
+cache, then Maven Central, and the jars are copied to ``<ivy dir>/jars``. A first start
+therefore downloads (about 750 MB for everything below: the AWS SDK bundle alone is
+640 MB), and a start without Maven Central fails. :func:`fetch_packages` (run by
+``make install``: ``python -m dagster_sideinputs.core.jars fetch``) resolves them
+once, so later starts read the cache only (the command lives in
+``dagster_sideinputs.core.jars``). See docs/JVM_PACKAGES.md.
+
+The versions are the newest that Maven Central serves *with their dependencies* for
+pyspark 4.1.1 (pinned in pyproject.toml). Delta's own coordinate is not here: it follows
+the ``delta-spark`` pip package (``dagster_sideinputs.delta.spark_setup``).
+"""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+import pyspark
+
+# Spark's Kafka source and sink; brings spark-token-provider-kafka-0-10 4.1.1 and
+# kafka-clients 3.9.1. 4.1.2 / 4.1.3 exist but need a token provider that is not served.
+KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
+# from_avro / to_avro and the DSv2 avro reader (spark-avro 4.1.1 breaks on Spark 4.1.4:
+# NoSuchMethodError on AvroDeserializer, one reason pyspark is pinned to 4.1.1).
+AVRO = "org.apache.spark:spark-avro_2.13:4.1.1"
+# s3a:// support; hadoop-aws must equal pyspark's bundled hadoop-client (3.4.2), and the
+# AWS SDK v2 bundle is the version hadoop 3.4.2 was built with (hadoop-project's
+# aws-java-sdk-v2.version).
+HADOOP_AWS = "org.apache.hadoop:hadoop-aws:3.4.2"
+AWS_SDK_BUNDLE = "software.amazon.awssdk:bundle:2.29.52"
+
+KAFKA_PACKAGES: tuple[str, ...] = (KAFKA,)
+AVRO_PACKAGES: tuple[str, ...] = (AVRO,)
+S3A_PACKAGES: tuple[str, ...] = (HADOOP_AWS, AWS_SDK_BUNDLE)
+OPTIONAL_PACKAGES: tuple[str, ...] = KAFKA_PACKAGES + AVRO_PACKAGES + S3A_PACKAGES
+
+_COORDINATE = re.compile(r"^([^:/\s]+)[:/]([^:\s]+):([^:\s]+)$")
+
+
+def parse_packages(value: str | Iterable[str] | None) -> list[str]:
+    """Coordinates from a ``spark.jars.packages`` value or a list, in order, without repeats.
+
+    Raises:
+        ValueError: a coordinate that is not ``group:artifact:version``.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    found: list[str] = []
+    for item in (text.strip() for text in items):
+        if not item:
+            continue
+        if _COORDINATE.match(item) is None:
+            raise ValueError(f"{item!r} is not a Maven coordinate group:artifact:version")
+        if item not in found:
+            found.append(item)
+    return found
+
+
+def default_ivy_dir() -> str:
+    """Spark 4's default Ivy directory (``spark.jars.ivy`` unset): ``~/.ivy2.5.2``."""
+    return os.path.join(os.path.expanduser("~"), ".ivy2.5.2")
+
+
+def ivy_dir_of(settings: Mapping[str, str]) -> str:
+    """The Ivy directory a session with these Spark settings resolves packages into."""
+    chosen = settings.get("spark.jars.ivy", "").strip()
+    return os.path.expanduser(chosen) if chosen else default_ivy_dir()
+
+
+def retrieved_jar(coordinate: str, ivy_dir: str) -> str:
+    """Where Spark copies a resolved coordinate's jar: ``<ivy>/jars/<group>_<artifact>-<v>.jar``."""
+    match = _COORDINATE.match(coordinate)
+    if match is None:
+        raise ValueError(f"{coordinate!r} is not a Maven coordinate group:artifact:version")
+    group, artifact, version = match.groups()
+    return os.path.join(ivy_dir, "jars", f"{group}_{artifact}-{version}.jar")
+
+
+def missing_packages(coordinates: Iterable[str], ivy_dir: str) -> list[str]:
+    """The coordinates whose jar Spark has not retrieved into ``ivy_dir`` yet.
+
+    Spark copies the jars only after a resolution without errors, so a coordinate's jar
+    being there means its dependencies were retrieved with it: a start then needs no
+    network (Ivy keeps resolved fixed versions in its cache for good).
+    """
+    return [c for c in coordinates if not os.path.isfile(retrieved_jar(c, ivy_dir))]
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchResult:
+    """What one resolution did.
+
+    Attributes:
+        ok: every coordinate resolved, with its dependencies.
+        seconds: wall time of the resolution (a JVM start included).
+        jars: jars Ivy reported as copied or already there (0 when unknown).
+        reason: on failure, one line saying why (unresolved coordinates, first network error).
+        output: everything spark-submit printed, for a closer look.
+    """
+
+    ok: bool
+    seconds: float
+    jars: int
+    reason: str
+    output: str
+
+
+def _spark_submit() -> str:
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    return os.path.join(home, "bin", "spark-submit")
+
+
+def _failure_reason(output: str, returncode: int) -> str:
+    """One line out of Ivy's report: what is unresolved and the first transport error."""
+    unresolved = sorted(set(re.findall(r"::\s+(\S+#\S+;\S+): not found", output)))
+    network = re.search(
+        r"(Server access error[^\n]*|Host \S+ not found[^\n]*|"
+        r"java\.net\.\w+Exception[^\n]*|Connection refused[^\n]*)",
+        output,
+    )
+    parts = []
+    if unresolved:
+        parts.append(
+            "unresolved " + ", ".join(u.replace("#", ":").replace(";", ":") for u in unresolved)
+        )
+    if network:
+        parts.append(network.group(1).strip()[:200])
+    if not parts:
+        last = [line for line in output.splitlines() if line.strip()][-1:] or [""]
+        parts.append(f"spark-submit exited with {returncode}: {last[0].strip()[:200]}")
+    return "; ".join(parts)
+
+
+def fetch_packages(
+    coordinates: Sequence[str],
+    *,
+    ivy_dir: str | None = None,
+    repositories: str | None = None,
+    timeout_s: float = 900.0,
+) -> FetchResult:
+    """Resolve coordinates (with their dependencies) into the Ivy cache, as a session start would.
+
+    It runs pyspark's own ``spark-submit --packages`` on an empty Python script, so the
+    resolution is Spark's (same resolvers, cache layout and exclusions of the jars Spark
+    already ships); nothing is printed, the output is returned.
+
+    Args:
+        coordinates: ``group:artifact:version`` strings.
+        ivy_dir: ``spark.jars.ivy``; default ``~/.ivy2.5.2``.
+        repositories: ``spark.jars.repositories`` (comma-separated extra Maven repositories).
+        timeout_s: give up after this long (a first download of everything takes about a
+            minute on a fast link).
+
+    Returns:
+        A :class:`FetchResult`; it never raises for a failed resolution.
+    """
+    ivy = ivy_dir or default_ivy_dir()
+    with tempfile.TemporaryDirectory(prefix="dsi-fetch-") as scratch:
+        script = os.path.join(scratch, "noop.py")
+        with open(script, "w") as out:
+            out.write("# resolved by spark-submit before this runs\n")
+        command = [
+            _spark_submit(),
+            "--master",
+            "local[1]",
+            "--conf",
+            f"spark.jars.ivy={ivy}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--packages",
+            ",".join(coordinates),
+        ]
+        if repositories:
+            command += ["--repositories", repositories]
+        command.append(script)
+        env = dict(os.environ)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=env,
+                check=False,
+                cwd=scratch,
+            )
+        except subprocess.TimeoutExpired as exc:
+            # TimeoutExpired carries bytes even with text=True.
+            raw = (exc.stdout or b"") + (exc.stderr or b"")
+            output = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            return FetchResult(
+                False, time.monotonic() - started, 0, f"no answer within {timeout_s:.0f} s", output
+            )
+        except OSError as exc:
+            return FetchResult(False, 0.0, 0, f"could not run spark-submit: {exc}", "")
+    seconds = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    copied = re.search(r"(\d+) artifacts copied, (\d+) already retrieved", output)
+    jars = int(copied.group(1)) + int(copied.group(2)) if copied else 0
+    missing = missing_packages(coordinates, ivy)
+    if proc.returncode != 0 or missing:
+        return FetchResult(False, seconds, jars, _failure_reason(output, proc.returncode), output)
+    return FetchResult(True, seconds, jars, "", output)

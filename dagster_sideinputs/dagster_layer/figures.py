@@ -1,0 +1,112 @@
+"""The figures a side-input run reports, each defined once.
+
+The same names, with the same meaning, appear in materialization and observation
+metadata, in the asset checks, in the run's logs and in the example's demo output; the
+README's glossary is this table (a test keeps the two equal).
+
+Accounting: every record a run looks at is either new (``new_records``) or read back
+from the buffer (``from_buffer``); together they are ``records_processed``, and each of
+them goes to exactly one route: ``released`` + ``buffered`` + ``late`` + ``unmatched`` +
+``overflow`` + ``invalid`` = ``records_processed``.
+"""
+
+import datetime as dt
+from collections.abc import Sequence
+
+from dagster_sideinputs.core.metrics import BatchMetrics
+
+GLOSSARY: dict[str, str] = {
+    "new_records": "main-input records read for the first time (once per window they fall in)",
+    "from_buffer": "buffered records read back because their side inputs became ready, "
+    "their key's side row arrived or their timeout passed",
+    "records_processed": "new_records + from_buffer: every record the run routed",
+    "released": "records passed to the function with their side inputs",
+    "buffered": "records put in the buffer to wait (for a side input, or for the side row "
+    "of their key)",
+    "late": "records routed to the late output (behind the watermark)",
+    "unmatched": "records routed to the unmatched output (no side row after waiting)",
+    "overflow": "records pushed out of a full buffer to the overflow output",
+    "invalid": "records routed to the invalid output (null key, unreadable)",
+    "rows_written": "rows this run (or micro-batch) appended to this table",
+    "dagster/row_count": "rows in the table after the write (its total; for a partition, "
+    "the partition's total)",
+    "delta_version": "the table's Delta version after the write",
+    "buffered_rows": "records waiting in the buffer after the run (the buffer's total)",
+    "oldest_buffered_age_s": "seconds the oldest buffered record has waited",
+    "batches": "micro-batches the run committed",
+    "run_seconds": "wall time of the run's micro-batches",
+    "throughput_records_per_s": "records_processed / run_seconds",
+    "batch_id": "the micro-batch (continuous runs report each one)",
+    "batch_seconds": "wall time of one micro-batch",
+    "main_range": "the slice of the main input read: Delta versions, or files",
+    "side_input_versions": "the Delta version of each side table read",
+    "readiness": "per side input and window: ready or not, and why",
+    "not_ready": "the side inputs (per window) not ready, with the reason",
+    "unaccounted_batches": "micro-batches whose routes do not add up (none if the check passes)",
+    "max_rows": "the buffer's row limit (BufferLimits.max_rows; -1: none)",
+    "max_age_s": "the buffer's age limit in seconds (BufferLimits.max_age; -1: none)",
+    "files_added": "data files a write added",
+    "bytes_added": "bytes a write added",
+    "write_seconds": "wall time of a write",
+}
+"""Every figure, by the metadata label it is reported under."""
+
+ROUTES = ("released", "buffered", "late", "unmatched", "overflow", "invalid")
+"""Where a processed record can go; they add up to ``records_processed``."""
+
+
+def record_figures(batches: Sequence[BatchMetrics]) -> dict[str, int]:
+    """Records in and where they went, summed over batches (keys from :data:`GLOSSARY`)."""
+    new = sum(b.rows_in for b in batches)
+    from_buffer = sum(b.released_from_buffer for b in batches)
+    routes = {route: sum(b.routes.get(route, 0) for b in batches) for route in ROUTES}
+    # Waiting for a side row of the key is waiting in the buffer too.
+    routes["buffered"] += sum(b.routes.get("key_wait", 0) for b in batches)
+    return {
+        "new_records": new,
+        "from_buffer": from_buffer,
+        "records_processed": new + from_buffer,
+        **routes,
+    }
+
+
+def figures_line(figures: dict[str, int]) -> str:
+    """``new_records=500 from_buffer=0 -> released=490 buffered=10 late=0 unmatched=0``.
+
+    Routes that can only be non-zero with an overflow or invalid output are shown when
+    they are not zero, so the line always adds up.
+    """
+    routes = [
+        f"{route}={figures[route]}"
+        for route in ROUTES
+        if route not in ("overflow", "invalid") or figures[route]
+    ]
+    return (
+        f"new_records={figures['new_records']} from_buffer={figures['from_buffer']} -> "
+        + " ".join(routes)
+    )
+
+
+def human_duration(value: dt.timedelta | float | None) -> str:
+    """A duration as people write it: ``30 minutes``, ``1 day``, ``1 hour 30 minutes``, ``45s``.
+
+    Examples:
+        >>> human_duration(dt.timedelta(days=1))
+        '1 day'
+        >>> human_duration(dt.timedelta(minutes=90))
+        '1 hour 30 minutes'
+        >>> human_duration(45.54)
+        '45.5s'
+    """
+    if value is None:
+        return "none"
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    if seconds < 60:
+        return f"{round(seconds, 1):g}s"
+    parts = []
+    rest = round(seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
+    return " ".join(parts)

@@ -1,0 +1,163 @@
+"""The optional JVM packages: coordinates, the Ivy cache layout, fetching, and that the
+shared test session really loaded them (one JVM for every engine and connector test).
+"""
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro, to_avro
+
+from dagster_sideinputs.core.packages import (
+    AVRO,
+    AWS_SDK_BUNDLE,
+    HADOOP_AWS,
+    KAFKA,
+    OPTIONAL_PACKAGES,
+    default_ivy_dir,
+    ivy_dir_of,
+    missing_packages,
+    parse_packages,
+    retrieved_jar,
+)
+from dagster_sideinputs.delta.spark_setup import delta_package
+from tests.cluster import free_port, spark_env
+
+# --- coordinates and the cache layout ---------------------------------------------------------
+
+
+def test_package_list_is_split_trimmed_and_deduplicated_in_order():
+    assert parse_packages(f" {KAFKA}, {AVRO},,{KAFKA} ") == [KAFKA, AVRO]
+    assert parse_packages([AVRO, KAFKA, AVRO]) == [AVRO, KAFKA]
+    assert parse_packages(None) == []
+
+
+@pytest.mark.parametrize("bad", ["kafka", "a:b", "a:b:c:d", "a::1"])
+def test_a_coordinate_without_group_artifact_and_version_is_refused(bad):
+    with pytest.raises(ValueError, match="is not a Maven coordinate group:artifact:version"):
+        parse_packages([bad])
+
+
+def test_spark_retrieves_a_package_as_group_underscore_artifact_dash_version(tmp_path):
+    assert retrieved_jar(KAFKA, str(tmp_path)) == str(
+        tmp_path / "jars" / "org.apache.spark_spark-sql-kafka-0-10_2.13-4.1.1.jar"
+    )
+
+
+def test_missing_packages_are_those_without_a_retrieved_jar(tmp_path):
+    (tmp_path / "jars").mkdir()
+    Path(retrieved_jar(AVRO, str(tmp_path))).touch()
+    assert missing_packages([KAFKA, AVRO], str(tmp_path)) == [KAFKA]
+
+
+def test_ivy_dir_is_spark_jars_ivy_or_spark_4s_default():
+    assert ivy_dir_of({"spark.jars.ivy": "/srv/ivy"}) == "/srv/ivy"
+    assert ivy_dir_of({}) == default_ivy_dir()
+    assert default_ivy_dir().endswith(".ivy2.5.2")
+
+
+def test_versions_match_the_pinned_pyspark_and_its_hadoop():
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    assert pyspark.__version__ == "4.1.1"
+    assert KAFKA.endswith(f":{pyspark.__version__}")
+    assert AVRO.endswith(f":{pyspark.__version__}")
+    hadoop = HADOOP_AWS.rsplit(":", 1)[1]
+    assert (jars / f"hadoop-client-api-{hadoop}.jar").exists()
+    assert OPTIONAL_PACKAGES == (KAFKA, AVRO, HADOOP_AWS, AWS_SDK_BUNDLE)
+
+
+# --- the fetch command -------------------------------------------------------------------------
+
+
+def fetch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dagster_sideinputs.core.jars", *args],
+        capture_output=True,
+        text=True,
+        env=env or spark_env(),
+        timeout=600,
+        check=False,
+    )
+
+
+def test_fetch_lists_delta_first_then_the_optional_packages():
+    listed = fetch("list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [delta_package(), *OPTIONAL_PACKAGES]
+
+
+def test_fetch_with_everything_cached_is_a_file_check():
+    started = time.monotonic()
+    done = fetch("fetch")  # `make test` ran `make install`, which fetched them
+    assert done.returncode == 0, done.stderr
+    assert "already in" in done.stdout
+    assert time.monotonic() - started < 30  # a Python start: no JVM, no network
+
+
+@pytest.mark.slow
+def test_fetch_without_maven_exits_2_naming_each_package_and_the_fix():
+    with tempfile.TemporaryDirectory() as scratch:
+        home, ivy = Path(scratch, "home"), Path(scratch, "ivy")
+        home.mkdir()
+        env = spark_env(
+            DEFAULT_ARTIFACT_REPOSITORY=f"http://127.0.0.1:{free_port()}/",
+            SPARK_SUBMIT_OPTS=f"-Duser.home={home}",  # hides ~/.m2/repository
+        )
+        done = fetch("fetch", "--ivy", str(ivy), env=env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        for coordinate in (delta_package(), *OPTIONAL_PACKAGES):
+            assert coordinate in done.stderr
+        assert "Connection refused" in done.stderr
+        assert "Fix: make Maven Central" in done.stderr
+        assert not list(ivy.rglob("*.jar"))
+
+
+# --- the shared session loaded them -------------------------------------------------------------
+
+
+def test_shared_session_has_every_optional_jar_on_its_classpath(spark):
+    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
+    names = {Path(jar).name for jar in jars}
+    for coordinate in OPTIONAL_PACKAGES:
+        assert Path(retrieved_jar(coordinate, "/")).name in names
+    # Dependencies come along: the Kafka client and the token provider.
+    assert "org.apache.kafka_kafka-clients-3.9.1.jar" in names
+    assert "org.apache.spark_spark-token-provider-kafka-0-10_2.13-4.1.1.jar" in names
+
+
+def test_kafka_source_is_available(spark):
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", "127.0.0.1:9")  # never contacted: not started
+        .option("subscribe", "t")
+        .load()
+    )
+    assert stream.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
+
+
+def test_avro_functions_and_the_dsv2_avro_reader_work(spark, tmp_path):
+    schema = '{"type":"record","name":"r","fields":[{"name":"id","type":"long"}]}'
+    encoded = spark.range(3).select(to_avro(F.struct("id")).alias("b"))
+    decoded = encoded.select(from_avro("b", schema).alias("r")).select("r.id")
+    assert sorted(r.id for r in decoded.collect()) == [0, 1, 2]
+    # spark-avro 4.1.1's DSv2 reader is what breaks on Spark 4.1.4 (NoSuchMethodError).
+    spark.range(3).write.format("avro").save(str(tmp_path / "a"))
+    spark.conf.set("spark.sql.sources.useV1SourceList", "")
+    try:
+        assert spark.read.format("avro").load(str(tmp_path / "a")).count() == 3
+    finally:
+        spark.conf.unset("spark.sql.sources.useV1SourceList")
