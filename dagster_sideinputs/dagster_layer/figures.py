@@ -38,7 +38,11 @@ GLOSSARY: dict[str, str] = {
     "throughput_records_per_s": "records_processed / run_seconds",
     "batch_id": "the micro-batch (continuous runs report each one)",
     "batch_seconds": "wall time of one micro-batch",
-    "main_range": "the slice of the main input read: Delta versions, or files",
+    "main_range": "the slice of the main input read: Delta versions, files, or Kafka offsets",
+    "kafka/offsets": "per Kafka partition: offsets read (from, to), committed, log end, lag",
+    "kafka/lag": "Kafka records not read yet: log end minus committed offsets, all partitions",
+    "kafka/lost_offsets": "Kafka offsets deleted before they were read and skipped "
+    '(on_data_loss="skip")',
     "side_input_versions": "the Delta version of each side table read",
     "readiness": "per side input and window: ready or not, and why",
     "not_ready": "the side inputs (per window) not ready, with the reason",

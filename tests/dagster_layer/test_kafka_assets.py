@@ -112,7 +112,7 @@ def test_job_reads_the_topic_and_reports_offsets_and_lag(env):
     assert result.success
     (done,) = materializations(result, f"{env['name']}_enriched")
     meta = done.metadata
-    assert meta["records_in"].value == 50
+    assert meta["new_records"].value == 50
     assert meta["batches"].value == 2  # max_records_per_batch=30
     assert meta["kafka/lag"].value == 0
     table = meta["kafka/offsets"].value
@@ -123,7 +123,7 @@ def test_job_reads_the_topic_and_reports_offsets_and_lag(env):
     env["broker"].produce_json(env["topic"], tx(range(50, 55)), key="customer_id")
     again = job.execute_in_process(instance=env["instance"])
     (second,) = materializations(again, f"{env['name']}_enriched")
-    assert second.metadata["records_in"].value == 5
+    assert second.metadata["new_records"].value == 5
 
 
 def test_sensor_runs_on_new_offsets_and_says_why_it_skips(env):
@@ -179,6 +179,6 @@ def test_continuous_job_materializes_each_kafka_micro_batch_with_its_offsets(env
         for e in materializations(result, f"{env['name']}_enriched")
         if (e.description or "").startswith("micro-batch")
     ]
-    assert [e.metadata["records_in"].value for e in events] == [30, 10]
+    assert [e.metadata["new_records"].value for e in events] == [30, 10]
     assert events[0].metadata["kafka/lag"].value == 10
     assert events[1].metadata["kafka/lag"].value == 0
