@@ -4,18 +4,36 @@
 
 The lake's object store settings come from the ``AWS_*`` environment variables (what
 ``DeltaStorage`` reads), the lock's lease from ``DSI_LOCK_LEASE_SECONDS``. Prints
-``ready`` once its Spark session is up, ``in-batch <epoch seconds>`` when the function
-of a batch starts (so after it took the lock), and ``batches=<n> replayed=<n>`` at the
-end. Exit code 0: ran; 3: refused because another run holds the operator.
+``ready`` once its Spark session is up, ``locked <epoch seconds>`` when it holds the
+operator's lock, ``in-batch <epoch seconds>`` when the function of a batch starts, and
+``batches=<n> replayed=<n>`` at the end. Exit code 0: ran; 3: refused because another
+run holds the operator.
 """
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import operator as operator_module
 from dagster_sideinputs.delta.s3 import is_s3
+
+_operator_lock = operator_module.operator_lock
+
+
+@contextlib.contextmanager
+def _announced_lock(*args: Any, **kwargs: Any) -> Iterator[None]:
+    """The operator's own lock, saying when it is held (the test times the take-over)."""
+    with _operator_lock(*args, **kwargs):
+        print(f"locked {time.time():.3f}", flush=True)
+        yield
+
+
+operator_module.operator_lock = _announced_lock  # type: ignore[assignment]
 
 
 def main() -> int:

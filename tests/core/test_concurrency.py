@@ -157,16 +157,16 @@ def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lak
         with workers(waiting):
             waiting.wait_for("ready")
             time.sleep(2 * LEASE_S)  # B tries meanwhile; A, alive, renews its lease
-            assert not waiting.has("in-batch"), "B ran while A held the lock"
+            assert not waiting.has("locked"), "B took the lock while A held it"
             holder.kill()
             killed_at = time.time()
-            took_over_at, _ = waiting.wait_for("in-batch", timeout=120)
+            took_over_at, _ = waiting.wait_for("locked", timeout=120)
             code, out, err = waiting.finish()
     assert code == 0, err[-3000:]
     assert out.splitlines()[-1].startswith("batches=1"), out
     delay = took_over_at - killed_at
     if is_local(lake.storage.root):
-        assert delay < LEASE_S, delay
+        assert delay < LEASE_S / 2, delay
     else:
         # Expired by observation: unchanged for a whole lease since A's last renewal.
         assert LEASE_S / 3 < delay < 3 * LEASE_S, delay

@@ -1,7 +1,10 @@
 """DeltaIOManager: Spark DataFrames stored as Delta tables, under real Dagster runs."""
 
+import logging
 import os
+import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -473,3 +476,83 @@ def test_partitioned_asset_with_its_own_partition_column_raises_schema_mismatch(
         run([clashing], resources, instance, partition_key=DAY_1)
     assert "partition_column" in str(info.value.fix)
     assert not os.path.exists(os.path.join(root, "clashing"))
+
+
+# --- object store credentials ---------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_s3_credentials_given_as_env_vars_stay_out_of_dagster_logs_and_the_lake(
+    spark, s3_server, instance, monkeypatch, caplog, capfd
+):
+    """Known fake credentials (moto accepts any), given the Dagster way: they reach Spark
+    and delta-rs, and appear nowhere else: not in the instance's storage (runs, events,
+    metadata, compute logs), the logs, the error of a failed write, or the lake's objects.
+    A bucket of its own, so that Spark builds its s3a client with these credentials."""
+    bucket = f"secrets-{uuid.uuid4().hex[:8]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    fake = {
+        "DSI_TEST_KEY": f"AKIAFAKE{uuid.uuid4().hex[:12].upper()}",
+        "DSI_TEST_SECRET": f"fake-secret-{uuid.uuid4().hex}",
+        "DSI_TEST_TOKEN": f"fake-token-{uuid.uuid4().hex}",
+    }
+    for name, value in fake.items():
+        monkeypatch.setenv(name, value)
+    caplog.set_level(logging.DEBUG)
+
+    def io_manager(root: str, spark_resource: SparkResource) -> DeltaIOManager:
+        return DeltaIOManager(
+            root=root,
+            storage_options={
+                "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+                "AWS_ACCESS_KEY_ID": dg.EnvVar("DSI_TEST_KEY"),
+                "AWS_SECRET_ACCESS_KEY": dg.EnvVar("DSI_TEST_SECRET"),
+                "AWS_SESSION_TOKEN": dg.EnvVar("DSI_TEST_TOKEN"),
+            },
+            spark=spark_resource,
+        )
+
+    @dg.asset
+    def order_names(orders: DataFrame) -> DataFrame:
+        return orders.select(F.upper("name").alias("name"))
+
+    spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
+    root = f"s3a://{bucket}/lake"
+    good = {"spark": spark_resource, "io_manager": io_manager(root, spark_resource)}
+    assert run([orders_asset(), order_names], good, instance).success
+    missing = {
+        "spark": spark_resource,
+        "io_manager": io_manager("s3a://no-such-bucket/x", spark_resource),
+    }
+    failed = run([orders_asset()], missing, instance, raise_on_error=False)
+    assert not failed.success
+    [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = str(failure.event_specific_data.error)
+    assert "no-such-bucket" in error
+    # The credentials were used: Spark has them, for this bucket only.
+    assert spark.conf.get(f"fs.s3a.bucket.{bucket}.secret.key") == fake["DSI_TEST_SECRET"]
+
+    out, err = capfd.readouterr()
+    texts = {"error": error, "stdout": out, "stderr": err, "log records": caplog.text}
+    texts["events"] = "\n".join(repr(record) for record in instance.get_event_records())
+    found = [
+        f"{where}: {name}"
+        for where, text in texts.items()
+        for name, value in fake.items()
+        if value in text
+    ]
+    for directory, _, names in os.walk(instance.root_directory):
+        for file in names:
+            data = (Path(directory) / file).read_bytes()
+            found += [f"{file}: {name}" for name, value in fake.items() if value.encode() in data]
+    lake_keys = s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]
+    for item in lake_keys:
+        body = s3_server.client().get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        found += [
+            f"{item['Key']}: {name}" for name, value in fake.items() if value.encode() in body
+        ]
+    assert not found, found
+    assert any(
+        k["Key"].endswith("lake/orders/_delta_log/00000000000000000000.json") for k in lake_keys
+    )
+    assert any(os.scandir(instance.root_directory))  # the instance did store things
