@@ -22,7 +22,7 @@ from dagster_sideinputs.core.packages import S3A_PACKAGES
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.rows import Record, RowContext
 from dagster_sideinputs.core.session import build_spark_session
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.side_inputs import AsOf, SideInput
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
@@ -40,6 +40,7 @@ from dagster_sideinputs.errors import (
     EmptySingletonError,
     FunctionError,
     MainInputDataError,
+    MissingSideColumnError,
     NonAppendOnlyChangeError,
     NotADeltaTableError,
     OperatorBusyError,
@@ -84,6 +85,7 @@ __all__ = [
     "MAIN",
     "S3A_PACKAGES",
     "AppTransaction",
+    "AsOf",
     "BatchMetrics",
     "BufferLimitExceededError",
     "BufferLimits",
@@ -104,6 +106,7 @@ __all__ = [
     "KeyGroups",
     "MainInput",
     "MainInputDataError",
+    "MissingSideColumnError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",

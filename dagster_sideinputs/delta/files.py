@@ -46,8 +46,9 @@ def normalize_uri(uri: str) -> str:
 # Characters a root or table path must not hold: Hadoop reads ``* ? [ ] { }`` (and ``\\``
 # escapes) as glob patterns, URIs end their path at ``#`` (fragment) and ``?`` (query),
 # and ``%`` starts an escape that delta-rs decodes and Spark does not (``a%20b`` is one
-# folder to one and another folder to the other).
-UNSAFE_PATH_CHARACTERS = re.compile(r"[*?\[\]{}\\#%]")
+# folder to one and another folder to the other). Control characters (a tab, a newline)
+# are not valid in paths at all.
+UNSAFE_PATH_CHARACTERS = re.compile(r"[*?\[\]{}\\#%\x00-\x1f\x7f]")
 
 
 def unsafe_characters(uri: str) -> list[str]:

@@ -133,7 +133,7 @@ def added_files(
     result: list[DataFile] = []
     for commit in iter_commits(files, start_exclusive, end_inclusive, table=table, schema=schema):
         if commit.removed_data:
-            raise NonAppendOnlyChangeError(
+            error = NonAppendOnlyChangeError(
                 f"Version {commit.version} of table {table} removed data "
                 f"({commit.operation}, {len(commit.removed_data)} file(s), e.g. "
                 f"{commit.removed_data[0]!r}); an incremental reader of an append-only "
@@ -142,5 +142,7 @@ def added_files(
                 f"or restart the operator from version {commit.version} after reviewing "
                 "the change",
             )
+            error.version = commit.version
+            raise error
         result.extend(commit.added)
     return result
