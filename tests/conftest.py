@@ -96,13 +96,17 @@ STORAGE_CASES: tuple[StorageCase, ...] = (StorageCase("local"), StorageCase("s3"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker("each_storage") is None:
+    marker = metafunc.definition.get_closest_marker("each_storage")
+    if marker is None:
         return
     if "storage_case" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: each_storage without a lake")
-    metafunc.parametrize(
-        "storage_case", STORAGE_CASES, ids=[case.id for case in STORAGE_CASES], indirect=True
-    )
+    cases = STORAGE_CASES
+    if marker.kwargs.get("heavy"):
+        # Heavy cases (worker processes, lock leases) run once per store, with the default
+        # engine: what they test is the store and the lock, and CI time stays small.
+        cases = tuple(case for case in STORAGE_CASES if case.engine == STORAGE_CASES[0].engine)
+    metafunc.parametrize("storage_case", cases, ids=[case.id for case in cases], indirect=True)
 
 
 @pytest.fixture

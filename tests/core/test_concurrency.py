@@ -21,7 +21,7 @@ TX = "tx_id long, customer_id long, amount double"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 LEASE_S = 5.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.each_storage]
+pytestmark = [pytest.mark.slow, pytest.mark.each_storage(heavy=True)]
 
 
 class Worker:
