@@ -268,7 +268,7 @@ class OperatorState:
         )
 
     def clear(self) -> None:
-        """Delete plans, commit records and identity (the reset path)."""
-        for folder in ("plans", "commits"):
+        """Delete plans, their claims, commit records and identity (the reset path)."""
+        for folder in ("plans", "claims", "commits"):
             self.files.delete_dir(folder)
         self.files.delete_file(IDENTITY_FILE)

@@ -19,8 +19,10 @@ bucket and JVM, built at the bucket's first use: the settings must be in place b
 Spark first touches the bucket (they are, when the lake's own code touches it first).
 """
 
+import contextlib
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -290,6 +292,25 @@ def configure_spark(spark: Any, uri: str, storage_options: Mapping[str, str] | N
     _require_s3a(spark, uri)
     # Resolved like delta-rs resolves them (the environment fills what is not given).
     store = S3Store.from_storage_options(resolve_storage_options(uri, storage_options))
-    for key, value in store.hadoop_settings(bucket_of(uri)).items():
-        if spark.conf.get(key, None) != value:
-            spark.conf.set(key, value)
+    with _py4j_quiet():
+        for key, value in store.hadoop_settings(bucket_of(uri)).items():
+            if spark.conf.get(key, None) != value:
+                spark.conf.set(key, value)
+
+
+@contextlib.contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Keep py4j from logging the commands of the block: at DEBUG it logs each command it
+    sends to the JVM with its arguments, here the credentials."""
+    loggers = [logging.getLogger(name) for name in _PY4J_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logging.INFO, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+_PY4J_LOGGERS = ("py4j", "py4j.clientserver", "py4j.java_gateway")
