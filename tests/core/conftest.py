@@ -40,6 +40,7 @@ class Lake:
 
     def append(self, name: str, rows: Iterable[tuple], schema: str, **options: Any) -> None:
         frame = self.spark.createDataFrame(list(rows), schema)
+        options.setdefault("storage_options", self.storage.storage_options)
         dsi.write_dataframe(frame, self.storage.table_uri(name), **options)
 
     def overwrite(self, name: str, rows: Iterable[tuple], schema: str) -> None:
@@ -52,7 +53,9 @@ class Lake:
         """A table's rows as sorted tuples (of the given columns, or all)."""
         if not self.exists(name):
             return []
-        frame: DataFrame = read_table(self.spark, self.storage.table_uri(name))
+        frame: DataFrame = read_table(
+            self.spark, self.storage.table_uri(name), storage_options=self.storage.storage_options
+        )
         if columns:
             frame = frame.select(*columns)
         return sorted((tuple(r) for r in frame.collect()), key=repr)
@@ -73,10 +76,9 @@ class Lake:
 
 
 @pytest.fixture
-def lake(spark, tmp_path) -> Lake:
-    root = tmp_path / "lake"
-    root.mkdir()
-    return Lake(spark, dsi.DeltaStorage(root=str(root)))
+def lake(spark, lake_storage: dsi.DeltaStorage) -> Lake:
+    """A lake where the storage case says (tests/conftest.py: local unless ``each_storage``)."""
+    return Lake(spark, lake_storage)
 
 
 def passthrough(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:

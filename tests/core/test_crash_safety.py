@@ -95,10 +95,13 @@ STEPS = [
 def snapshot(lake: Lake, op: dsi.SideInputOperator) -> dict[str, list]:
     tables = {name: lake.rows(name) for name in ("enriched", "suspicious", "unmatched")}
     buffer = op.buffer().snapshot
+    options = lake.storage.storage_options
     rows = (
         []
         if buffer is None
-        else dsi.read_table(lake.spark, buffer.uri).select("tx_id", "_dsi_slot").collect()
+        else dsi.read_table(lake.spark, buffer.uri, storage_options=options)
+        .select("tx_id", "_dsi_slot")
+        .collect()
     )
     tables["buffer"] = sorted(tuple(r) for r in rows)
     return tables
@@ -122,8 +125,11 @@ def run_all(lake: Lake, clock: Clock, crash: tuple[int, int] | None = None) -> d
         step(lake)
         if crash is not None and crash[0] == index:
             writes = crash[1] if crash[1] != COMMIT_RECORD else 1_000
-            engine = CrashingEngine(DeltaRsEngine(), writes)
-            crashing = operator(dsi.DeltaStorage(lake.storage.root, engine=engine))
+            options = lake.storage.storage_options
+            engine = CrashingEngine(DeltaRsEngine(options), writes)
+            crashing = operator(
+                dsi.DeltaStorage(lake.storage.root, storage_options=options, engine=engine)
+            )
             if crash[1] == COMMIT_RECORD:
                 crashing.state.commit = crash_now  # type: ignore[method-assign]
             with pytest.raises(InjectedCrash):
@@ -160,6 +166,25 @@ def test_crash_after_any_write_then_rerun_gives_the_reference_tables(
     spark, tmp_path, reference, step, write
 ):
     lake = Lake(spark, dsi.DeltaStorage(str(tmp_path)))
+    result = run_all(
+        lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
+    )
+    assert result == reference
+
+
+S3_CRASHES = [(0, 0), (0, 2), (1, COMMIT_RECORD), (2, 1)]
+"""On the S3 test server: before any write, between writes (one that creates a table,
+one that does not), after every write before the commit record."""
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.parametrize(("step", "write"), S3_CRASHES)
+def test_crash_on_s3_then_rerun_gives_the_reference_tables_of_a_local_run(
+    spark, s3_server, reference, step, write
+):
+    storage = dsi.DeltaStorage(s3_server.fresh_prefix("crash"), s3_server.storage_options)
+    lake = Lake(spark, storage)
     result = run_all(
         lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
     )
