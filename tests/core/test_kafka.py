@@ -507,14 +507,23 @@ def test_a_batch_no_table_committed_is_planned_again_with_the_offsets_there_are_
 ):
     name = topic(kafka_broker, partitions=1)
     kafka_broker.produce_json(name, tx(range(5)), key="customer_id")
-    engine = CrashingEngine(DeltaRsEngine(), crash_after=0)  # before any commit
-    crashing = operator(
-        lake,
-        kafka_main(kafka_broker, name),
-        storage=dsi.DeltaStorage(lake.storage.root, engine=engine),
+    operator(lake, kafka_main(kafka_broker, name))  # the profiles
+
+    def broken(main, sides):
+        raise ValueError("a bug, fixed before the rerun")
+
+    # The function fails while the batch stages its tables: no table committed, and no
+    # run claimed the plan for commit (a claimed plan is replayed from its pinned
+    # offsets instead: test_replayed_batch_reads_exactly_its_pinned_offsets).
+    failing = lake.operator(
+        main=kafka_main(kafka_broker, name),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=broken,
+        main_output="enriched",
+        invalid=INVALID,
     )
-    with pytest.raises(InjectedCrash):
-        crashing.run(lake.spark)
+    with pytest.raises(dsi.FunctionError):
+        failing.run(lake.spark)
     kafka_broker.produce_json(name, tx(range(5, 8)), key="customer_id")
     op = operator(lake, kafka_main(kafka_broker, name))
     result = op.run(lake.spark)
