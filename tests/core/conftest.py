@@ -8,7 +8,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.engine import DeltaEngine
+
+ENGINES = {"rs": "delta-rs", "spark": "delta-spark"}
+"""Test ids of the two Delta engines -> ``DeltaStorage(engine=...)``."""
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 5, 1, 0, 0, tzinfo=UTC)
@@ -32,27 +35,47 @@ class Clock:
 
 
 class Lake:
-    """Small Delta tables under one storage root, written and read through the bridge."""
+    """Small Delta tables under one storage root, written and read through the engine
+    under test (``engine``: ``delta-rs`` or ``delta-spark``)."""
 
     def __init__(self, spark: SparkSession, storage: dsi.DeltaStorage) -> None:
         self.spark = spark
-        self.storage = storage
+        self.storage = storage.bind(spark)
+
+    @property
+    def engine(self) -> DeltaEngine:
+        """The engine the operators of this lake use (bound to the session)."""
+        return self.storage.delta
+
+    @property
+    def engine_id(self) -> str:
+        """``rs`` or ``spark``."""
+        return "spark" if self.engine.name == "delta-spark" else "rs"
+
+    def with_engine(self, engine: DeltaEngine) -> dsi.DeltaStorage:
+        """This lake's root with another engine (e.g. one that crashes on purpose)."""
+        return dsi.DeltaStorage(self.storage.root, engine=engine)
 
     def append(self, name: str, rows: Iterable[tuple], schema: str, **options: Any) -> None:
         frame = self.spark.createDataFrame(list(rows), schema)
-        dsi.write_dataframe(frame, self.storage.table_uri(name), **options)
+        self.engine.write(frame, self.storage.table_uri(name), **options)
 
     def overwrite(self, name: str, rows: Iterable[tuple], schema: str) -> None:
         self.append(name, rows, schema, mode="overwrite", schema_mode="overwrite")
 
     def exists(self, name: str) -> bool:
-        return self.storage.delta.exists(self.storage.table_uri(name))
+        return self.engine.exists(self.storage.table_uri(name))
+
+    def frame(self, name_or_uri: str) -> DataFrame:
+        """A table's latest rows (by name under the root, or by location)."""
+        uri = name_or_uri if "/" in name_or_uri else self.storage.table_uri(name_or_uri)
+        return self.engine.read_snapshot(self.spark, self.engine.snapshot(uri))
 
     def rows(self, name: str, *columns: str) -> list[tuple]:
         """A table's rows as sorted tuples (of the given columns, or all)."""
         if not self.exists(name):
             return []
-        frame: DataFrame = read_table(self.spark, self.storage.table_uri(name))
+        frame = self.frame(name)
         if columns:
             frame = frame.select(*columns)
         return sorted((tuple(r) for r in frame.collect()), key=repr)
@@ -72,11 +95,25 @@ class Lake:
         return op.run(self.spark, **kwargs)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules that set ``DELTA_ENGINES = ("rs", "spark")`` run each test using the
+    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``)."""
+    engines = getattr(metafunc.module, "DELTA_ENGINES", None)
+    if engines and "delta_engine" in metafunc.fixturenames:
+        metafunc.parametrize("delta_engine", list(engines), scope="function")
+
+
 @pytest.fixture
-def lake(spark, tmp_path) -> Lake:
+def delta_engine() -> str:
+    """The engine of modules that do not ask for both: the bridge, as before."""
+    return "rs"
+
+
+@pytest.fixture
+def lake(spark, tmp_path, delta_engine) -> Lake:
     root = tmp_path / "lake"
     root.mkdir()
-    return Lake(spark, dsi.DeltaStorage(root=str(root)))
+    return Lake(spark, dsi.DeltaStorage(root=str(root), engine=ENGINES[delta_engine]))
 
 
 def passthrough(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
