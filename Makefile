@@ -52,8 +52,9 @@ bench: $(STAMP)  ## the benchmarks (minutes; see bench/)
 bench-scale: $(STAMP)  ## 50M main records, 10M side rows, growth curves (about an hour)
 	$(BIN)/python bench/scale.py
 
-crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared
+crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared; then kills followed by a side-input change
 	$(BIN)/python bench/crash_harness.py --trials 20 --kill-at all
+	$(BIN)/python bench/crash_harness.py --script short --trials 0 --side-change
 
 clean:
 	rm -rf data .dagster_home

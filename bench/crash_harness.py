@@ -1,6 +1,7 @@
 """Crash harness: the example pipeline killed with SIGKILL at random points, then rerun.
 
     python bench/crash_harness.py --trials 20 --seed 1
+    python bench/crash_harness.py --script short --trials 0 --side-change
 
 Every trial copies a template (a Dagster instance and a Delta lake holding the side
 inputs), runs the example pipeline (``assets/``) in a worker subprocess, kills the
@@ -22,6 +23,14 @@ killed worker stopped (its progress is a file, advanced after each action):
    (the transactions still waiting for a profile go to ``unmatched_transactions``);
 6. materialize profiles with 60 more customers, run
    ``replay_unmatched_transactions_job`` (the replay operator has its own state).
+
+Side-change trials (``--script short --side-change``) kill the first job right after
+batch 0's plan, either before any table is committed (``before-create-enriched``) or after
+the first one (``after-first-table``), then add 25 customer profiles before the rerun.
+A batch no table committed is planned again and must equal a run without faults that
+added them before the job (``short-change-first``); a batch some table committed is
+replayed with the profiles it planned with, and must equal a run that added them after
+the job (``short-change-after``).
 
 Nothing that changes the outputs depends on the wall clock: event times are fixed,
 the profile timeout is huge (then zero), and the side inputs with freshness policies
@@ -129,7 +138,18 @@ SHORT_ACTIONS = (
     Action("job", "payments_enrichment_job"),
 )
 """A CI-sized pipeline: two batches, one worker group (one JVM start when not killed)."""
-SCRIPTS = {"full": ACTIONS, "short": SHORT_ACTIONS}
+SIDE_CHANGE = Action("profiles", 25)
+"""The side-input change of the side-change trials: 25 more customer profiles (some
+transactions of the script's first batch wait for them)."""
+SCRIPTS = {
+    "full": ACTIONS,
+    "short": SHORT_ACTIONS,
+    # References of the side-change trials (the short script with the change inserted):
+    # the change before the first job (what a batch planned again must equal), and after
+    # it (what a batch replayed from its plan, then the next batch, must equal).
+    "short-change-first": (SHORT_ACTIONS[0], SIDE_CHANGE, *SHORT_ACTIONS[1:]),
+    "short-change-after": (*SHORT_ACTIONS[:2], SIDE_CHANGE, *SHORT_ACTIONS[1:]),
+}
 GROUP_TIMEOUTS = {"long": LONG_TIMEOUT_MINUTES, "zero": ZERO_TIMEOUT_MINUTES}
 
 
@@ -174,6 +194,7 @@ def _worker_env(trial: Path, group: str) -> dict[str, str]:
         DAGSTER_HOME=str(trial / "dagster_home"),
         DSI_LAKE_ROOT=str(trial / "lake"),
         DSI_PROFILE_TIMEOUT_MINUTES=GROUP_TIMEOUTS[group],
+        DSI_FX_START="2024-05-01-00:00",  # the scripts' FX hours (the demo starts yesterday)
         DSI_SPARK_MASTER="local[2]",
         DSI_SPARK_UI="false",
         DSI_SPARK_DRIVER_MEMORY="1g",
@@ -222,6 +243,7 @@ def _append(lake: Path, batch_index: int) -> None:
 
 KILL_POINTS = {
     "before-first-plan": "dagster_sideinputs.core.state:OperatorState.create_plan:1",
+    "after-first-table": "dagster_sideinputs.delta.writer:commit_files:2",
     "before-publish-1": "dagster_sideinputs.delta.staging:Staging.publish:1",
     "before-create-enriched": "dagster_sideinputs.delta.writer:commit_files:1",
     "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
@@ -234,7 +256,10 @@ the call runs. ``commit_files`` is the Delta commit of a write whose files Spark
 and the bridge has already moved into the table (a new table was created empty just
 before: ``before-create-enriched`` once left a folder of files without a log, which every
 rerun refused); in the first job, calls 1-5 create
-the four output tables and the buffer (batch 0), call 8 is batch 1's buffer write."""
+the four output tables and the buffer (batch 0), call 8 is batch 1's buffer write.
+``before-create-enriched`` (batch 0 planned and staged, no table committed: the rerun
+plans it again) and ``after-first-table`` (one table committed: the rerun replays it) are
+the kill points of the side-change trials."""
 
 
 def _arm_kill_point(trial: Path, spec: str) -> None:
@@ -298,13 +323,7 @@ def worker(trial: Path, *, template: bool = False) -> None:
             materialize([fx_rates], partition_key=key)
         return
 
-    group = os.environ["DSI_HARNESS_GROUP"]
-    actions = _actions(trial)
-    for index in range(_progress(trial), len(actions)):
-        action = actions[index]
-        if action.group != group:
-            break
-        _event(trial, event="start", index=index, action=action.label)
+    def perform(action: Action) -> None:
         if action.kind == "append":
             _append(lake, action.arg)
         elif action.kind == "fx":
@@ -321,6 +340,20 @@ def worker(trial: Path, *, template: bool = False) -> None:
             result = defs.resolve_job_def(action.arg).execute_in_process(instance=instance)
             if not result.success:
                 raise RuntimeError(f"job {action.arg} failed")
+
+    change = os.environ.get("DSI_HARNESS_CHANGE")
+    if change:  # an input change made between a kill and the rerun (side-change trials)
+        kind, arg = change.split(":", 1)
+        _event(trial, event="change", action=f"{kind} {arg}")
+        perform(Action(kind, int(arg) if arg.isdigit() else arg))
+    group = os.environ["DSI_HARNESS_GROUP"]
+    actions = _actions(trial)
+    for index in range(_progress(trial), len(actions)):
+        action = actions[index]
+        if action.group != group:
+            break
+        _event(trial, event="start", index=index, action=action.label)
+        perform(action)
         _event(trial, event="done", index=index, action=action.label)
         _set_progress(trial, index + 1)
 
@@ -361,11 +394,14 @@ def _launch(
     group: str,
     kill_after: float | None,
     kill_at: str | None = None,
+    change: Action | None = None,
 ) -> Launch:
     env = _worker_env(trial, group)
     env["DSI_HARNESS_GROUP"] = group
     if kill_at:
         env["DSI_HARNESS_KILL_AT"] = kill_at
+    if change is not None:
+        env["DSI_HARNESS_CHANGE"] = f"{change.kind}:{change.arg}"
     number = len(list(trial.glob("worker-*.out")))
     with open(trial / f"worker-{number:02d}.out", "w") as out:
         started = time.monotonic()
@@ -420,12 +456,17 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         raise RuntimeError(f"processes of worker {pgid} survived SIGKILL: {alive}")
 
 
-def run_pipeline(trial: Path, reference: "Reference | None" = None) -> list[Launch]:
-    """Run the pipeline in ``trial`` to completion (from wherever it stopped)."""
+def run_pipeline(
+    trial: Path, reference: "Reference | None" = None, *, change: Action | None = None
+) -> list[Launch]:
+    """Run the pipeline in ``trial`` to completion (from wherever it stopped), making
+    ``change`` first when given."""
     launches: list[Launch] = []
     actions = _actions(trial)
     while _progress(trial) < len(actions):
-        launch = _launch(trial, ["_worker"], actions[_progress(trial)].group, None)
+        group = actions[_progress(trial)].group
+        launch = _launch(trial, ["_worker"], group, None, change=change)
+        change = None
         launches.append(launch)
         if launch.returncode != 0:
             raise WorkerFailed(trial, launches)
@@ -802,9 +843,12 @@ def _batches(lake: Path) -> dict[str, int]:
     return {d.name: len(_ids(d / "commits")) for d in sorted((lake / STATE).glob("*"))}
 
 
-def reference_tables(template: Template, path: Path) -> Reference:
-    """Run the pipeline once without faults; its tables and timings."""
+def reference_tables(template: Template, path: Path, script: str | None = None) -> Reference:
+    """Run the pipeline once without faults (the template's script, or ``script``); its
+    tables and timings."""
     _copy(template, path)
+    if script is not None:
+        (path / "script").write_text(script)
     started = time.monotonic()
     run_pipeline(path)
     total = time.monotonic() - started
@@ -915,6 +959,73 @@ def run_targeted_trial(
     )
 
 
+@dataclass
+class PlanPath:
+    """How the rerun of a side-change trial finished the killed batch 0."""
+
+    replanned: bool  # its plan was set aside and the batch planned again
+    profiles_version: int | None  # the customer_profiles version batch 0 read
+    template_version: int | None  # the version the killed worker planned with
+
+    def __str__(self) -> str:
+        how = "planned again" if self.replanned else "replayed from its plan"
+        return (
+            f"batch 0 {how}; it read customer_profiles version {self.profiles_version} "
+            f"(version {self.template_version} when first planned)"
+        )
+
+
+def plan_path(trial: Path) -> PlanPath:
+    """Read the payments operator's state: was batch 0 planned again or replayed?"""
+    state = trial / "lake" / STATE / "enriched_transactions"
+    discarded = sorted((state / "plans" / "discarded").glob("*.json"))
+    committed = json.loads((state / "commits" / f"{0:020d}.json").read_text())
+    first = json.loads(discarded[0].read_text()) if discarded else None
+    return PlanPath(
+        replanned=bool(discarded),
+        profiles_version=committed["side_versions"].get("profile"),
+        template_version=None if first is None else first["side_versions"].get("profile"),
+    )
+
+
+def run_side_change_trial(
+    template: Template,
+    reference: Reference,
+    kill_point: str,
+    path: Path,
+    *,
+    number: int = 0,
+) -> tuple[TrialResult, PlanPath | None]:
+    """Copy the template (short script), SIGKILL the first job at ``kill_point``, change a
+    side input (:data:`SIDE_CHANGE`), rerun, and compare with ``reference`` (a run without
+    faults of ``short-change-first`` for a batch planned again, ``short-change-after`` for
+    a replayed one)."""
+    _copy(template, path)
+    (path / "script").write_text("short")
+    started = time.monotonic()
+    launches: list[Launch] = []
+    error, diffs, how = None, {}, None
+    try:
+        launch = _launch(path, ["_worker"], "long", None, KILL_POINTS[kill_point])
+        launches.append(launch)
+        if not launch.killed:
+            raise RuntimeError(f"kill point {kill_point} was not reached")
+        launch.phase = inspect_phase(path)
+        launches += run_pipeline(path, change=SIDE_CHANGE)
+        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+        how = plan_path(path)
+    except WorkerFailed as exc:
+        launches += exc.launches
+        error = str(exc)
+    except RuntimeError as exc:
+        error = str(exc)
+    result = TrialResult(
+        number, -1, path, [], launches, diffs, time.monotonic() - started, error, kill_point
+    )
+    result.note = "" if how is None else f"({how})"
+    return result, how
+
+
 def run(
     trials: int,
     seed: int,
@@ -923,10 +1034,12 @@ def run(
     max_kills: int = 3,
     kill_points: Sequence[str] = (),
     script: str = "full",
+    side_change: bool = False,
     log: Any = print,
 ) -> tuple[Reference, list[TrialResult]]:
     """Template, reference, then ``trials`` random trials with seeds ``seed``, ``seed + 1``,
-    ..., then one trial per named kill point."""
+    ..., then one trial per named kill point, then (``side_change``, short script only)
+    the side-change trials."""
     started = time.monotonic()
     template = prepare_template(root / "template", script)
     log(f"template ready in {time.monotonic() - started:.0f}s", flush=True)
@@ -955,7 +1068,32 @@ def run(
         )
         results.append(result)
         log(result.line(), flush=True)
+    if side_change:
+        results += side_change_trials(template, root, start=len(results) + 1, log=log)
     return reference, results
+
+
+SIDE_CHANGE_TRIALS = {
+    "before-create-enriched": "short-change-first",
+    "after-first-table": "short-change-after",
+}
+"""Kill point -> the script whose run without faults the trial must equal."""
+
+
+def side_change_trials(
+    template: Template, root: Path, *, start: int = 1, log: Any = print
+) -> list[TrialResult]:
+    """A kill after the first plan (re-plan path) and after the first table (replay
+    path), each followed by a side-input change; compared with their references."""
+    results = []
+    for offset, (point, script) in enumerate(SIDE_CHANGE_TRIALS.items(), start=start):
+        reference = reference_tables(template, root / f"reference-{script}", script)
+        result, _ = run_side_change_trial(
+            template, reference, point, root / f"trial-{offset:02d}-change-{point}", number=offset
+        )
+        results.append(result)
+        log(result.line(), flush=True)
+    return results
 
 
 def summary(results: Sequence[TrialResult], seconds: float) -> str:
@@ -1012,9 +1150,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--script", choices=sorted(SCRIPTS), default="full", help="the pipeline to run"
     )
+    parser.add_argument(
+        "--side-change",
+        action="store_true",
+        help="also kill after the first plan and after the first table, change a side input, "
+        "rerun and compare (needs --script short)",
+    )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
+    if args.side_change and args.script != "short":
+        parser.error("--side-change needs --script short")
     started = time.monotonic()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="dsi-crash-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -1027,6 +1173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_kills=args.max_kills,
         kill_points=points,
         script=args.script,
+        side_change=args.side_change,
     )
     print(summary(results, time.monotonic() - started))
     ok = all(r.ok for r in results)

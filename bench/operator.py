@@ -22,6 +22,7 @@ prints medians and ratios against the baseline measured in the same run.
 """
 
 import argparse
+import contextlib
 import datetime as dt
 import inspect
 import json
@@ -48,6 +49,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import batch as batch_module
+from dagster_sideinputs.core import write as write_stage
+from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.delta.engine import AppTransaction
 
 MAIN_COLUMNS = ["tx_id", "customer_id", "amount", "currency", "ts"]
 THRESHOLD = 950.0  # about 5% of the amounts (uniform in [0, 1000))
@@ -427,6 +432,37 @@ class OperatorRun:
     root: Path
 
 
+def write_per_table(context: StageContext, batch: Batch) -> Batch:
+    """The write stage as it was before stage-then-commit: each table staged and committed
+    in turn (an error in a later table's Spark job found the earlier ones committed).
+    Kept here only to measure what staging every table first costs."""
+    spec, plan = context.spec, batch.plan
+    txn = AppTransaction(spec.operator_id, plan.batch_id)
+    removed = write_stage.released_files(batch.buffer, plan)
+    meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
+    writes = {}
+    for target in write_stage._targets(context, batch):
+        if batch.replayed and write_stage._holds(context, target.uri, txn):
+            continue
+        staged = write_stage._stage(context, batch, target)
+        result = write_stage._commit(context, target, staged, txn, meta, removed)
+        writes[target.label] = write_stage._table_write(target, result)
+    return batch.but(writes=writes)
+
+
+@contextlib.contextmanager
+def writes_per_table() -> Iterator[None]:
+    """Run operators with :func:`write_per_table` as their write stage."""
+    saved = batch_module.STAGES
+    batch_module.STAGES = tuple(
+        (name, write_per_table if name == "write" else stage) for name, stage in saved
+    )
+    try:
+        yield
+    finally:
+        batch_module.STAGES = saved
+
+
 def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     spark, args = lake.spark, lake.args
     main_uri = lake.main_table(args.rows)
@@ -438,6 +474,10 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         op = frames_operator(main_uri, lake, root)
         return OperatorRun(op.run(spark, trigger="available_now"), root)
 
+    def operator_per_table(i: int) -> OperatorRun:
+        with writes_per_table():
+            return operator(i)
+
     def baseline(i: int) -> Path:
         out = lake.fresh_root("frames_baseline")
         foreach_batch_job(spark, lake, main_uri, out)
@@ -445,7 +485,12 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)
-    seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
+    actions: dict[str, Callable[[int], Any]] = {"operator": operator}
+    if args.per_table_writes:  # right after the operator: the pair shares its conditions
+        actions["operator_per_table"] = operator_per_table
+    actions["baseline"] = baseline
+    seconds, results = interleaved(actions, args.repeats)
+    per_table_times = list(TIMES.get("operator_per_table", []))
 
     op_counts = {
         (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
@@ -468,6 +513,17 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         "counts_match": len(op_counts) == 1 and op_counts == base_counts,
         "profile": profile,
     }
+    if per_table_times:
+        figures["per_table_s"] = seconds["operator_per_table"]
+        figures["stage_then_commit_per_repeat"] = [
+            o / p for o, p in zip(TIMES["operator"], per_table_times, strict=True)
+        ]
+        figures["per_table_counts"] = sorted(
+            {
+                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
+                for r in results["operator_per_table"]
+            }
+        )
     print(f"\n[frames] {args.rows} main rows, {args.side_rows} profiles, broadcast map + singleton")
     print(
         f"  baseline foreachBatch (readStream.parquet, availableNow) {_rate(figures, 'baseline')}"
@@ -476,6 +532,14 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         f"  SideInputOperator frames mode                            {_rate(figures, 'operator')}"
     )
     print_ratios(figures)
+    if per_table_times:
+        pairs = figures["stage_then_commit_per_repeat"]
+        print(
+            f"  write stage: stage every table then commit {seconds['operator']:6.2f} s, "
+            f"stage and commit each table in turn {figures['per_table_s']:6.2f} s; "
+            f"per repeat {' '.join(f'{r:.3f}' for r in pairs)} (median "
+            f"{statistics.median(pairs):.3f}x); rows {figures['per_table_counts']}"
+        )
     print(
         f"  rows (enriched, suspicious): operator {sorted(op_counts)}, baseline "
         f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
@@ -959,6 +1023,12 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--per-table-writes",
+        action="store_true",
+        help="frames: also time the operator committing each table as soon as it is staged "
+        "(the write stage before stage-then-commit), to measure what staging first costs",
+    )
     args = parser.parse_args()
 
     spark = dsi.build_spark_session(

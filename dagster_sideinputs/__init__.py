@@ -21,7 +21,7 @@ from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.rows import Record, RowContext
 from dagster_sideinputs.core.session import build_spark_session
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.side_inputs import AsOf, SideInput
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
@@ -38,6 +38,7 @@ from dagster_sideinputs.errors import (
     EmptySingletonError,
     FunctionError,
     MainInputDataError,
+    MissingSideColumnError,
     NonAppendOnlyChangeError,
     NotADeltaTableError,
     OperatorBusyError,
@@ -81,6 +82,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MAIN",
     "AppTransaction",
+    "AsOf",
     "BatchMetrics",
     "BufferLimitExceededError",
     "BufferLimits",
@@ -101,6 +103,7 @@ __all__ = [
     "KeyGroups",
     "MainInput",
     "MainInputDataError",
+    "MissingSideColumnError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",

@@ -76,6 +76,9 @@ class CorruptDataFileError(DeltaTableError):
 class NonAppendOnlyChangeError(DeltaTableError):
     """An incremental read met a version that removed or rewrote data."""
 
+    version: int | None = None
+    """The first version in the range read that removed or rewrote data."""
+
 
 class ConcurrentWriteError(DeltaTableError):
     """Another writer committed a conflicting change to the same table first."""
@@ -98,6 +101,12 @@ class EmptySingletonError(SideInputDataError):
 
 class DuplicateKeyError(SideInputDataError):
     """A map side input holds several rows for one key."""
+
+
+class MissingSideColumnError(SideInputDataError, AttributeError, KeyError):
+    """A row function read a column its side input's row does not have (the side table
+    lost it, or the name is wrong). Also an ``AttributeError`` and a ``KeyError``, so
+    ``getattr(row, name, default)`` and ``try: row[name] except KeyError`` keep working."""
 
 
 class MainInputDataError(SideInputError):
@@ -147,6 +156,7 @@ __all__ = [
     "EmptySingletonError",
     "FunctionError",
     "MainInputDataError",
+    "MissingSideColumnError",
     "NonAppendOnlyChangeError",
     "NotADeltaTableError",
     "OperatorBusyError",

@@ -29,6 +29,16 @@ def readme_section(start: str, end: str) -> str:
     return text[text.index(start) : text.index(end)]
 
 
+def test_documents_link_only_to_files_in_the_repository():
+    """Relative links of the README and docs/ point to files a clone has."""
+    root = README.parent
+    for document in [README, *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (document.parent / target).exists(), f"{document.name} links {target}"
+
+
 def test_readme_has_python_examples():
     assert len(readme_blocks()) >= 3
 

@@ -21,12 +21,14 @@ Planning (:mod:`~dagster_sideinputs.core.planner`) happens before, in the operat
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from dagster_sideinputs.core import compute, read, record, route, write
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.sources import SourceSlice
+from dagster_sideinputs.core.spark_errors import translated
 
 Stage = Callable[[StageContext, Batch], Batch]
 STAGES: tuple[tuple[str, Stage], ...] = (
@@ -50,7 +52,14 @@ def run_batch(
     with context.batch_scope():
         for name, stage in STAGES:
             mark = time.perf_counter()
-            batch = stage(context, batch)
+            # Stages translate the Spark errors they expect; any other one still reaches
+            # the user as a SideInputError (the Spark error as its cause).
+            batch = translated(
+                context,
+                partial(stage, context, batch),
+                views=batch.views,
+                what=f"running the {name} stage",
+            )
             batch = batch.timed(name, time.perf_counter() - mark)
     batch = batch.timed("total", time.perf_counter() - started)
     return record.record(context, batch)

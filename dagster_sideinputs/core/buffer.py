@@ -42,7 +42,7 @@ from dagster_sideinputs.core.columns import (
 )
 from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import as_utc
+from dagster_sideinputs.core.windows import as_utc, shifted
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.errors import BufferLimitExceededError
 
@@ -159,11 +159,42 @@ def _recheck_keys(
     spec: OperatorSpec, buffer: BufferState, *, side_changed: bool, now: dt.datetime
 ) -> bool:
     waits = spec.keyed_waits
-    if not waits or side_changed:
+    temporal = [b for b in spec.sides if b.side.as_of is not None]
+    if not (waits or temporal) or side_changed:
         return True  # no wait declared any more: let the records through once
-    oldest = buffer.oldest(buffer.keywait_slots())
-    shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
-    return oldest is None or oldest + shortest <= as_utc(now)
+    slots = buffer.keywait_slots()
+    if waits:
+        oldest = buffer.oldest(slots)
+        shortest = min(b.side.timeout for b in waits if b.side.timeout is not None)
+        if oldest is None or shifted(oldest, shortest) <= as_utc(now):
+            return True
+    if temporal:
+        # Records waiting for an as-of side input's horizon: due when the grace after
+        # their event time passed, or (Delta history, whose horizon is the clock) when
+        # the clock reached their time.
+        column = spec.window.time_column if spec.window is not None else spec.main.event_time
+        times = [f.min_values.get(column) for f in buffer.files(slots)] if column else []
+        if any(t is None for t in times):
+            return True
+        earliest = min((_utc(t) for t in times), default=None)
+        if earliest is None:
+            return False
+        for bound in temporal:
+            history = bound.side.as_of is not None and bound.side.as_of.is_history
+            grace = bound.side.grace
+            if (history and earliest <= as_utc(now)) or (
+                grace is not None and shifted(earliest, grace) <= as_utc(now)
+            ):
+                return True
+    return False
+
+
+def _utc(value: object) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        return as_utc(value)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def _overflow_due(
@@ -173,13 +204,19 @@ def _overflow_due(
     if limits.on_exceed != "overflow":
         return False
     oldest = buffer.oldest()
-    if limits.max_age is not None and oldest is not None and oldest < as_utc(now) - limits.max_age:
+    if (
+        limits.max_age is not None
+        and oldest is not None
+        and oldest < shifted(now, limits.max_age, back=True)
+    ):
         return True
     if limits.max_rows is None:
         return False
     if incoming is None:
         return buffer.rows() > 0
-    return buffer.rows() + incoming > limits.max_rows
+    # A record is buffered once per window it belongs to (several for sliding windows).
+    rows_per_record = spec.window.size // spec.window.slide if spec.window is not None else 1
+    return buffer.rows() + incoming * rows_per_record > limits.max_rows
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -247,7 +284,7 @@ def enforce_limits(
     too_old = (
         limits.max_age is not None
         and after.oldest is not None
-        and after.oldest < as_utc(plan.now) - limits.max_age
+        and after.oldest < shifted(plan.now, limits.max_age, back=True)
     )
     if not (too_many or too_old):
         return classified, counts
@@ -257,8 +294,17 @@ def enforce_limits(
         else f"a record first seen {after.oldest.isoformat() if after.oldest else '?'} "
         f"(max age {limits.max_age})"
     )
+    cutoff_time = None if limits.max_age is None else shifted(plan.now, limits.max_age, back=True)
     unread = [s for s in state.slots() if s not in plan.read_slots]
-    if limits.on_exceed == "fail" or unread:
+    unread_oldest = state.oldest(unread)
+    # Overflow moves records this batch holds. The planner reads every slot when an
+    # overflow may be due, so these include the oldest; should its estimate fall short,
+    # the records of this batch still overflow as long as the unread ones fit (an error
+    # here would be repeated by every rerun: the operator would be stuck).
+    unread_fit = (limits.max_rows is None or state.rows(unread) <= limits.max_rows) and (
+        cutoff_time is None or unread_oldest is None or unread_oldest >= cutoff_time
+    )
+    if limits.on_exceed == "fail" or not unread_fit:
         raise BufferLimitExceededError(
             f"The buffer of operator {spec.operator_id!r} would hold {problem} after batch "
             f"{plan.batch_id}. Nothing was written; buffered records are intact.",
@@ -271,8 +317,8 @@ def enforce_limits(
     waiting = F.col(ROUTE).isin(*BUFFER_ROUTES)
     rank = F.when(waiting, F.row_number().over(order.partitionBy(waiting)))
     overflow = waiting & (rank <= F.lit(excess))
-    if limits.max_age is not None:
-        cutoff = F.lit(plan.now - limits.max_age).cast("timestamp")
+    if cutoff_time is not None:
+        cutoff = F.lit(cutoff_time).cast("timestamp")
         overflow = overflow | (waiting & (F.col(FIRST_SEEN) < cutoff))
     reclassified = (
         classified.withColumn(ROUTE, F.when(overflow, F.lit("overflow")).otherwise(F.col(ROUTE)))

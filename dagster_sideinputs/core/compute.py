@@ -34,8 +34,16 @@ from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
 from dagster_sideinputs.core.rows import Lookup, TaggedLayout, run_row_function
 from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
 from dagster_sideinputs.core.views import duplicate_error
+from dagster_sideinputs.core.windows import GLOBAL, namespace_id
 from dagster_sideinputs.delta.schema import same_type
-from dagster_sideinputs.errors import FunctionError, SchemaMismatchError, SideInputError
+from dagster_sideinputs.errors import (
+    EmptySingletonError,
+    FunctionError,
+    SchemaMismatchError,
+    SideInputError,
+    SingletonCardinalityError,
+    preview,
+)
 
 
 def compute(context: StageContext, batch: Batch) -> Batch:
@@ -47,9 +55,10 @@ def compute(context: StageContext, batch: Batch) -> Batch:
     if released and spec.options.mode == "frames":
         outputs = _frames(context, batch)
     elif released:
-        lookups = local_lookups(context, batch.views)
+        lookups = local_lookups(context, batch.views, batch.plan)
         outputs = _rows(context, batch, lookups)
     if released:
+        _check_singletons(context, batch.plan, batch.views)
         _check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
     function_tags = frozenset(outputs)
     for route_name, tag in spec.routes.items():
@@ -57,10 +66,13 @@ def compute(context: StageContext, batch: Batch) -> Batch:
         if route_name != "late":
             columns.append(F.col(REASON).alias("reason"))
         routed = batch.classified.filter(F.col(ROUTE) == route_name).select(*columns)
+        if tag.schema is not None:  # a declared schema holds for routed records too
+            routed = _conform(tag, routed, routed=True)
         outputs[tag] = (
             outputs[tag].unionByName(routed, allowMissingColumns=True) if tag in outputs else routed
         )
     for tag, frame in outputs.items():
+        _check_column_names(tag, frame)
         spec.engine.validate_append(
             frame.schema, spec.table_uri(tag), schema_mode=spec.options.schema_mode, name=tag.name
         )
@@ -86,7 +98,10 @@ def function_input(
 
 
 def side_inputs(batch: Batch) -> SideInputs:
-    """``sides[name]``: a singleton's value, or the view's rows as a DataFrame."""
+    """``sides[name]``: a singleton's value, or the view's rows as a DataFrame (for a
+    windowed side input, the rows of every side window the batch's records read, with
+    their window in ``_dsi_side_ns``; each record also carries its own window's view as
+    a column named after the side input)."""
     getters: dict[str, Callable[[], Any]] = {}
     for name, data in batch.views.data.items():
         windows = side_windows(data.bound, batch.plan)
@@ -123,8 +138,28 @@ def _frames(context: StageContext, batch: Batch) -> dict[OutputTag, DataFrame]:
     return {tag: _conform(tag, frame) for tag, frame in outputs.items()}
 
 
-def _conform(tag: OutputTag, frame: DataFrame) -> DataFrame:
-    """Frames-mode outputs of tags declaring a schema must have it (columns in any order)."""
+def _check_column_names(tag: OutputTag, frame: DataFrame) -> None:
+    """Delta tells columns apart regardless of case: two that differ only by case (or a
+    join's duplicated key column) cannot be stored."""
+    seen: dict[str, str] = {}
+    duplicates = []
+    for name in frame.columns:
+        if name.lower() in seen:
+            duplicates.append(name)
+        seen.setdefault(name.lower(), name)
+    if duplicates:
+        raise SchemaMismatchError(
+            f"Output {tag.name!r} has several columns named {sorted(set(duplicates))} (Delta "
+            f"compares column names regardless of case; columns: {frame.columns}). "
+            f"{NOTHING_WRITTEN}",
+            fix="drop or rename the duplicates in the function, e.g. "
+            'main.join(other, on="key") rather than on main.key == other.key',
+        )
+
+
+def _conform(tag: OutputTag, frame: DataFrame, *, routed: bool = False) -> DataFrame:
+    """Outputs of tags declaring a schema must have it (columns in any order); so must
+    the records the operator routes to a tag with a schema (``routed``)."""
     if tag.schema is None:
         return frame
     found = {f.name: f.dataType for f in frame.schema.fields}
@@ -140,8 +175,13 @@ def _conform(tag: OutputTag, frame: DataFrame) -> DataFrame:
     extra = [name for name in found if name not in tag.schema.fieldNames()]
     problems += [f"column {name!r} is not declared" for name in extra]
     if problems:
+        subject = (
+            f"The records routed to {tag.name!r} (main columns and 'reason') do"
+            if routed
+            else f"The function's output {tag.name!r} does"
+        )
         raise SchemaMismatchError(
-            f"The function's output {tag.name!r} does not have its declared schema: "
+            f"{subject} not have its declared schema: "
             + "; ".join(problems)
             + f". {NOTHING_WRITTEN}",
             fix="select and cast the output's columns to the OutputTag's schema, or change "
@@ -168,6 +208,7 @@ def _rows(
             c for c in released.columns if c not in joined and not c.startswith(LOOKUP_PREFIX)
         ],
         lookups=lookups,
+        side_labels={name: batch.views.data[name].bound.label for name in joined},
     )
     if len(user_tags) > 1:  # several writes read it: run the function once for all
         tagged = context.persist(tagged)
@@ -182,8 +223,8 @@ def _check_one_row_per_key(
     is staged, once per side version and set of windows. ``skip``: side inputs checked on
     the driver (row-mode lookups)."""
     for name, join in views.joins.items():
-        if join.duplicates is None or name in skip:
-            continue
+        if join.duplicates is None or name in skip or views.data[name].side.view == "singleton":
+            continue  # singletons: _check_singletons
         data = views.data[name]
         windows = side_windows(data.bound, plan)
         checked = (name, data.version, tuple(windows) if windows is not None else None)
@@ -192,6 +233,43 @@ def _check_one_row_per_key(
         found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
         if found:
             raise duplicate_error(data.bound, join, data.version)
+        context.unique_checked.add(checked)
+
+
+def _check_singletons(context: StageContext, plan: BatchPlan, views: Views) -> None:
+    """Every declared singleton holds exactly one row in each side namespace released
+    records read (or is empty with a ``default``): checked before anything is staged,
+    whether or not the function reads it, once per side version and set of windows."""
+    for name, data in views.data.items():
+        side = data.side
+        if side.view != "singleton" or data.snapshot is None:
+            continue
+        windows = side_windows(data.bound, plan)
+        if windows == []:
+            continue  # no released record reads it
+        checked = ("singleton", name, data.version, tuple(windows) if windows else None)
+        if checked in context.unique_checked:
+            continue
+        counts: dict[str, int] = translated(context, partial(data.window_counts, windows))
+        wanted = [GLOBAL] if windows is None else [namespace_id(start) for start, _ in windows]
+        several = [ns for ns in wanted if counts.get(ns, 0) > 1]
+        if several:
+            raise SingletonCardinalityError(
+                f"{data.bound.label} is a singleton but holds more than one row in namespace(s) "
+                f"{preview(several)} at version {data.version}. Nothing was written.",
+                fix="make the side asset produce one row per namespace (window), or declare "
+                "it SideInput.list(...) / SideInput.map(..., key=...)",
+            )
+        released_empty = side.default is None and side.on_empty == "release"
+        empty = [ns for ns in wanted if counts.get(ns, 0) == 0] if released_empty else []
+        if empty:
+            raise EmptySingletonError(
+                f"{data.bound.label} is ready for namespace(s) {preview(empty)} but holds no "
+                f"row there (version {data.version}), and declares no default. Nothing was "
+                "written.",
+                fix="materialize a row, declare SideInput.singleton(..., default=<value>), or "
+                "send such records to the unmatched tag with on_empty='unmatched'",
+            )
         context.unique_checked.add(checked)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from dagster_sideinputs.core.buffer import BufferState, Counts
 from dagster_sideinputs.core.metrics import TableWrite
@@ -24,10 +24,16 @@ log = logging.getLogger("dagster_sideinputs")
 
 @dataclass(frozen=True)
 class Views:
-    """The side data and joins of one batch."""
+    """The side data and joins of one batch.
+
+    Attributes:
+        empty: per side input declaring ``on_empty="unmatched"``, the records whose side
+            namespace holds no rows (a Column condition; absent when none is empty).
+    """
 
     data: Mapping[str, SideData] = field(default_factory=dict)
     joins: Mapping[str, JoinSpec] = field(default_factory=dict)
+    empty: Mapping[str, Column] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,8 +94,8 @@ class StageContext:
         self.state = state
         self.source: MainSource = source_for(spec)
         self.explain = False
-        self.lookup_tables: dict[tuple[str, int | None], Any] = {}
-        self.unique_checked: set[tuple[str, int | None, Any]] = set()
+        self.lookup_tables: dict[tuple[Any, ...], Any] = {}
+        self.unique_checked: set[tuple[Any, ...]] = set()
         self._cleanups: list[Callable[[], Any]] = []
 
     def on_cleanup(self, action: Callable[[], Any]) -> None:

@@ -23,6 +23,7 @@ Readiness = Literal["present", "complete", "fresh"]
 Distribution = Literal["broadcast", "keyed", "forwarded"]
 Missing = Literal["null", "wait", "unmatched"]
 OnTimeout = Literal["unmatched", "null"]
+OnEmpty = Literal["release", "unmatched"]
 OnExceed = Literal["fail", "overflow"]
 KeyTranslator: TypeAlias = str | Column | Callable[[DataFrame], Column]
 
@@ -30,6 +31,7 @@ READINESS = ("present", "complete", "fresh")
 DISTRIBUTIONS = ("broadcast", "keyed", "forwarded")
 MISSING = ("null", "wait", "unmatched")
 ON_TIMEOUT = ("unmatched", "null")
+ON_EMPTY = ("release", "unmatched")
 
 
 def check_choice(value: object, choices: Sequence[str], what: str, where: str) -> None:

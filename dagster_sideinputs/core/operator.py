@@ -156,6 +156,7 @@ class SideInputOperator:
         )
         self.recovery = Recovery(self.spec, self.state)
         self._context: StageContext | None = None
+        self._read_input = False  # whether the last batch read a slice of the main input
 
     def __repr__(self) -> str:
         return (
@@ -201,14 +202,18 @@ class SideInputOperator:
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
         pending = self.recovery.pending()
-        if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
-            pending.batch_id, pending.tables
-        ):
-            return pending
+        batch_id = self.recovery.next_batch_id()
+        if pending is not None:
+            if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
+                pending.batch_id, pending.tables
+            ):
+                return pending
+            # The next run sets the pending plan aside and plans its batch id again.
+            batch_id = self.state.last_planned()  # type: ignore[assignment]
         verdict = identity.check(self.spec, self.state)
         planner = Planner(self.spec, source_for(self.spec), spark=None)
         planned = planner.plan(
-            batch_id=self.recovery.next_batch_id(),
+            batch_id=batch_id,
             now=now or _utc_now(),
             previous=self.recovery.previous(),
             routing=verdict.routing,
@@ -265,12 +270,16 @@ class SideInputOperator:
                 metrics = self._step(context, clock(), verdict)
                 if metrics is not None:
                     batches.append(metrics)
-                    verdict = replace(verdict, reroute=False)
+                    if not metrics.replayed:  # a replay finished an older plan's batch
+                        verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
                         on_batch(metrics)
                 if max_batches is not None and len(batches) >= max_batches:
                     return RunResult(batches, "max_batches")
-                if trigger == "available_now" and (metrics is None or _idle(metrics)):
+                # A batch that read an empty slice (an empty landed file, a version adding
+                # no rows) is idle but moved the position: what follows may hold records.
+                idle = metrics is None or (_idle(metrics) and not self._read_input)
+                if trigger == "available_now" and idle:
                     return RunResult(batches, "caught_up")
                 if trigger == "continuous":
                     stop.wait(max(0.0, interval.total_seconds() - (time.monotonic() - started)))
@@ -311,7 +320,7 @@ class SideInputOperator:
         self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
     ) -> BatchMetrics | None:
         previous = self.recovery.previous()
-        pending = self.recovery.settle_pending()
+        pending = self.recovery.settle_pending(verdict.routing)
         if pending is not None:
             log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
             return self._finish(run_batch(context, pending, replayed=True), pending)
@@ -339,7 +348,8 @@ class SideInputOperator:
             raise OperatorStateError(
                 f"Operator {self.operator_id!r}: batch {plan.batch_id} was planned by another "
                 "run at the same time; two runs must not process one operator at once.",
-                fix="rerun (the other run's plan is replayed); limit the job's concurrency",
+                fix="rerun (the other run's batch is then finished, or planned again); limit the "
+                "job's concurrency",
             )
         metrics = run_batch(context, plan, replayed=False, source=planned.source)
         return self._finish(metrics, plan)
@@ -361,8 +371,10 @@ class SideInputOperator:
         Args:
             main_from: where the next batch reads the main input from: ``beginning`` (a
                 Delta table's first version; a landing folder's every file again),
-                ``latest`` (only what arrives from now on), or ``keep`` (the recorded
-                position, when only the identity or the buffer needs resetting).
+                ``latest`` (only what arrives from now on), ``keep`` (the recorded
+                position, when only the identity or the buffer needs resetting; refused
+                when there is none), or a Delta table version (read the versions after
+                it, e.g. to skip a version that deleted rows).
             drop_buffered: delete the buffered records (a removal committed by the reset
                 batch); otherwise they are kept and routed again by the next batch.
             wait_for_lock: seconds to wait for a running run of the operator.
@@ -374,6 +386,7 @@ class SideInputOperator:
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
 
     def _finish(self, metrics: BatchMetrics, plan: BatchPlan) -> BatchMetrics:
+        self._read_input = not plan.main.is_empty
         if plan.routing:
             identity.confirm_routing(self.spec, self.state, plan.routing)
         identity.record_buffer(self.spec, self.state)

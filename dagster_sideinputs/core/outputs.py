@@ -125,17 +125,25 @@ def normalize_outputs(result: Any, declared: Mapping[str, OutputTag]) -> dict[Ou
         return {declared[MAIN.name]: result}
     if not isinstance(result, Mapping):
         raise DeclarationError(
-            f"The function returned {type(result).__name__}; expected a DataFrame (the main "
-            "output) or a mapping {dsi.MAIN: df, tag: df}.",
-            fix="return the main output DataFrame, or a dict keyed by output tags",
+            f"The function returned {_type_name(result)}; expected a Spark DataFrame (the "
+            "main output) or a mapping {dsi.MAIN: df, tag: df}.",
+            fix="return the main output as a Spark DataFrame (a pandas one: "
+            "spark.createDataFrame(pdf)), or a dict of Spark DataFrames keyed by output tags",
         )
     outputs: dict[OutputTag, DataFrame] = {}
     for key, value in result.items():
         tag = resolve_tag(key, declared)
         if not isinstance(value, DataFrame):
             raise DeclarationError(
-                f"Output {tag!r} is a {type(value).__name__}, not a Spark DataFrame.",
+                f"Output {tag!r} is a {_type_name(value)}, not a Spark DataFrame.",
                 fix="return Spark DataFrames for every tag",
             )
         outputs[tag] = value
     return outputs
+
+
+def _type_name(value: Any) -> str:
+    """``pandas.core.frame.DataFrame`` rather than a bare ``DataFrame``."""
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"

@@ -86,6 +86,39 @@ class NamespacePlan:
 
 
 @dataclass(frozen=True)
+class AsOfPlan:
+    """What a batch pinned for one as-of (temporal) side input.
+
+    Attributes:
+        horizon: the side data is known up to this time: records with a later event
+            time wait (until the side input's ``grace`` after their time has passed).
+            None: the side table holds no validity yet.
+        versions: ``AsOf.history()`` only: the table versions the batch reads, oldest
+            first, each with the time it became valid (its commit timestamp, made
+            non-decreasing); a version is valid until the next one's time.
+    """
+
+    horizon: dt.datetime | None
+    versions: tuple[tuple[int, dt.datetime], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "horizon": _ts(self.horizon),
+            "versions": [[version, _ts(at)] for version, at in self.versions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AsOfPlan":
+        return cls(
+            horizon=_parse_ts(data.get("horizon")),
+            versions=tuple(
+                (int(version), _parse_ts(at))  # type: ignore[misc]
+                for version, at in data.get("versions") or ()
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """Everything a batch decides before it reads or writes data.
 
@@ -97,6 +130,9 @@ class BatchPlan:
         routing: fingerprint of the declaration the batch routes under.
         tables: every table the batch may commit to (outputs, buffer, ledger): a plan
             none of them committed is planned again rather than replayed.
+        side_ids: the Delta table id of each side table read: a version number means
+            nothing once the table was deleted and created again.
+        as_of: per as-of side input, its horizon and (history) versions.
     """
 
     operator_id: str
@@ -113,6 +149,8 @@ class BatchPlan:
     reroute: bool = False
     routing: str = ""
     tables: tuple[str, ...] = ()
+    side_ids: Mapping[str, str | None] = field(default_factory=dict)
+    as_of: Mapping[str, AsOfPlan] = field(default_factory=dict)
     planned_by: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
@@ -155,6 +193,8 @@ class BatchPlan:
             "reroute": self.reroute,
             "routing": self.routing,
             "tables": list(self.tables),
+            "side_ids": dict(self.side_ids),
+            "as_of": {side: entry.to_dict() for side, entry in self.as_of.items()},
             "planned_by": self.planned_by,
         }
         return json.dumps(data, indent=1, sort_keys=True)
@@ -193,5 +233,31 @@ class BatchPlan:
             reroute=bool(data.get("reroute", False)),
             routing=str(data.get("routing", "")),
             tables=tuple(data.get("tables") or ()),
+            side_ids=dict(data.get("side_ids") or {}),
+            as_of={
+                side: AsOfPlan.from_dict(entry) for side, entry in (data.get("as_of") or {}).items()
+            },
             planned_by=data.get("planned_by", ""),
         )
+
+
+def describe_change(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> str:
+    """``" (window: {...} -> None; sides.fx: ...)"``: the keys of two declaration
+    summaries that differ, for error messages ("" when equal)."""
+    changes = _changes(before, now, prefix)
+    return f" ({'; '.join(changes)})" if changes else ""
+
+
+def _changes(before: Any, now: Any, prefix: str) -> list[str]:
+    if isinstance(before, Mapping) and isinstance(now, Mapping):
+        found: list[str] = []
+        for key in sorted(set(before) | set(now), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in before:
+                found.append(f"{path} added")
+            elif key not in now:
+                found.append(f"{path} removed")
+            else:
+                found.extend(_changes(before[key], now[key], path))
+        return found
+    return [] if before == now else [f"{prefix or 'value'}: {before!r} -> {now!r}"]

@@ -8,26 +8,34 @@ reads or writes any data.
 """
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
 from dagster_sideinputs.core.columns import NS_START, SIDE_NS, quoted
-from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
-from dagster_sideinputs.core.readiness import Decision, SideFacts
+from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
+from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.sources import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
+from dagster_sideinputs.core.temporal import (
+    as_of_sides,
+    earliest_time,
+    main_time_column,
+    plan_as_of,
+)
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
     assign_windows,
+    check_time_column,
+    is_window_start,
     map_to_side_window,
     namespace_id,
     parse_namespace_id,
@@ -92,7 +100,7 @@ class Planner:
         piece = self.source.next_range(last.main if last is not None else None)
         buffer = load_state(spec)
         side_snapshots = {b.name: self._side_snapshot(b, last) for b in spec.sides}
-        namespaces = self._namespaces(piece, buffer)
+        namespaces = self._namespaces(piece, buffer, reroute=reroute)
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
         watermark = self._watermark(previous.record)
         plans = {
@@ -111,9 +119,8 @@ class Planner:
             for ns, (start, end) in namespaces.items()
         }
         side_changed = any(
-            snapshot is not None
-            and (last is None or snapshot.version != last.side_versions.get(b.name))
-            for b, snapshot in ((b, side_snapshots[b.name]) for b in spec.keyed_waits)
+            _changed(last, b.name, side_snapshots[b.name])
+            for b in (*spec.keyed_waits, *as_of_sides(spec))
         )
         slots = choose_slots(
             spec,
@@ -126,6 +133,14 @@ class Planner:
         )
         if piece.range.is_empty and not slots:
             return None
+        as_of = self._as_of(piece, buffer, slots, side_snapshots, now)
+        for name, entry in as_of.items():  # users see how far each as-of side input reaches
+            if GLOBAL in decisions.get(name, {}):
+                known = entry.horizon.isoformat() if entry.horizon is not None else "nothing"
+                decision = decisions[name][GLOBAL]
+                decisions[name][GLOBAL] = Decision(
+                    decision.ready, f"{decision.reason}; known up to {known}"
+                )
         plan = BatchPlan(
             operator_id=spec.operator_id,
             batch_id=batch_id,
@@ -144,13 +159,45 @@ class Planner:
             reroute=reroute and bool(slots),
             routing=routing,
             tables=tuple(spec.written_tables()),
+            side_ids={
+                name: (snap.table_id or None) if snap is not None else None
+                for name, snap in side_snapshots.items()
+            },
+            as_of=as_of,
         )
         return Planned(plan, piece)
+
+    def _as_of(
+        self,
+        piece: SourceSlice,
+        buffer: BufferState,
+        slots: Sequence[str],
+        side_snapshots: Mapping[str, TableSnapshot | None],
+        now: dt.datetime,
+    ) -> dict[str, AsOfPlan]:
+        """Horizon and history versions of every as-of side input, pinned for the batch."""
+        sides = as_of_sides(self.spec)
+        if not sides:
+            return {}
+        column = main_time_column(self.spec)
+        files = [*piece.files, *buffer.files(slots)] if slots else list(piece.files)
+        earliest = earliest_time(files, column) if files else None
+        return {
+            b.name: plan_as_of(
+                b,
+                side_snapshots[b.name],
+                engine=self.engine,
+                spark=self.spark,
+                now=now,
+                earliest=earliest,
+            )
+            for b in sides
+        }
 
     # --- namespaces ----------------------------------------------------------------------
 
     def _namespaces(
-        self, piece: SourceSlice, buffer: BufferState
+        self, piece: SourceSlice, buffer: BufferState, *, reroute: bool
     ) -> dict[str, tuple[dt.datetime | None, dt.datetime | None]]:
         spec = self.spec
         namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
@@ -161,12 +208,18 @@ class Planner:
         if not piece.range.is_empty:
             for start, end in self.new_windows(piece):
                 namespaces[namespace_id(start)] = (start, end)
+        if reroute and buffer.slots():
+            # Buffered records routed again get the windows of their event times under
+            # the current declaration (read.py): decide those windows in this batch.
+            for start, end in self.buffered_windows(buffer):
+                namespaces[namespace_id(start)] = (start, end)
         for ns in buffer.namespaces():
             buffered = parse_namespace_id(ns)
-            if buffered is not None:
+            if buffered is None:
+                if not reroute:  # left by an earlier, unwindowed declaration
+                    namespaces[GLOBAL] = (None, None)
+            elif not reroute or is_window_start(spec.window, buffered):
                 namespaces[ns] = (buffered, buffered + spec.window.size)
-            else:
-                namespaces[GLOBAL] = (None, None)  # left by an earlier, unwindowed declaration
         return namespaces
 
     def new_windows(self, piece: SourceSlice) -> list[WindowSpan]:
@@ -175,7 +228,35 @@ class Planner:
         assert window is not None
         assert window.time_column is not None
         column = window.time_column
-        files = piece.files
+        schema = piece.snapshot.schema if piece.snapshot is not None else self.source.schema()
+        if schema is not None:  # a missing column must not reach Spark as a raw error
+            check_time_column(schema, column, where=f"Main input {self.spec.main.asset!r}")
+        return self._windows(
+            piece.files,
+            lambda: self.source.read(self.spark, piece),  # type: ignore[arg-type]
+        )
+
+    def buffered_windows(self, buffer: BufferState) -> list[WindowSpan]:
+        """The windows of the buffered records' event times under the current window."""
+        snapshot = buffer.snapshot
+        column = self.spec.window.time_column  # type: ignore[union-attr]
+        if snapshot is None or column not in snapshot.schema.fieldNames():
+            return []  # records without the column are invalid when routed again
+        name = f"{self.spec.operator_id} buffer"
+        return self._windows(
+            snapshot.files,
+            lambda: self.engine.read_snapshot(self.spark, snapshot, name=name),  # type: ignore[arg-type]
+        )
+
+    def _windows(
+        self, files: Sequence[DataFile], rows: Callable[[], DataFrame]
+    ) -> list[WindowSpan]:
+        """The windows of the records in ``files``: from their statistics when they tell,
+        else one Spark job over ``rows()``."""
+        window = self.spec.window
+        assert window is not None
+        assert window.time_column is not None
+        column = window.time_column
         lows = [parse_stat_time(f.min_values.get(column)) for f in files]
         highs = [parse_stat_time(f.max_values.get(column)) for f in files]
         if files and None not in lows and None not in highs:
@@ -189,15 +270,14 @@ class Planner:
                 return spans
         if self.spark is None:
             raise SideInputDataError(
-                "Peeking at this batch needs Spark: the event-time windows of new records "
+                "Peeking at this batch needs Spark: the event-time windows of its records "
                 "are not in the file statistics.",
                 fix="run the operator instead of peeking",
             )
-        raw = self.source.read(self.spark, piece)
-        rows = assign_windows(raw.select(quoted(column)), window, column)
+        framed = assign_windows(rows().select(quoted(column)), window, column)
         starts = [
             r[0]
-            for r in rows.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
+            for r in framed.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
         ]
         return sorted((as_utc(s), as_utc(s) + window.size) for s in starts)
 
@@ -239,6 +319,8 @@ class Planner:
                 decisions[bound.name] = {}
                 continue
             decided = dict(self.spec.readiness.decide(facts, windows, now))
+            if windows is not None:
+                decided = apply_grace(side, windows, decided, now)
             wanted = [GLOBAL] if windows is None else [namespace_id(s) for s, _ in windows]
             if side.window is not None and GLOBAL in {m[bound.name] for m in mapping.values()}:
                 wanted.append(GLOBAL)
@@ -293,6 +375,17 @@ class Planner:
             return None
         seen = parse_stat_time(record.get("max_event_time"))
         return None if seen is None else seen - window.watermark
+
+
+def _changed(last: BatchPlan | None, name: str, snapshot: TableSnapshot | None) -> bool:
+    """Whether a side table differs from the one the last batch read: another version, or
+    the same version number of a table deleted and created again."""
+    if snapshot is None:
+        return False
+    if last is None or snapshot.version != last.side_versions.get(name):
+        return True
+    known = last.side_ids.get(name)
+    return bool(known and snapshot.table_id and known != snapshot.table_id)
 
 
 def _incoming(files: Sequence[DataFile]) -> int | None:

@@ -31,9 +31,15 @@ from dagster_sideinputs.core.keyed import (
     key_group,
 )
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.route import invalid_condition
 from dagster_sideinputs.core.sources import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import assign_global, assign_windows, check_time_column
+from dagster_sideinputs.core.windows import (
+    assign_global,
+    assign_windows,
+    check_time_column,
+    in_window,
+)
 from dagster_sideinputs.delta.files import join_uri
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
@@ -48,12 +54,18 @@ def read(context: StageContext, batch: Batch) -> Batch:
     if spec.main.pre_keyed is not None and piece.files:
         raw, note = _pre_keyed_scan(context, raw, piece)
         notes.append(note)
+    if CORRUPT in raw.columns:
+        # JSON / CSV records parse only the columns a Spark job reads, so whether a record
+        # is corrupt would depend on the job: the job counting routes might see a valid
+        # record that the job writing an output sees corrupt, and the record would reach
+        # neither. Parsed once, whole, each record is corrupt or not for the whole batch.
+        raw = context.persist(raw)
     main_columns = tuple(c for c in raw.columns if c != CORRUPT)
     check_main_schema(spec, raw.schema)
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
     if buffered is not None and plan.reroute:
-        buffered = _rebuilt(spec, buffered, main_columns)
+        buffered = _rebuilt(spec, buffered, main_columns, plan)
         notes.append("declaration changed: buffered records routed again under the new one")
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
     return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
@@ -100,7 +112,7 @@ def with_bookkeeping(
     spec: OperatorSpec, raw: DataFrame, plan: BatchPlan, main_columns: tuple[str, ...]
 ) -> DataFrame:
     """New records with their namespace, key group, first-seen time, batch and fingerprint."""
-    frame = _namespaced(spec, raw)
+    frame = _namespaced(spec, raw, plan)
     return (
         frame.withColumn(KEY_GROUP, _key_group(spec))
         .withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
@@ -110,11 +122,13 @@ def with_bookkeeping(
     )
 
 
-def _namespaced(spec: OperatorSpec, frame: DataFrame) -> DataFrame:
+def _namespaced(spec: OperatorSpec, frame: DataFrame, plan: BatchPlan) -> DataFrame:
     if spec.window is None:
         return assign_global(frame)
     assert spec.window.time_column is not None
-    return assign_windows(frame, spec.window, spec.window.time_column)
+    # An invalid record goes to the invalid tag once, not once per sliding window.
+    single = invalid_condition(spec, frame.schema, plan)
+    return assign_windows(frame, spec.window, spec.window.time_column, single=single)
 
 
 def _key_group(spec: OperatorSpec):
@@ -124,14 +138,28 @@ def _key_group(spec: OperatorSpec):
     return key_group(key, groups) if key else F.lit(None).cast("int")
 
 
-def _rebuilt(spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...]) -> DataFrame:
-    """Buffered records under a changed declaration: fresh namespaces and key groups (their
-    first-seen time, batch and fingerprint stay, so limits and order are unchanged)."""
+def _rebuilt(
+    spec: OperatorSpec, buffered: DataFrame, main_columns: tuple[str, ...], plan: BatchPlan
+) -> DataFrame:
+    """Buffered records under a changed declaration: key groups computed again, and
+    namespaces too, unless a row's window is still a window of the current declaration
+    containing its event time (a sliding window's row then stays one row, not one per
+    window again). First-seen time, batch and fingerprint stay, so limits and order are
+    unchanged. A sliding window changed with rows buffered is refused before the batch
+    (``identity``): its rows are (record, window) pairs."""
     missing = [c for c in main_columns if c not in buffered.columns]
     for column in missing:  # columns the main input gained since the record was buffered
         buffered = buffered.withColumn(column, F.lit(None))
-    reset = buffered.drop(NS_START, NS_END)
-    return _namespaced(spec, reset).withColumn(KEY_GROUP, _key_group(spec))
+    buffered = buffered.withColumn(KEY_GROUP, _key_group(spec))
+    window = spec.window
+    if window is None:
+        return assign_global(buffered)
+    assert window.time_column is not None
+    if window.time_column not in buffered.columns:  # null event time: invalid, not dropped
+        buffered = buffered.withColumn(window.time_column, F.lit(None).cast("timestamp"))
+    kept = in_window(window, window.time_column)
+    moved = _namespaced(spec, buffered.filter(~kept).drop(NS_START, NS_END), plan)
+    return buffered.filter(kept).unionByName(moved)
 
 
 def _pre_keyed_scan(
@@ -161,11 +189,12 @@ def _pre_keyed_scan(
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     if keyed.column in partition_columns:
+        # The key group each file declares (its partition value, which named its bucket
+        # link), not one recomputed from the key: the route stage compares the two, so a
+        # broken promise stops the batch instead of joining rows in the wrong bucket.
+        declared = F.regexp_extract(F.col("_metadata.file_name"), r"_(\d+)\.parquet$", 1)
         frame = frame.withColumn(
-            keyed.column,
-            key_group(spec.main.key, keyed.max_key_groups).cast(
-                snapshot.schema[keyed.column].dataType
-            ),
+            keyed.column, declared.cast(snapshot.schema[keyed.column].dataType)
         )
     return (
         frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]),

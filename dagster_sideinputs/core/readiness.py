@@ -5,6 +5,10 @@ input and every side namespace in play, and records the answers in the batch pla
 (so a replay decides exactly the same). Without Dagster, :class:`DeltaReadiness`
 decides from the side Delta tables themselves; the Dagster layer supplies a provider
 that reads materializations, partitions and freshness policies from the instance.
+
+Whatever the provider, a windowed side input declaring ``grace`` makes a side window
+final ``grace`` after its end by the batch clock (:func:`apply_grace`): its records go
+on with what the window holds, the view's empty value when nothing.
 """
 
 import datetime as dt
@@ -85,10 +89,13 @@ def _age(now: dt.datetime, then: dt.datetime) -> str:
 class DeltaReadiness:
     """Readiness from the side Delta tables alone (no orchestrator).
 
-    - ``present``: the table (or the window) holds at least one row.
+    - ``present``: the table (or the window) holds at least one row; a window is also
+      ready once final (below), then possibly empty.
     - ``complete``: non-windowed: the table exists (one committed version);
-      windowed: the side table holds data at or after the window's end, i.e. a
-      later window has started, so this one will not change.
+      windowed: the window is final: the side input's watermark (the greatest event
+      time of the side table minus the side window's ``watermark``, its allowed
+      lateness) has reached the window's end, i.e. a later window has started and no
+      late row is expected, so this one will not change.
     - ``fresh``: the table's last commit is at most ``max_age`` old.
     """
 
@@ -105,24 +112,33 @@ class DeltaReadiness:
             return {key: self._fresh(facts, snapshot, now) for key in keys}
         if windows is None:
             return {GLOBAL: self._global(rule, snapshot)}
-        if rule == "present":
-            counts = facts.window_row_counts(windows)
-            return {
-                namespace_id(start): Decision(
-                    counts.get(namespace_id(start), 0) > 0,
-                    f"{counts.get(namespace_id(start), 0)} row(s) in the window",
-                )
-                for start, _ in windows
-            }
         latest = facts.max_event_time()
-        return {
-            namespace_id(start): Decision(
-                latest is not None and as_utc(latest) >= as_utc(end),
-                f"side data reaches {latest.isoformat() if latest else 'nothing'}; "
-                f"window ends {as_utc(end).isoformat()}",
-            )
-            for start, end in windows
-        }
+        lateness = facts.side.window.watermark if facts.side.window is not None else None
+        watermark = None if latest is None else as_utc(latest) - (lateness or dt.timedelta(0))
+        reach = (
+            f"side data reaches {as_utc(latest).isoformat()}"
+            + (f" (watermark {watermark.isoformat()})" if lateness else "")
+            if latest is not None and watermark is not None
+            else "no side data"
+        )
+        decisions: dict[str, Decision] = {}
+        counts = facts.window_row_counts(windows) if rule == "present" else {}
+        for start, end in windows:
+            key = namespace_id(start)
+            final = watermark is not None and watermark >= as_utc(end)
+            where = f"{reach}; window ends {as_utc(end).isoformat()}"
+            if rule == "present":
+                rows = counts.get(key, 0)
+                decisions[key] = Decision(
+                    rows > 0 or final,
+                    f"{rows} row(s) in the window"
+                    + ("; final: " if final else "; ")
+                    + where
+                    + (" (empty)" if final and not rows else ""),
+                )
+            else:
+                decisions[key] = Decision(final, ("final: " if final else "") + where)
+        return decisions
 
     @staticmethod
     def _global(rule: Readiness, snapshot: TableSnapshot) -> Decision:
@@ -148,3 +164,40 @@ class DeltaReadiness:
             f"{verdict}: last commit {_age(now, snapshot.commit_timestamp)} ago "
             f"(version {snapshot.version}), max age {max_age}",
         )
+
+
+def apply_grace(
+    side: SideInput,
+    windows: Sequence[WindowSpan],
+    decided: Mapping[str, Decision],
+    now: dt.datetime,
+) -> dict[str, Decision]:
+    """A side window not ready by its provider's rule is final ``grace`` after its end
+    by the batch clock (pinned in the plan, so a replay decides the same); windows
+    still waiting say when that will be (or that only side data will end the wait)."""
+    result = dict(decided)
+    grace = side.grace
+    if side.window is None:
+        return result
+    for start, end in windows:
+        key = namespace_id(start)
+        current = result.get(key, Decision(False, "no readiness decision"))
+        if current.ready:
+            continue
+        if grace is None:
+            # Say what ends the wait: nothing but side data (or the buffer's max_age).
+            result[key] = Decision(
+                False, f"{current.reason}; no grace= declared: waits for the side data"
+            )
+            continue
+        due = as_utc(end) + grace
+        if as_utc(now) >= due:
+            result[key] = Decision(
+                True,
+                f"final by grace: the window ended {as_utc(end).isoformat()} and its grace "
+                f"of {grace} passed at {due.isoformat()} (batch clock "
+                f"{as_utc(now).isoformat()}); before: {current.reason}",
+            )
+        else:
+            result[key] = Decision(False, f"{current.reason}; final by grace at {due.isoformat()}")
+    return result

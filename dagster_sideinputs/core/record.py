@@ -30,6 +30,9 @@ def record(context: StageContext, batch: Batch) -> BatchMetrics:
             **metrics.as_dict(),
             "max_event_time": max(max_seen).isoformat() if max_seen else None,
             "routing": plan.routing,
+            # The position again: the next batch starts from it even if this plan is lost.
+            "main": plan.main.to_dict(),
+            "side_ids": dict(plan.side_ids),
         },
     )
     if plan.batch_id % VACUUM_EVERY == VACUUM_EVERY - 1:

@@ -17,15 +17,15 @@ from typing import Literal
 from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.buffer import load_state
 from dagster_sideinputs.core.plan import BatchPlan, MainRange
-from dagster_sideinputs.core.recovery import Recovery
+from dagster_sideinputs.core.recovery import RESET, Recovery
 from dagster_sideinputs.core.sources import source_for
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.errors import DeclarationError
+from dagster_sideinputs.errors import DeclarationError, OperatorStateError
 
-MainFrom = Literal["beginning", "latest", "keep"]
+MainFrom = Literal["beginning", "latest", "keep"] | int
 log = logging.getLogger("dagster_sideinputs")
 
 
@@ -33,9 +33,16 @@ def reset(
     spec: OperatorSpec, state: OperatorState, *, main_from: MainFrom, drop_buffered: bool
 ) -> int:
     """Commit a reset batch (the caller holds the operator's lock); returns its id."""
-    if main_from not in ("beginning", "latest", "keep"):
-        raise DeclarationError(f"main_from={main_from!r} is not 'beginning', 'latest' or 'keep'.")
+    if isinstance(main_from, bool) or not (
+        isinstance(main_from, int) or main_from in ("beginning", "latest", "keep")
+    ):
+        raise DeclarationError(
+            f"main_from={main_from!r} is not 'beginning', 'latest', 'keep' or a Delta version.",
+            fix="pass main_from='keep' (the recorded position), 'beginning', 'latest', or the "
+            "main table version after which to read",
+        )
     recovery = Recovery(spec, state)
+    main = _position(spec, recovery, main_from)
     if recovery.pending() is not None:
         state.discard_plan(state.last_planned())  # type: ignore[arg-type]
     held = recovery.committed_versions()
@@ -50,7 +57,8 @@ def reset(
             name=f"{spec.operator_id} buffer",
             commit_metadata={"dsi.operator": spec.operator_id, "dsi.reset": batch_id},
         )
-    main = _position(spec, recovery, main_from, txn)
+    if main.kind == "files" and main_from in ("beginning", "latest"):
+        _reset_ledger(spec, main_from, txn)
     plan = BatchPlan(
         operator_id=spec.operator_id,
         batch_id=batch_id,
@@ -63,32 +71,89 @@ def reset(
         buffer_version=load_state(spec).version,
         watermark=None,
         max_event_time=None,
-        routing="reset",
+        routing=RESET,
     )
     state.create_plan(plan)
-    state.commit(batch_id, {"batch_id": batch_id, "reset": True, "main_from": main_from})
-    # "reset" is no declaration's fingerprint: records still buffered are routed again.
+    state.commit(
+        batch_id,
+        {
+            "batch_id": batch_id,
+            "reset": True,
+            "main_from": main_from,
+            "main": main.to_dict(),
+            "buffer_rows": load_state(spec).rows(),
+        },
+    )
+    # "reset" is no declaration's fingerprint: records still buffered are routed again
+    # (the declaration they were routed under is kept when known, for its window).
     state.write_identity(
-        {**spec.identity(), "routing": "reset", "buffer_table_id": identity.buffer_id(spec)}
+        {
+            **spec.identity(),
+            "routing": RESET,
+            "routing_detail": _routing_detail(state),
+            **identity.table_ids(spec),
+        }
     )
     log.warning("%s: reset at batch %s (main from %s)", spec.operator_id, batch_id, main_from)
     return batch_id
 
 
-def _position(
-    spec: OperatorSpec, recovery: Recovery, main_from: MainFrom, txn: AppTransaction
-) -> MainRange:
-    previous = recovery.previous().plan
-    if main_from == "keep" and previous is not None:
+def _routing_detail(state: OperatorState) -> object:
+    try:
+        return (state.identity() or {}).get("routing_detail")
+    except OperatorStateError:  # an unreadable operator.json is what the reset replaces
+        return None
+
+
+def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> MainRange:
+    """Where the next batch reads the main input from (checked before anything changes)."""
+    if main_from == "keep":
+        try:
+            previous = recovery.previous().plan
+        except OperatorStateError as exc:
+            raise OperatorStateError(
+                f"Operator {spec.operator_id!r}: main_from='keep' needs the recorded position, "
+                f"which cannot be read: {exc.message}",
+                fix="say where to read from: main_from='beginning', 'latest', or (a Delta main "
+                "input) the version after which to read",
+            ) from exc
+        if previous is None:
+            raise OperatorStateError(
+                f"Operator {spec.operator_id!r} has no recorded position to keep (no committed "
+                f"batch in {spec.state_uri}).",
+                fix="say where to read from: main_from='beginning', 'latest', or (a Delta main "
+                "input) the version after which to read",
+            )
         return replace(previous.main, start_version=previous.main.end_version, files=())
     if spec.main.is_files:
-        if main_from == "beginning":
-            TableFiles(spec.state_uri, spec.storage.storage_options).delete_dir("files_seen")
-        elif main_from == "latest":
-            source = source_for(spec)
-            source.record_read(source.next_range(None).range, txn)
+        if isinstance(main_from, int):
+            raise DeclarationError(
+                f"main_from={main_from} is a Delta version, but main input "
+                f"{spec.main.asset!r} is a landing folder.",
+                fix="pass main_from='beginning', 'latest' or 'keep'",
+            )
         return MainRange("files")
-    if main_from == "latest" and spec.engine.exists(spec.main_uri):
-        latest = spec.engine.snapshot(spec.main_uri, name=spec.main.asset)
+    exists = spec.engine.exists(spec.main_uri)
+    latest = spec.engine.snapshot(spec.main_uri, name=spec.main.asset) if exists else None
+    if isinstance(main_from, int):
+        if latest is None or not -1 <= main_from <= latest.version:
+            newest = "none" if latest is None else latest.version
+            raise DeclarationError(
+                f"main_from={main_from}: main input {spec.main.asset!r} has no such version "
+                f"(latest: {newest}).",
+                fix="pass a version of the table (-1 reads it from its beginning)",
+            )
+        return MainRange("delta", main_from, main_from, table_id=latest.table_id)
+    if main_from == "latest" and latest is not None:
         return MainRange("delta", latest.version, latest.version, table_id=latest.table_id)
     return MainRange("delta", -1, -1)
+
+
+def _reset_ledger(spec: OperatorSpec, main_from: MainFrom, txn: AppTransaction) -> None:
+    """A landing folder's position is its ledger of files read: emptied to read every file
+    again, or filled with every file there now to read only files landing later."""
+    if main_from == "beginning":
+        TableFiles(spec.state_uri, spec.storage.storage_options).delete_dir("files_seen")
+    else:
+        source = source_for(spec)
+        source.record_read(source.next_range(None).range, txn)

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dagster_sideinputs.core.buffer import BUFFER_ROUTES, Counts, enforce_limits
 from dagster_sideinputs.core.columns import (
@@ -35,13 +36,16 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.views import JoinSpec, apply_join, build_join
+from dagster_sideinputs.core.temporal import main_time_column, waits_for_horizon
+from dagster_sideinputs.core.views import JoinSpec, apply_join, build_join, empty_namespaces
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
     map_to_side_window,
     namespace_id_column,
+    shifted,
+    time_range,
 )
 from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.errors import MainInputDataError, preview
@@ -56,7 +60,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
-    classified = _with_routes(spec, records, plan, views.joins)
+    classified = _with_routes(spec, records, plan, views.joins, views.empty)
     notes: list[str] = []
     if _should_cache(context, views):
         classified = context.persist(classified)
@@ -113,6 +117,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
     spec = context.spec
     data: dict[str, SideData] = {}
     joins: dict[str, JoinSpec] = {}
+    empty: dict[str, Column] = {}
     sample = records.withColumn(NS_ID, F.lit(GLOBAL))
     for bound in spec.sides:
         version = plan.side_versions.get(bound.name)
@@ -131,10 +136,21 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
         main_side_ns = (
             lookup(mapping, F.col(NS_ID)) if bound.side.window is not None else F.lit(GLOBAL)
         )
-        join = build_join(data[bound.name], sample, windows=windows, main_side_ns=main_side_ns)
+        join = build_join(
+            data[bound.name],
+            sample,
+            windows=windows,
+            main_side_ns=main_side_ns,
+            event_time=main_time_column(spec),
+            as_of=plan.as_of.get(bound.name),
+        )
         if join is not None:
             joins[bound.name] = join
-    return Views(data, joins)
+        if bound.side.on_empty == "unmatched":
+            empties = empty_namespaces(data[bound.name], windows)
+            if empties:
+                empty[bound.name] = main_side_ns.isin(empties)
+    return Views(data, joins, empty)
 
 
 def _should_cache(context: StageContext, views: Views) -> bool:
@@ -174,7 +190,11 @@ def not_ready_reason(plan: BatchPlan, ns: str) -> str:
 
 
 def _with_routes(
-    spec: OperatorSpec, df: DataFrame, plan: BatchPlan, joins: Mapping[str, JoinSpec]
+    spec: OperatorSpec,
+    df: DataFrame,
+    plan: BatchPlan,
+    joins: Mapping[str, JoinSpec],
+    empty: Mapping[str, Column],
 ) -> DataFrame:
     invalid, reason = _invalid(spec, df, plan)
     route = F.when(_pre_keyed_lie(spec, df), F.raise_error(_pre_keyed_message(spec)))
@@ -183,6 +203,18 @@ def _with_routes(
     if spec.options.late is not None and late:
         route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
     route = route.when(~F.col(NS_ID).isin(plan.ready_namespaces), F.lit("buffered"))
+    # Side inputs declaring on_empty="unmatched" whose namespace holds no rows.
+    empty_reasons = [F.when(condition, F.lit(name)) for name, condition in empty.items()]
+    for condition in empty.values():
+        route = route.when(condition, F.lit("unmatched"))
+    # As-of maps: records after the side data's horizon wait for it (or for its grace).
+    horizon_reason: Column = F.lit(None).cast("string")
+    time = main_time_column(spec)
+    for bound in spec.sides:
+        waiting = waits_for_horizon(bound, plan, F.col(quoted(time))) if time else None
+        if waiting is not None:
+            route = route.when(waiting[0], F.lit("key_wait"))
+            horizon_reason = F.coalesce(horizon_reason, F.when(waiting[0], waiting[1]))
     missing_reasons = []
     for bound in spec.sides:
         join = joins.get(bound.name)
@@ -192,7 +224,7 @@ def _with_routes(
         missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
         if bound.side.missing == "wait":
             assert bound.side.timeout is not None
-            deadline = F.lit(plan.now - bound.side.timeout).cast("timestamp")
+            deadline = F.lit(shifted(plan.now, bound.side.timeout, back=True)).cast("timestamp")
             timed_out = F.col(FIRST_SEEN) <= deadline
             if bound.side.on_timeout == "unmatched":
                 route = route.when(unmatched & timed_out, F.lit("unmatched"))
@@ -202,10 +234,16 @@ def _with_routes(
     route = route.otherwise(F.lit("released"))
     not_ready = {ns: not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready}
     missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
+    emptied = F.concat_ws(", ", *empty_reasons) if empty_reasons else F.lit("")
     why = (
         F.when(F.col(ROUTE) == "invalid", reason)
         .when(F.col(ROUTE) == "buffered", lookup(not_ready, F.col(NS_ID)))
+        .when((F.col(ROUTE) == "key_wait") & horizon_reason.isNotNull(), horizon_reason)
         .when(F.col(ROUTE) == "key_wait", F.concat(F.lit("waiting for the side row of: "), missing))
+        .when(
+            (F.col(ROUTE) == "unmatched") & (emptied != ""),
+            F.concat(F.lit("the side namespace holds no rows in: "), emptied),
+        )
         .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
     )
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
@@ -233,37 +271,77 @@ def _pre_keyed_message(spec: OperatorSpec) -> Column:
     )
 
 
-def _is_float(df: DataFrame, name: str) -> bool:
-    return df.schema[name].dataType.typeName() in ("float", "double")
+def _is_float(schema: T.StructType, name: str) -> bool:
+    return schema[name].dataType.typeName() in ("float", "double")
 
 
-def _invalid(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+def invalid_checks(
+    spec: OperatorSpec, schema: T.StructType, plan: BatchPlan
+) -> list[tuple[Column, str]]:
+    """What makes a record invalid, as (condition, reason) pairs over its main columns.
+
+    The read stage uses the same conditions to give an invalid record one row rather
+    than one per sliding window, so both must come from here.
+    """
+    names = schema.fieldNames()
     checks: list[tuple[Column, str]] = []
-    if CORRUPT in df.columns:
+    if CORRUPT in names:
         checks.append((F.col(CORRUPT).isNotNull(), "corrupt record"))
     key = spec.main.key
-    if key is not None:
+    if key is not None and key in names:
         checks.append((F.col(quoted(key)).isNull(), f"null key {key!r}"))
-        if _is_float(df, key):  # NaN equals no side key: invalid in frames and rows modes alike
+        if _is_float(schema, key):  # NaN equals no side key: invalid in frames and rows modes alike
             checks.append((F.isnan(F.col(quoted(key))), f"NaN key {key!r}"))
-    if spec.window is not None:
-        column = spec.window.time_column
-        checks.append((F.col(NS_START).isNull(), f"null event time {column!r}"))
+    event_time = spec.main.event_time
+    if (
+        spec.window is None
+        and event_time is not None
+        and event_time in names
+        and any(b.side.as_of for b in spec.sides)
+    ):
+        checks.append((F.col(quoted(event_time)).isNull(), f"null event time {event_time!r}"))
+    window = spec.window
+    if window is not None and window.time_column in names:
+        column = window.time_column
+        time = F.col(quoted(column)).cast("timestamp")
+        checks.append((time.isNull(), f"null event time {column!r}"))
+        low, high = time_range(window)
+        checks.append(
+            (
+                (time < F.lit(low).cast("timestamp")) | (time > F.lit(high).cast("timestamp")),
+                f"event time {column!r} outside {low.isoformat()} .. {high.isoformat()}, where "
+                f"its {window.size} windows would not fit in Spark's timestamps",
+            )
+        )
         tolerance = spec.options.future_tolerance
-        if tolerance is not None and column is not None:
-            limit = plan.now + tolerance
+        if tolerance is not None:
+            limit = shifted(plan.now, tolerance)
             checks.append(
                 (
-                    F.col(quoted(column)).cast("timestamp") > F.lit(limit).cast("timestamp"),
+                    time > F.lit(limit).cast("timestamp"),
                     f"event time {column!r} after {limit.isoformat()} (more than {tolerance} "
                     "ahead of the batch)",
                 )
             )
+    return checks
+
+
+def invalid_condition(spec: OperatorSpec, schema: T.StructType, plan: BatchPlan) -> Column | None:
+    """Whether a record is invalid (None: no record can be)."""
+    checks = invalid_checks(spec, schema, plan)
     if not checks:
-        return F.lit(False), F.lit(None).cast("string")
+        return None
     invalid = checks[0][0]
     for condition, _ in checks[1:]:
         invalid = invalid | condition
+    return invalid
+
+
+def _invalid(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+    checks = invalid_checks(spec, df.schema, plan)
+    invalid = invalid_condition(spec, df.schema, plan)
+    if invalid is None:
+        return F.lit(False), F.lit(None).cast("string")
     reason = F.concat_ws("; ", *[F.when(c, F.lit(text)) for c, text in checks])
     if CORRUPT in df.columns:
         reason = F.when(
@@ -281,9 +359,11 @@ def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
     time_column = spec.window.time_column if spec.window else spec.main.event_time
     aggregates = [F.count(F.lit(1)).alias("n"), F.min(FIRST_SEEN).alias("oldest")]
     if time_column is not None and time_column in classified.columns:
-        aggregates.append(
-            F.max(F.when(F.col(ORIGIN) == "new", F.col(quoted(time_column)))).alias("max_time")
-        )
+        # Of valid new records only: an invalid time (year 1, say) must not move the
+        # watermark, nor even reach Python, whose datetimes cannot hold every timestamp.
+        time = F.col(quoted(time_column)).cast("timestamp")  # dates too
+        valid_new = (F.col(ORIGIN) == "new") & (F.col(ROUTE) != "invalid")
+        aggregates.append(F.max(F.when(valid_new, time)).alias("max_time"))
     rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
     return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
 
@@ -332,9 +412,16 @@ def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> 
         raise MainInputDataError(
             f"{invalid} record(s) of main input {spec.main.asset!r} cannot be processed: "
             f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
-            fix='fix the records at the source, or declare invalid=dsi.OutputTag("...") '
-            "to route such records to their own table",
+            fix=_invalid_fix(spec),
         )
+
+
+def _invalid_fix(spec: OperatorSpec) -> str:
+    tag = 'declare invalid=dsi.OutputTag("...") to route such records to their own table'
+    if spec.main.is_files:  # a landed file not read yet can still be corrected
+        return f"fix the records at the source (the landed file), or {tag}"
+    # Correcting a Delta main input in place is a non-append change, which is refused.
+    return f"{tag} (a Delta main input is append-only: its records cannot be corrected in place)"
 
 
 def max_event_time(counts: Counts) -> dt.datetime | None:

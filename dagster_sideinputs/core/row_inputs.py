@@ -4,44 +4,63 @@
   wait for their key) become :class:`~dagster_sideinputs.core.rows.LookupTable`\\ s,
   looked up in Python per record: cheaper than Spark joining them and converting a
   struct per record. Built once per side version.
+- Windowed views handed per window (lists, maps and multimaps without a key relation)
+  become a :class:`~dagster_sideinputs.core.rows.LookupTable` by side window, looked up
+  with the side window each record reads (the operator's window mapping): a record
+  does not carry its window's rows, and each window's rows become records once per
+  worker. Built once per side version and set of windows.
 - Views handed whole (singletons, lists, maps without a key relation) become Python
   values shipped with the function.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS
+from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS, quoted
 from dagster_sideinputs.core.context import StageContext, Views
-from dagster_sideinputs.core.rows import Lookup, LookupTable, Record
-from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.errors import DeclarationError, DuplicateKeyError, preview
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.route import side_windows
+from dagster_sideinputs.core.rows import Lookup, LookupTable, Record, side_record_type
+from dagster_sideinputs.core.side_data import SideData, value_columns
+from dagster_sideinputs.core.views import orderable
+from dagster_sideinputs.core.windows import WindowSpan
+from dagster_sideinputs.errors import DuplicateKeyError, preview
 
 
-def local_lookups(context: StageContext, views: Views) -> dict[str, Lookup]:
+def local_lookups(context: StageContext, views: Views, plan: BatchPlan) -> dict[str, Lookup]:
     lookups: dict[str, Lookup] = {}
     for name, join in views.joins.items():
         data = views.data[name]
         side = data.side
-        eligible = (
+        if side.distribution == "forwarded" or side.as_of is not None:
+            continue
+        per_window = side.window is not None and side.view != "singleton" and join.keys == [SIDE_NS]
+        keyed = (
             join.broadcast
             and side.view in ("map", "multimap")
             and side.window is None
-            and side.distribution != "forwarded"
             and side.missing == "null"
         )
-        if not eligible:
+        if not (per_window or keyed):
             continue
-        cache_key = (name, data.version)
+        windows = side_windows(data.bound, plan) if per_window else None
+        cache_key = (name, data.version, tuple(windows) if windows is not None else None)
         if cache_key not in context.lookup_tables:
             # Keep one version per side input: older ones are not read again.
             context.lookup_tables = {
                 key: table for key, table in context.lookup_tables.items() if key[0] != name
             }
-            context.lookup_tables[cache_key] = lookup_table(data)
-        default: list[Any] | None = [] if side.view == "multimap" else None
+            context.lookup_tables[cache_key] = (
+                window_table(data, windows or []) if per_window else lookup_table(data)
+            )
+        default: Any = [] if side.view in ("multimap", "list") else None
+        if per_window:
+            default = [] if side.view == "list" else {}
         lookups[name] = Lookup(f"{LOOKUP_PREFIX}{name}", context.lookup_tables[cache_key], default)
     return lookups
 
@@ -54,16 +73,13 @@ def broadcast_values(views: Views) -> dict[str, Any]:
             continue
         side = data.side
         if side.window is not None:
-            raise DeclarationError(
-                f"Row mode cannot hand {data.bound.label} to functions as a whole: it is "
-                "windowed and not joined by key.",
-                fix="use mode='frames', or give it a key relation to the main records",
-            )
+            continue  # joined per window; absent when no released record reads it
+        kind = side_record_type(data.bound.label)
         if side.view == "singleton":
             row = data.singleton_value()
-            values[name] = Record(row.asDict(recursive=True)) if hasattr(row, "asDict") else row
+            values[name] = kind(row.asDict(recursive=True)) if hasattr(row, "asDict") else row
             continue
-        rows = [Record(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
+        rows = [kind(r.asDict(recursive=True)) for r in data.rows(None).drop(SIDE_NS).collect()]
         if side.view == "list":
             values[name] = rows
         elif side.view == "map":
@@ -85,11 +101,47 @@ def lookup_table(data: SideData) -> LookupTable:
     arrow = data.rows(None).drop(SIDE_NS).toArrow()
     multimap = side.view == "multimap"
     if not multimap and pc.count_distinct(arrow[side.key], mode="all").as_py() == len(arrow):
-        return LookupTable(arrow, side.key, multimap=False)  # one row per key: ship as is
+        # One row per key: ship as is.
+        return LookupTable(arrow, side.key, multimap=False, label=data.bound.label)
     rows = arrow.to_pylist()
     chosen = sorted(rows, key=repr) if multimap else _one_per_key(data, rows)
     return LookupTable(
-        pa.Table.from_pylist(chosen, schema=arrow.schema), side.key, multimap=multimap
+        pa.Table.from_pylist(chosen, schema=arrow.schema),
+        side.key,
+        multimap=multimap,
+        label=data.bound.label,
+    )
+
+
+def window_table(data: SideData, windows: Sequence[WindowSpan]) -> LookupTable:
+    """A windowed view by side window (list: the window's rows; map: key -> row, a
+    duplicate key in a window is an error unless the side declares ``pick``; multimap:
+    key -> rows), rows in a stable order (sorted, as frames mode sorts them)."""
+    side = data.side
+    rows = data.rows(windows)
+    names = value_columns(data.schema())
+    if side.key is not None:
+        data.check_key_column()
+        rows = rows.filter(F.col(quoted(side.key)).isNotNull())  # as frames mode's map columns
+    element = T.StructType([data.schema()[n] for n in names])
+    if orderable(element):
+        rows = rows.orderBy(SIDE_NS, *[F.col(quoted(n)).asc_nulls_first() for n in names])
+        arrow = rows.select(SIDE_NS, *[quoted(n) for n in names]).toArrow()
+    else:
+        arrow = rows.select(SIDE_NS, *[quoted(n) for n in names]).toArrow()
+        order = sorted(range(arrow.num_rows), key=lambda i: repr(arrow.slice(i, 1).to_pylist()))
+        arrow = arrow.take(pa.array(order, pa.int64()))
+    if side.view == "map":
+        listed = arrow.to_pylist()
+        by_window: dict[Any, list[dict[str, Any]]] = {}
+        for row in listed:
+            by_window.setdefault(row[SIDE_NS], []).append(row)
+        chosen = [row for members in by_window.values() for row in _one_per_key(data, members)]
+        if len(chosen) != len(listed):
+            arrow = pa.Table.from_pylist(chosen, schema=arrow.schema)
+    key = side.key if side.view in ("map", "multimap") else None
+    return LookupTable(
+        arrow, key, multimap=side.view == "multimap", label=data.bound.label, window=SIDE_NS
     )
 
 

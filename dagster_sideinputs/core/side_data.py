@@ -49,6 +49,7 @@ class SideData:
     spark: SparkSession
     engine: DeltaEngine
     _rows_cache: dict[Any, DataFrame] = field(default_factory=dict)
+    _counts_cache: dict[Any, dict[str, int]] = field(default_factory=dict)
 
     @property
     def side(self) -> SideInput:
@@ -100,6 +101,23 @@ class SideData:
                 frame = frame.filter(F.col(SIDE_NS).isin(wanted))
         self._rows_cache[cache_key] = frame
         return frame
+
+    def window_counts(self, windows: Sequence[WindowSpan] | None) -> dict[str, int]:
+        """Rows per side namespace (the given side windows, or ``global``); a namespace
+        without rows is absent. One small Spark job per version and set of windows,
+        none when statistics settle it (a non-windowed table)."""
+        cache_key = None if windows is None else tuple(windows)
+        if cache_key in self._counts_cache:
+            return self._counts_cache[cache_key]
+        counts: dict[str, int] = {}
+        total = None if self.snapshot is None or windows is not None else self.snapshot.num_records
+        if total is not None:
+            counts = {GLOBAL: total} if total else {}
+        elif windows is None or windows:
+            frame = self.rows(windows)
+            counts = {r[0]: r[1] for r in frame.groupBy(SIDE_NS).count().collect()}
+        self._counts_cache[cache_key] = counts
+        return counts
 
     def check_key_column(self) -> None:
         schema = self.schema()

@@ -1,4 +1,4 @@
-"""Side inputs: :class:`SideInput` and its four view factories.
+"""Side inputs: :class:`SideInput`, its four view factories, and :class:`AsOf`.
 
 ``SideInput.singleton``, ``.list``, ``.map`` and ``.multimap`` take explicit, typed
 keyword arguments (completion and type checking on the main vocabulary); an option a
@@ -15,11 +15,13 @@ from typing import Any, ParamSpec, TypeVar
 from dagster_sideinputs.core.declarations import (
     DISTRIBUTIONS,
     MISSING,
+    ON_EMPTY,
     ON_TIMEOUT,
     READINESS,
     Distribution,
     KeyTranslator,
     Missing,
+    OnEmpty,
     OnTimeout,
     Readiness,
     View,
@@ -72,6 +74,60 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 @dataclass(frozen=True)
+class AsOf:
+    """Where the validity of a temporal (as-of) map's rows comes from.
+
+    Each main record sees, for its key, the side row valid at its event time (Flink
+    SQL's ``FOR SYSTEM_TIME AS OF``, Kafka Streams' versioned stores). Build one with
+    :meth:`column` (validity in columns of the side table) or :meth:`history` (the side
+    table's own Delta history: the row as the table held it at that time). A column
+    name given directly to ``SideInput.map(..., as_of="valid_from")`` means
+    ``AsOf.column("valid_from")``.
+
+    Attributes:
+        valid_from: side column: when the row starts being valid (None: Delta history).
+        valid_to: side column: when it stops (exclusive); None: when the key's next row
+            starts.
+    """
+
+    valid_from: str | None = None
+    valid_to: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.valid_to is not None and self.valid_from is None:
+            raise DeclarationError(
+                "AsOf(valid_to=...) needs valid_from= too.",
+                fix='AsOf.column("valid_from", valid_to="valid_to")',
+            )
+        for name in (self.valid_from, self.valid_to):
+            if name is not None and (not isinstance(name, str) or not name):
+                raise DeclarationError(f"AsOf columns are column names, got {name!r}.")
+
+    @classmethod
+    def column(cls, valid_from: str, *, valid_to: str | None = None) -> "AsOf":
+        """Validity from the side table's columns: a row of key k is valid from its
+        ``valid_from`` until its ``valid_to`` (exclusive), or, without ``valid_to``,
+        until the next ``valid_from`` of key k."""
+        return cls(valid_from, valid_to)
+
+    @classmethod
+    def history(cls) -> "AsOf":
+        """Validity from the side table's Delta history: a record at time t sees the
+        table as the newest version committed at or before t held it."""
+        return cls()
+
+    @property
+    def is_history(self) -> bool:
+        return self.valid_from is None
+
+    def __repr__(self) -> str:
+        if self.is_history:
+            return "AsOf.history()"
+        extra = f", valid_to={self.valid_to!r}" if self.valid_to else ""
+        return f"AsOf.column({self.valid_from!r}{extra})"
+
+
+@dataclass(frozen=True)
 class SideInput:
     """An additional, usually slowly changing input, seen through a view.
 
@@ -99,6 +155,16 @@ class SideInput:
         window_mapping: maps a main window ``(start, end)`` to the side window to read;
             default: the side window containing the main window's last instant.
         max_age: freshness without Dagster: the table's last commit must be this recent.
+        grace: when a side input's data becomes final by the batch clock, even if no
+            later side data comes: a side window ``grace`` after its end; for an
+            ``as_of`` map, the data valid at a record's time ``grace`` after that time.
+            Records then go on with what the side input holds (an empty window gives
+            the view's empty value, or goes to ``unmatched`` with ``on_empty``).
+        on_empty: a ready side namespace (a window) holding no rows: ``release``
+            records with the view's empty value (null, ``[]``, the singleton's
+            ``default``), or send them to the ``unmatched`` tag.
+        as_of: temporal map: each main record sees, for its key, the side row valid
+            at its event time (see :class:`AsOf`).
         default: a singleton's value when its namespace is ready but empty.
         pick: for a map with duplicate keys, keep the row with the greatest value of
             this column instead of failing.
@@ -122,8 +188,13 @@ class SideInput:
     pick: str | None = None
     forward_column: str | None = None
     path: str | None = None
+    grace: dt.timedelta | None = None
+    on_empty: OnEmpty = "release"
+    as_of: AsOf | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.as_of, str):
+            object.__setattr__(self, "as_of", AsOf.column(self.as_of))
         where = f"SideInput.{self.view}({self.asset!r})"
         asset_path(self.asset)
         check_choice(self.view, ("singleton", "list", "map", "multimap"), "view", where)
@@ -159,6 +230,38 @@ class SideInput:
             raise DeclarationError(f"{where}: window_mapping= needs window=.")
         if self.pick is not None and self.view != "map":
             raise DeclarationError(f"{where}: pick= only applies to map views.")
+        check_choice(self.on_empty, ON_EMPTY, "on_empty", where)
+        if self.grace is not None and self.grace < dt.timedelta(0):
+            raise DeclarationError(f"{where}: grace must be >= 0, got {self.grace}.")
+        if self.grace is not None and self.window is None and self.as_of is None:
+            raise DeclarationError(
+                f"{where}: grace= says when a side window (or an as_of map's data) becomes "
+                "final; this side input has neither window= nor as_of=.",
+                fix="remove grace=, or declare window=Window.tumbling(...) / as_of=...",
+            )
+        if self.as_of is not None:
+            self._check_as_of(where)
+
+    def _check_as_of(self, where: str) -> None:
+        if not isinstance(self.as_of, AsOf):
+            raise DeclarationError(
+                f"{where}: as_of= takes a column name or a dsi.AsOf, got "
+                f"{type(self.as_of).__name__}.",
+                fix='as_of="valid_from", as_of=dsi.AsOf.column("valid_from", '
+                'valid_to="valid_to") or as_of=dsi.AsOf.history()',
+            )
+        if self.view != "map":
+            raise DeclarationError(f"{where}: as_of= only applies to map views.")
+        if self.window is not None:
+            raise DeclarationError(
+                f"{where}: as_of= and window= both say which side rows a record sees; declare one.",
+                fix="drop window= (the row valid at the record's event time is used)",
+            )
+        if self.distribution == "forwarded":
+            raise DeclarationError(
+                f"{where}: an as_of map joins by key; distribution='forwarded' does not apply.",
+                fix="use distribution='keyed' or 'broadcast'",
+            )
 
     @classmethod
     @_checked_options
@@ -170,16 +273,25 @@ class SideInput:
         default: Any = None,
         window: Window | None = None,
         window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
         forward_column: str | None = None,
         path: str | None = None,
     ) -> "SideInput":
-        """One value (one row) per namespace; ``sides[name]`` is that row (or ``default``)."""
+        """One value (one row) per namespace; ``sides[name]`` is that row (or ``default``).
+
+        Windowed: each record carries its window's row as a struct column named after
+        the side input (``ctx.side_input(name)`` in rows mode). A ready window with no
+        row gives ``default``, or an ``EmptySingletonError`` when there is none (or goes
+        to ``unmatched`` with ``on_empty="unmatched"``); two rows are an error, checked
+        before anything is written whether or not the function reads the value.
+        """
         return cls(
             asset=asset, view="singleton", readiness=readiness, default=default, window=window,
-            window_mapping=window_mapping, max_age=max_age, distribution=distribution,
-            forward_column=forward_column, path=path,
+            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
         )  # fmt: skip
 
     @classmethod
@@ -191,16 +303,23 @@ class SideInput:
         readiness: Readiness | None = None,
         window: Window | None = None,
         window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
         forward_column: str | None = None,
         path: str | None = None,
     ) -> "SideInput":
-        """All rows as a bag; ``sides[name]`` is a DataFrame of them."""
+        """All rows as a bag; ``sides[name]`` is a DataFrame of them.
+
+        Windowed: each record carries the rows of its own side window (the operator's
+        window mapping) as an array column named after the side input, sorted; in rows
+        mode ``ctx.side_input(name)`` is that list.
+        """
         return cls(
             asset=asset, view="list", readiness=readiness, window=window,
-            window_mapping=window_mapping, max_age=max_age, distribution=distribution,
-            forward_column=forward_column, path=path,
+            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
         )  # fmt: skip
 
     @classmethod
@@ -215,20 +334,29 @@ class SideInput:
         timeout: dt.timedelta | None = None,
         on_timeout: OnTimeout = "unmatched",
         pick: str | None = None,
+        as_of: AsOf | str | None = None,
         readiness: Readiness | None = None,
         window: Window | None = None,
         window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
         forward_column: str | None = None,
         path: str | None = None,
     ) -> "SideInput":
-        """Key -> one row; joined to each main record as a struct column."""
+        """Key -> one row; joined to each main record as a struct column.
+
+        With ``as_of``, the row valid at the record's event time (see :class:`AsOf`).
+        Windowed without a key relation: each record carries its window's whole map
+        (a map column key -> row).
+        """
         return cls(
             asset=asset, view="map", key=key, key_translator=key_translator, missing=missing,
             timeout=timeout, on_timeout=on_timeout, pick=pick, readiness=readiness,
-            window=window, window_mapping=window_mapping, max_age=max_age,
-            distribution=distribution, forward_column=forward_column, path=path,
+            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            max_age=max_age, distribution=distribution, forward_column=forward_column,
+            path=path, as_of=AsOf.column(as_of) if isinstance(as_of, str) else as_of,
         )  # fmt: skip
 
     @classmethod
@@ -245,17 +373,24 @@ class SideInput:
         readiness: Readiness | None = None,
         window: Window | None = None,
         window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
         forward_column: str | None = None,
         path: str | None = None,
     ) -> "SideInput":
-        """Key -> all rows of that key; joined to each main record as an array column."""
+        """Key -> all rows of that key; joined to each main record as an array column.
+
+        Windowed without a key relation: each record carries its window's whole
+        multimap (a map column key -> sorted array of rows).
+        """
         return cls(
             asset=asset, view="multimap", key=key, key_translator=key_translator,
             missing=missing, timeout=timeout, on_timeout=on_timeout, readiness=readiness,
-            window=window, window_mapping=window_mapping, max_age=max_age,
-            distribution=distribution, forward_column=forward_column, path=path,
+            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            max_age=max_age, distribution=distribution, forward_column=forward_column,
+            path=path,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -273,13 +408,21 @@ class SideInput:
             parts.append("missing keys -> unmatched")
         if self.window is not None:
             parts.append(f"per {_human(self.window.size)} window on {self.window.time_column!r}")
+        if self.as_of is not None:
+            parts.append(f"as of the record's time ({self.as_of!r})")
+        if self.grace is not None:
+            parts.append(f"final {_human(self.grace)} after its time")
+        if self.on_empty != "release":
+            parts.append("empty -> unmatched")
         if self.distribution:
             parts.append(f"{self.distribution} distribution")
         return ", ".join(parts)
 
     def __repr__(self) -> str:
         extras = [f"key={self.key!r}"] if self.key else []
-        for name in ("readiness", "distribution", "window", "pick", "forward_column"):
+        for name in (
+            "readiness", "distribution", "window", "pick", "forward_column", "as_of", "grace",
+        ):  # fmt: skip
             value = getattr(self, name)
             if value is not None:
                 extras.append(f"{name}={value!r}")
@@ -287,6 +430,8 @@ class SideInput:
             extras.append(f"missing={self.missing!r}, timeout={self.timeout!r}")
         if self.max_age is not None:
             extras.append(f"max_age={self.max_age!r}")
+        if self.on_empty != "release":
+            extras.append(f"on_empty={self.on_empty!r}")
         return f"SideInput.{self.view}({self.asset!r}" + "".join(", " + e for e in extras) + ")"
 
 

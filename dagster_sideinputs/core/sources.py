@@ -24,7 +24,12 @@ from dagster_sideinputs.core.plan import MainRange
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
-from dagster_sideinputs.errors import MainInputDataError, OperatorStateError, TableNotFoundError
+from dagster_sideinputs.errors import (
+    MainInputDataError,
+    NonAppendOnlyChangeError,
+    OperatorStateError,
+    TableNotFoundError,
+)
 
 _HIDDEN = (".", "_")
 _GLOB = re.compile(r"([\\*?\[\]{}])")
@@ -45,6 +50,10 @@ class MainSource(Protocol):
     def files(self, main: MainRange) -> SourceSlice: ...
 
     def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame: ...
+
+    def schema(self) -> T.StructType | None:
+        """The declared schema (landing folders); None when slices carry it (Delta)."""
+        ...
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None: ...
 
@@ -101,7 +110,36 @@ class DeltaTableSource:
             )
         snapshot = latest if end == latest.version else self._snapshot(end)
         main = MainRange("delta", start, end, table_id=latest.table_id)
+        try:
+            return SourceSlice(main, self._added(main, snapshot), snapshot)
+        except NonAppendOnlyChangeError as exc:
+            changed = exc.version
+            if changed is None or changed <= start + 1:
+                raise self._not_appended(exc, start) from exc
+        # The appends before the change are read now; the next batch stops at the change.
+        snapshot = self._snapshot(changed - 1)
+        main = MainRange("delta", start, changed - 1, table_id=latest.table_id)
         return SourceSlice(main, self._added(main, snapshot), snapshot)
+
+    def _not_appended(self, exc: NonAppendOnlyChangeError, start: int) -> NonAppendOnlyChangeError:
+        """The error for a version right after the operator's position that removed or
+        rewrote rows: it names the version and the explicit way past it."""
+        version = exc.version
+        skip = (
+            f"`operator.reset(main_from={version})`"
+            if version is not None
+            else "`operator.reset(main_from=<version>)`"
+        )
+        error = NonAppendOnlyChangeError(
+            f"Main input {self.name!r} ({self.spec.main_uri}) of operator "
+            f"{self.spec.operator_id!r}: version {version} is not an append, and the operator "
+            f"has read the table up to version {start}. {exc.message} Nothing was written.",
+            fix="keep the main input append-only (write corrections to a new table); to go on "
+            f"after reviewing the change, skip that version with {skip}: the rows it removed "
+            "stay in the outputs, rows it added or rewrote are not read, later versions are",
+        )
+        error.version = version
+        return error
 
     def _snapshot(self, version: int) -> TableSnapshot:
         return self.engine.snapshot(self.spec.main_uri, version=version, name=self.name)
@@ -140,8 +178,26 @@ class DeltaTableSource:
             return spark.createDataFrame([], schema)
         return self.engine.read_snapshot(spark, snapshot, files=piece.files, name=self.name)
 
+    def schema(self) -> T.StructType | None:
+        return None  # each slice's snapshot has it
+
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
+
+
+def _check_file_name(name: str, asset: str, folder: str) -> None:
+    """Refuse a landed file Spark cannot read by name: Hadoop paths cannot hold a ':' in a
+    file name (the local file system fails on its checksum path), nor control characters.
+    Glob characters are fine: the read escapes them."""
+    bad = sorted({c for c in name if c == ":" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise MainInputDataError(
+            f"Landed file {name!r} of main input {asset!r} ({folder}) has {bad} in its name, "
+            "which Spark's (Hadoop's) file paths cannot hold: it cannot be read. Nothing was "
+            "written.",
+            fix="rename the file without those characters (e.g. ':' -> '-'); it is then read "
+            "as a new file by the next run",
+        )
 
 
 class LandingFolder:
@@ -183,6 +239,7 @@ class LandingFolder:
                 continue
             known = seen.get(entry.path)
             if known is None:
+                _check_file_name(entry.path, self.spec.main.asset, self.folder)
                 fresh.append(entry)
                 continue
             size, mtime = known

@@ -5,8 +5,13 @@ exceptions whose text holds the original. The operator's own checks inside Spark
 their messages (``raise_error`` with a marker, or an encoded ``SideInputError`` raised in
 a Python worker); this module recognises them and raises the matching
 :class:`~dagster_sideinputs.errors.SideInputError` with its class, message and fix first.
-Anything else becomes a :class:`FunctionError` (the user's code) or a
-:class:`SparkJobError`, the Spark error kept as the cause.
+A ``SideInputError`` raised by Python code inside a Spark job (a UDF calling the
+project's code) is recognised in the Python traceback and raised again with its class.
+Spark's own data errors (ANSI mode's bad casts, overflows, division by zero, and
+``raise_error``) are the user's expressions failing on some record: a
+:class:`FunctionError` naming what was being computed. Anything else becomes a
+:class:`FunctionError` (the user's code) or a :class:`SparkJobError`, the Spark error
+kept as the cause.
 """
 
 import base64
@@ -25,6 +30,7 @@ from dagster_sideinputs.errors import (
     DeclarationError,
     FunctionError,
     PreKeyedViolationError,
+    SideInputDataError,
     SideInputError,
     SparkJobError,
 )
@@ -43,15 +49,64 @@ def encode(error: SideInputError) -> str:
     return _ENCODED + base64.b64encode(json.dumps(payload).encode()).decode() + ":end"
 
 
+def _error_class(name: str) -> type[SideInputError]:
+    cls = getattr(errors, name, SideInputError)
+    if not (isinstance(cls, type) and issubclass(cls, SideInputError)):
+        return SideInputError
+    return cls
+
+
 def _decode(text: str) -> SideInputError | None:
     match = re.search(re.escape(_ENCODED) + r"([A-Za-z0-9+/=]+):end", text)
     if match is None:
         return None
     payload = json.loads(base64.b64decode(match.group(1)))
-    cls = getattr(errors, payload["class"], SideInputError)
-    if not (isinstance(cls, type) and issubclass(cls, SideInputError)):
-        cls = SideInputError
-    return cls(payload["message"], fix=payload.get("fix"))
+    return _error_class(payload["class"])(payload["message"], fix=payload.get("fix"))
+
+
+_RAISED_IN_PYTHON = re.compile(
+    r"^dagster_sideinputs\.errors\.(\w+): (.*?)(?:\nFix: (.*?))?$", re.MULTILINE | re.DOTALL
+)
+
+
+def _raised_in_python(text: str) -> SideInputError | None:
+    """One of the project's errors raised by Python code in a Spark job (its traceback's
+    last line is ``dagster_sideinputs.errors.<Class>: <message>``, then ``Fix: ...``)."""
+    found = None
+    for line_start in re.finditer(r"^dagster_sideinputs\.errors\.\w+: ", text, re.MULTILINE):
+        found = line_start.start()
+    if found is None:
+        return None
+    tail = text[found:].split("\n\tat ", 1)[0].split("\n\n", 1)[0].rstrip()
+    match = _RAISED_IN_PYTHON.match(tail)
+    if match is None:
+        return None
+    name, message, fix = match.groups()
+    return _error_class(name)(message.strip(), fix=fix.strip() if fix else None)
+
+
+# Spark's errors of data, not of the job: SQLSTATE class 22 (ANSI mode's invalid casts,
+# overflows, division by zero...) and raise_error's P0001.
+_DATA_ERROR = re.compile(r"\[([A-Z_]+(?:\.[A-Z_]+)?)\][^\n]*?SQLSTATE: (22\w{3}|P0001)")
+_FIELD_NOT_FOUND = re.compile(
+    r"\[FIELD_NOT_FOUND\] No such struct field `([^`]*)` in (.*?)\.? SQLSTATE"
+)
+
+
+def _summary(text: str) -> str:
+    """The informative part of a Spark error text: its error class line (or first
+    exception line), and the root cause."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    head = next((line for line in lines if re.search(r"\[[A-Z_]+(\.[A-Z_]+)?\]", line)), None)
+    if head is None:
+        head = next((line for line in lines if "Exception: " in line), lines[0] if lines else "")
+    head = re.sub(r"^(: )?[\w.$]+(Exception|Error): ", "", head)[:400]
+    causes = [line for line in lines if line.startswith("Caused by: ")]
+    if causes:
+        root = re.sub(r"^Caused by: [\w.$]+: ", "", causes[-1])[:300]
+        if root and root not in head:
+            head += f" (cause: {root})"
+    return head
 
 
 def _extract(text: str, marker: str) -> str:
@@ -64,13 +119,21 @@ def _function_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
 
 
-def translate(context: "StageContext", exc: BaseException, views: "Views | None") -> SideInputError:
-    """The project's error for a Spark failure of one batch."""
+def translate(
+    context: "StageContext",
+    exc: BaseException,
+    views: "Views | None",
+    *,
+    what: str | None = None,
+) -> SideInputError:
+    """The project's error for a Spark failure of one batch (``what``: what the failed
+    job was doing, e.g. ``"computing output 'alerts'"``)."""
     spec = context.spec
     text = str(exc)
-    decoded = _decode(text)
+    decoded = _decode(text) or _raised_in_python(text)
     if decoded is not None:
         return decoded
+    doing = f" while {what}" if what else ""
     if DUPLICATE_MARK in text:
         name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
         if views is not None and name in views.joins:
@@ -113,23 +176,59 @@ def translate(context: "StageContext", exc: BaseException, views: "Views | None"
         )
     if "PythonException" in type(exc).__name__ or "PythonException" in text:
         return FunctionError(
-            f"Operator {spec.operator_id!r}: Python code running in Spark failed: "
+            f"Operator {spec.operator_id!r}: Python code running in Spark failed{doing}: "
             f"{_python_error(text)}. {NOTHING_WRITTEN}",
             fix="fix the function (see the Python traceback in the cause), then rerun",
+        )
+    missing_field = _FIELD_NOT_FOUND.search(text)
+    side = _side_lacking(views, missing_field) if missing_field else None
+    if side is not None:
+        return side
+    data_error = _DATA_ERROR.search(text)
+    if data_error is not None:
+        return FunctionError(
+            f"Operator {spec.operator_id!r}: a Spark expression failed on a record{doing}: "
+            f"{_summary(text)}. {NOTHING_WRITTEN}",
+            fix="fix the expression for the records it fails on (the function's, or a "
+            "key_translator's): under Spark's ANSI mode bad casts, overflows and divisions "
+            "by zero raise (try_cast / try_divide return null instead), then rerun",
         )
     if isinstance(exc, AnalysisException):
         return FunctionError(
             f"Operator {spec.operator_id!r}: Spark cannot plan the function's output: "
-            f"{_extract(text, '')}. {NOTHING_WRITTEN}",
+            f"{_summary(text)}. {NOTHING_WRITTEN}",
             fix="check the columns the function reads: main input columns, and side inputs "
             "joined as one column named after the side input",
         )
     return SparkJobError(
-        f"Operator {spec.operator_id!r}: a Spark job of the batch failed: "
-        f"{_extract(text, '')}. {NOTHING_WRITTEN}",
+        f"Operator {spec.operator_id!r}: a Spark job of the batch failed{doing}: "
+        f"{_summary(text)}. {NOTHING_WRITTEN}",
         fix="rerun: the batch is replayed from its plan; if it fails again, the cause above "
         "says why",
     )
+
+
+def _side_lacking(views: "Views | None", found: re.Match[str]) -> SideInputError | None:
+    """The error for a function reading a field its side input's table no longer has: the
+    side input whose value columns are the struct's fields Spark lists."""
+    if views is None:
+        return None
+    field, listed = found.group(1), found.group(2)
+    fields = re.findall(r"`([^`]*)`", listed)
+    for name in views.joins:
+        data = views.data[name]
+        if data.snapshot is None:
+            continue
+        columns = [c for c in data.snapshot.schema.fieldNames() if not c.startswith("_dsi_")]
+        if columns == fields:
+            return SideInputDataError(
+                f"The function reads column {field!r} of {data.bound.label}, which its table "
+                f"({data.bound.uri}) does not have at version {data.version} (columns: "
+                f"{columns}). {NOTHING_WRITTEN}",
+                fix=f"restore column {field!r} in the side asset, or change the function to "
+                "read the columns it has",
+            )
+    return None
 
 
 def _python_error(text: str) -> str:
@@ -141,7 +240,11 @@ def _python_error(text: str) -> str:
 
 
 def translated(
-    context: "StageContext", action: Callable[[], T], *, views: "Views | None" = None
+    context: "StageContext",
+    action: Callable[[], T],
+    *,
+    views: "Views | None" = None,
+    what: str | None = None,
 ) -> T:
     """Run ``action``; Spark failures raise the project's errors (the original as cause)."""
     try:
@@ -149,4 +252,4 @@ def translated(
     except SideInputError:
         raise
     except (PySparkException, Py4JJavaError) as exc:
-        raise translate(context, exc, views) from exc
+        raise translate(context, exc, views, what=what) from exc

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import Column
+
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, OutputTag
@@ -28,8 +30,9 @@ from dagster_sideinputs.errors import DeclarationError
 
 STATE_FOLDER = "_sideinputs"
 # Characters that Hadoop paths treat as globs, or URIs as delimiters or escapes: a table
-# name holding one would be read as a pattern or a different path.
-_SPECIAL = re.compile(r"[*?\[\]{}\\#%]")
+# name holding one would be read as a pattern or a different path. Control characters
+# (a tab, a newline) are not valid in paths at all.
+_SPECIAL = re.compile(r"[*?\[\]{}\\#%\x00-\x1f\x7f]")
 _OPERATOR_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -150,17 +153,32 @@ class OperatorSpec:
                     "view": b.side.view,
                     "asset": b.side.asset,
                     "key": b.side.key,
+                    "key_translator": _translator_identity(b.side.key_translator),
                     "missing": b.side.missing,
                     "timeout": None if b.side.timeout is None else b.side.timeout.total_seconds(),
                     "on_timeout": b.side.on_timeout,
                     "window": None if b.side.window is None else _window_identity(b.side.window),
                     "mapping": b.side.window_mapping is not None,
                     "readiness": b.side.readiness,
+                    # Only when declared, so older declarations keep their fingerprint.
+                    **({"as_of": repr(b.side.as_of)} if b.side.as_of is not None else {}),
                 }
                 for b in self.sides
             },
             "routes": {route: tag.name for route, tag in sorted(self.routes.items())},
         }
+
+
+def _translator_identity(translator: Any) -> str | None:
+    """A stable description of a key translator: a column name, a Column's expression, a
+    function's qualified name (its code may change unseen; its name is what is stable)."""
+    if translator is None or isinstance(translator, str):
+        return translator
+    if isinstance(translator, Column):
+        return str(translator)
+    if hasattr(translator, "__qualname__"):
+        return f"{getattr(translator, '__module__', '')}.{translator.__qualname__}"
+    return str(translator)
 
 
 def fingerprint(values: dict[str, Any]) -> str:
@@ -189,8 +207,8 @@ def check_location(uri: str, *, what: str) -> None:
     if found:
         raise DeclarationError(
             f"{what} is located at {uri!r}, whose characters {found} Spark's file system "
-            "reads as glob patterns, URI delimiters or escapes: it would read or write "
-            "another path.",
+            "reads as glob patterns, URI delimiters or escapes (or cannot hold at all): it "
+            "would read or write another path.",
             fix="use letters, digits, '_', '-', '.' and '/' in asset names and paths",
         )
 
@@ -242,17 +260,14 @@ def build_spec(
     for limit in ("max_versions_per_batch", "max_files_per_batch"):
         value = getattr(options, limit)
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise DeclarationError(f"{limit} must be an integer >= 1, got {value!r}.")
+            raise DeclarationError(
+                f"{limit} must be an integer >= 1, got {value!r}.",
+                fix=f"pass {limit}=None (no limit) or an integer >= 1",
+            )
     if not callable(options.fn):
         raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
     main = options.main
     operator_id = options.operator_id or default_operator_id(options.main_output)
-    if not _OPERATOR_ID.match(operator_id):
-        raise DeclarationError(
-            f"operator_id {operator_id!r} must use letters, digits, '_', '-' and '.' only (it "
-            "names a folder and the Delta application transactions of the operator).",
-            fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
-        )
     tags = _tags(options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
@@ -270,6 +285,12 @@ def build_spec(
         readiness=readiness or DeltaReadiness(),
     )
     _check_tables(spec)
+    if not _OPERATOR_ID.match(operator_id):
+        raise DeclarationError(
+            f"operator_id {operator_id!r} must use letters, digits, '_', '-' and '.' only (it "
+            "names a folder and the Delta application transactions of the operator).",
+            fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
+        )
     for bound in sides:
         _check_side(bound, options, readiness)
     if options.buffer.on_exceed == "overflow" and options.overflow is None:
@@ -325,6 +346,28 @@ def _check_side(
             fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
             'on_timeout="null" to join them with nulls',
         )
+    if side.on_empty == "unmatched" and options.unmatched is None:
+        raise DeclarationError(
+            f"{bound.label} sends records whose side namespace holds no rows to the "
+            "unmatched tag (on_empty='unmatched'), but the operator declares none.",
+            fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
+            "on_empty='release' to release them with the view's empty value",
+        )
+    if side.as_of is not None:
+        as_of = side.as_of
+        time = options.window.time_column if options.window is not None else None
+        if (time or options.main.event_time) is None:
+            raise DeclarationError(
+                f"{bound.label} is joined as of each record's event time, but main input "
+                f"{options.main.asset!r} declares none.",
+                fix='pass MainInput(..., event_time="ts")',
+            )
+        if side.pick is not None and (as_of.is_history or as_of.valid_to is not None):
+            raise DeclarationError(
+                f"{bound.label}: pick= breaks ties between rows of one key starting at the "
+                f"same valid_from; it does not apply to {as_of!r}.",
+                fix="drop pick=, or use AsOf.column(valid_from) without valid_to",
+            )
     if side.readiness == "fresh" and side.max_age is None and readiness is None:
         raise DeclarationError(
             f"{bound.label} has readiness='fresh' but no max_age; without Dagster the "

@@ -71,6 +71,11 @@ class OperatorState:
         ids = self._ids("commits")
         return ids[-1] if ids else None
 
+    def has_pending(self) -> bool:
+        """Whether the newest plan has no commit record yet."""
+        planned, committed = self.last_planned(), self.last_committed()
+        return planned is not None and (committed is None or planned > committed)
+
     def is_empty(self) -> bool:
         return self.last_planned() is None and self.last_committed() is None
 
@@ -94,12 +99,8 @@ class OperatorState:
         path = self._plan_path(batch_id)
         try:
             raw = self.files.read_bytes(path)
-        except FileNotFoundError as exc:
-            raise OperatorStateError(
-                f"Operator {self.operator_id!r}: the plan of batch {batch_id} is missing from "
-                f"{self.root}/plans.",
-                fix=_RESET_FIX,
-            ) from exc
+        except FileNotFoundError:
+            return Unreadable(f"{self.root}/{path}", "missing")
         try:
             plan = BatchPlan.from_json(raw.decode())
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
@@ -121,6 +122,27 @@ class OperatorState:
                 fix=_RESET_FIX,
             )
         return loaded
+
+    def has_identity_era_plans(self) -> bool:
+        """Whether the newest plan or commit record was written by a version that keeps
+        ``operator.json`` (plans of format 2 and later, commit records with a routing):
+        such a state cannot lack the file because it predates it."""
+        for batch_id in reversed(self._ids("plans")):
+            data = self._json(self._plan_path(batch_id))
+            if data is not None:
+                return int(data.get("format") or 1) >= 2
+        for batch_id in reversed(self._ids("commits")):
+            data = self._json(self._commit_path(batch_id))
+            if data is not None:
+                return "routing" in data or "reset" in data
+        return False
+
+    def _json(self, path: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.files.read_bytes(path).decode())
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def discard_plan(self, batch_id: int) -> None:
         """Set aside a plan no table committed, so the batch is planned again."""

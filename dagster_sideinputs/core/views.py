@@ -8,6 +8,16 @@
 - :class:`ListView` (all rows): a DataFrame in ``sides[name]``, or an array column when
   ``forwarded`` (the rows sharing the record's ``forward_column`` value).
 
+Windowed side inputs give each record the view of *its own* side window (Beam's
+per-window side inputs), found with the operator's window mapping (custom ones
+included): a singleton's row, a list's rows (a sorted array column), and for a map or
+multimap without a key relation the window's whole map (a map column key -> row, or key
+-> sorted rows). A ready window without rows gives the view's empty value.
+
+An ``as_of`` map joins each record with the row of its key valid at its event time
+(:mod:`~dagster_sideinputs.core.temporal`): an equi-join on the key with a range
+condition on the validity columns.
+
 Side rows are read at the batch's pinned version (:mod:`~dagster_sideinputs.core.side_data`)
 and joined by :func:`build_join` / :func:`apply_join`. Views that promise one row per
 key (maps, singletons) are checked before anything is written.
@@ -29,10 +39,18 @@ from dagster_sideinputs.core.columns import (
     quoted,
     side_key,
 )
+from dagster_sideinputs.core.plan import AsOfPlan
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.spec import BoundSide
-from dagster_sideinputs.core.windows import WindowSpan
+from dagster_sideinputs.core.temporal import (
+    VALID_FROM,
+    VALID_TO,
+    overlap_error,
+    overlaps,
+    temporal_rows,
+)
+from dagster_sideinputs.core.windows import GLOBAL, WindowSpan, namespace_id
 from dagster_sideinputs.errors import (
     DeclarationError,
     DuplicateKeyError,
@@ -67,6 +85,8 @@ class JoinSpec:
         matched: column name set to true on matched records (per-key waiting).
         duplicates: the join keys holding several rows where the view promises one (a
             map, a singleton); listed only when the batch fails on them.
+        valid: as-of maps: the view's validity columns (from, to) and the main records'
+            event time; a row matches when ``from <= time < to`` (a null bound is open).
     """
 
     view: DataFrame
@@ -76,19 +96,21 @@ class JoinSpec:
     broadcast: bool
     matched: str
     duplicates: DataFrame | None = None
+    valid: tuple[str, str, Column] | None = None
 
 
 def _struct_of(schema: T.StructType) -> Column:
     return F.struct(*[F.col(quoted(name)) for name in value_columns(schema)])
 
 
-def _orderable(data_type: T.DataType) -> bool:
+def orderable(data_type: T.DataType) -> bool:
+    """Whether Spark can sort values of this type (maps cannot be compared)."""
     if isinstance(data_type, T.MapType):
         return False
     if isinstance(data_type, T.StructType):
-        return all(_orderable(f.dataType) for f in data_type.fields)
+        return all(orderable(f.dataType) for f in data_type.fields)
     if isinstance(data_type, T.ArrayType):
-        return _orderable(data_type.elementType)
+        return orderable(data_type.elementType)
     return True
 
 
@@ -109,6 +131,34 @@ class View:
         """(one row per join key with the value column, the duplicated keys, empty value)."""
         raise NotImplementedError
 
+    def aggregate_window(
+        self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
+    ) -> tuple[DataFrame, DataFrame | None, Column | None]:
+        """A map / multimap without a key relation, per side window: the window's whole
+        view as a map column (key -> row, or key -> sorted rows)."""
+        side, name = data.side, data.bound.name
+        assert side.key is not None
+        data.check_key_column()
+        entry = "_dsi_entry_key"
+        # Spark maps cannot hold a null key; such rows cannot be looked up anyway.
+        rows = rows.filter(F.col(quoted(side.key)).isNotNull())
+        per_key, duplicates, _ = self.aggregate(
+            data, rows, [*group, F.col(quoted(side.key)).alias(entry)], [*keys, entry]
+        )
+        pairs = F.collect_list(F.struct(F.col(entry), F.col(quoted(name))))
+        element = _element_type(data.schema())
+        if orderable(element):
+            pairs = F.array_sort(pairs)  # a stable entry order, so replays write the same
+        aggregated = per_key.groupBy(*[F.col(k) for k in keys]).agg(
+            F.map_from_entries(pairs).alias(name)
+        )
+        key_type = data.schema()[side.key].dataType
+        value_type: T.DataType = T.ArrayType(element) if self.kind == "multimap" else element
+        empty = F.map_from_arrays(
+            F.array().cast(T.ArrayType(key_type)), F.array().cast(T.ArrayType(value_type))
+        )
+        return aggregated, duplicates, empty
+
     def _unique(
         self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
     ) -> tuple[DataFrame, DataFrame]:
@@ -128,7 +178,7 @@ class View:
     ) -> tuple[DataFrame, DataFrame | None, Column | None]:
         element = _element_type(data.schema())
         collected = F.collect_list(_struct_of(data.schema()))
-        if _orderable(element):
+        if orderable(element):
             collected = F.array_sort(collected)  # a stable order, so replays agree
         aggregated = rows.groupBy(*group).agg(collected.alias(data.bound.name))
         return aggregated, None, F.array().cast(T.ArrayType(element))
@@ -174,7 +224,7 @@ class MapView(View):
         # Ties on the pick column are broken by the whole row, so replays agree.
         value = _struct_of(schema)
         order = F.col(quoted(side.pick))
-        if _orderable(_element_type(schema)):
+        if orderable(_element_type(schema)):
             order = F.struct(order, value)
         aggregated = rows.groupBy(*group).agg(F.max_by(value, order).alias(data.bound.name))
         return aggregated, None, None
@@ -197,6 +247,13 @@ VIEWS: dict[str, View] = {
 
 def view_of(side: SideInput) -> View:
     return VIEWS[side.view]
+
+
+def empty_namespaces(data: SideData, windows: Sequence[WindowSpan] | None) -> list[str]:
+    """The side namespaces in play (the given windows, or ``global``) holding no rows."""
+    counts = data.window_counts(windows)
+    wanted = [GLOBAL] if windows is None else [namespace_id(start) for start, _ in windows]
+    return [ns for ns in wanted if counts.get(ns, 0) == 0]
 
 
 def has_join_relation(side: SideInput, main_columns: Sequence[str]) -> bool:
@@ -240,6 +297,26 @@ def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
     return result
 
 
+_INTEGRAL_WIDTH: dict[type[T.DataType], int] = {
+    T.ByteType: 1,
+    T.ShortType: 2,
+    T.IntegerType: 4,
+    T.LongType: 8,
+}
+
+
+def _widens(main: T.DataType, side: T.DataType) -> bool:
+    """Whether every value of the main key type is exactly a value of the side key type."""
+    main_width, side_width = _INTEGRAL_WIDTH.get(type(main)), _INTEGRAL_WIDTH.get(type(side))
+    if main_width is not None and side_width is not None:
+        return main_width <= side_width
+    if isinstance(side, T.DoubleType):
+        return isinstance(main, T.FloatType) or (main_width is not None and main_width <= 4)
+    if isinstance(side, T.DecimalType) and main_width is not None:
+        return side.precision - side.scale >= {1: 3, 2: 5, 4: 10, 8: 19}[main_width]
+    return False
+
+
 def _cast_main_key(
     bound: BoundSide, expr: Column, main: DataFrame, side_type: T.DataType
 ) -> Column:
@@ -254,7 +331,13 @@ def _cast_main_key(
     if main_type == side_type:
         return expr
     if isinstance(main_type, _NUMERIC) and isinstance(side_type, _NUMERIC):
-        return expr.cast(side_type)
+        if _widens(main_type, side_type):
+            return expr.cast(side_type)
+        # A cast that may lose the value (10.5 -> 10, or an overflow, an error under ANSI)
+        # would match the wrong side row: a main key that does not survive the round trip
+        # has no side row.
+        narrowed = expr.try_cast(side_type)
+        return F.when(narrowed.cast(main_type) == expr, narrowed)
     if isinstance(main_type, T.StringType | T.DateType | T.TimestampType) and type(
         main_type
     ) is type(side_type):
@@ -272,14 +355,24 @@ def build_join(
     *,
     windows: Sequence[WindowSpan] | None,
     main_side_ns: Column,
+    event_time: str | None = None,
+    as_of: AsOfPlan | None = None,
 ) -> JoinSpec | None:
-    """The join that attaches a view to main records, or None when the view is not joined."""
+    """The join that attaches a view to main records, or None when the view is not joined
+    (a non-windowed list, singleton, or map without a key relation: ``sides[name]``).
+
+    Args:
+        windows: the side windows released records read (windowed side inputs).
+        main_side_ns: main-record expression of the side window it reads.
+        event_time: the main records' event-time column (as-of maps).
+        as_of: what the batch pinned for an as-of map.
+    """
     side, bound = data.side, data.bound
     view = view_of(side)
     forward = side.distribution == "forwarded"
     windowed = side.window is not None
     joins_by_key = view.keyed and has_join_relation(side, main.columns)
-    if not (joins_by_key or forward or (windowed and side.view == "singleton")):
+    if not (joins_by_key or forward or windowed or side.as_of is not None):
         return None
     if bound.name in main.columns:
         raise DeclarationError(
@@ -287,6 +380,8 @@ def build_join(
             "already have.",
             fix="rename the side input in side_inputs={...}",
         )
+    if side.as_of is not None:
+        return _as_of_join(data, main, event_time, as_of)
     rows = data.rows(windows if windowed else None)
     schema = data.schema()
     keys: list[str] = []
@@ -317,11 +412,65 @@ def build_join(
         keys.append(side_key(bound.name))
         main_keys.append(expr)
         group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
-    aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
+    if windowed and view.keyed and not joins_by_key and not forward:
+        aggregated, duplicates, empty = view.aggregate_window(data, rows, group, keys)
+    else:
+        aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
     joined = aggregated.withColumn(matched(bound.name), F.lit(True))
     # Explicit broadcast, or a view without a key (per window / per forward value).
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
     return JoinSpec(joined, main_keys, keys, empty, broadcast, matched(bound.name), duplicates)
+
+
+def _as_of_join(
+    data: SideData, main: DataFrame, event_time: str | None, entry: AsOfPlan | None
+) -> JoinSpec:
+    """An as-of map: the rows of the record's key, joined where ``valid_from <= time <
+    valid_to``; at most one row is valid at a time (overlaps are checked before writing)."""
+    side, bound = data.side, data.bound
+    if not has_join_relation(side, main.columns):
+        raise DeclarationError(
+            f"{bound.label} is an as-of map, which joins each record by key, but main records "
+            f"have no column {side.key!r} and it declares no key_translator.",
+            fix="pass key_translator=<main column or expression giving the side key>",
+        )
+    if event_time is None:
+        raise DeclarationError(f"{bound.label} needs the main records' event time.")
+    data.check_key_column()
+    assert side.key is not None
+    schema = data.schema()
+    expr = _cast_main_key(bound, _resolve_main_key(bound, main), main, schema[side.key].dataType)
+    rows = temporal_rows(data, entry)
+    valid_from, valid_to = f"{VALID_FROM}_{bound.name}", f"{VALID_TO}_{bound.name}"
+    view = rows.select(
+        F.col(quoted(side.key)).alias(side_key(bound.name)),
+        _struct_of(schema).alias(bound.name),
+        F.col(VALID_FROM).alias(valid_from),
+        F.col(VALID_TO).alias(valid_to),
+        F.lit(True).alias(matched(bound.name)),
+    )
+    as_of = side.as_of
+    assert as_of is not None
+    if as_of.is_history or as_of.valid_to is not None:
+        duplicates: DataFrame | None = overlaps(rows, side.key)
+    elif side.pick is None:
+        # Validity ends where the key's next row starts: two rows starting together
+        # leave the first an empty interval (no second pass over the rows needed).
+        duplicates = rows.filter(F.col(VALID_TO) == F.col(VALID_FROM)).select(
+            F.col(quoted(side.key)), F.col(VALID_FROM).alias("valid_from")
+        )
+    else:
+        duplicates = None  # pick= kept one row per (key, valid_from)
+    return JoinSpec(
+        view,
+        [expr],
+        [side_key(bound.name)],
+        None,
+        side.distribution == "broadcast",
+        matched(bound.name),
+        duplicates,
+        (valid_from, valid_to, F.col(quoted(event_time)).cast("timestamp")),
+    )
 
 
 def _default_struct(default: Any, schema: T.StructType) -> Column | None:
@@ -345,7 +494,15 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
         keyed = keyed.withColumn(alias, expr)
     view = F.broadcast(spec.view) if spec.broadcast else spec.view
     condition = [keyed[alias] == view[key] for alias, key in zip(aliases, spec.keys, strict=True)]
-    joined = keyed.join(view, condition, "left").drop(*aliases, *spec.keys)
+    dropped = [*aliases, *spec.keys]
+    if spec.valid is not None:
+        valid_from, valid_to, time = spec.valid
+        alias = f"_dsi_mt_{name}"
+        keyed = keyed.withColumn(alias, time)
+        start, end, at = view[valid_from], view[valid_to], keyed[alias]
+        condition.append((start.isNull() | (start <= at)) & (end.isNull() | (at < end)))
+        dropped += [alias, valid_from, valid_to]
+    joined = keyed.join(view, condition, "left").drop(*dropped)
     joined = joined.withColumn(spec.matched, F.coalesce(F.col(spec.matched), F.lit(False)))
     if spec.empty_value is not None:
         joined = joined.withColumn(name, F.coalesce(F.col(quoted(name)), spec.empty_value))
@@ -356,6 +513,8 @@ def duplicate_error(bound: BoundSide, spec: JoinSpec, version: int | None) -> Si
     """The error for a map (or singleton) holding several rows where it promises one."""
     assert spec.duplicates is not None
     offenders = spec.duplicates.limit(6).collect()
+    if bound.side.as_of is not None:
+        return overlap_error(bound, offenders, version)
     shown = [tuple(row) if len(row) > 1 else row[0] for row in offenders]
     if bound.side.view == "singleton":
         return SingletonCardinalityError(

@@ -8,7 +8,9 @@ and aligned to the epoch plus an offset, like Spark's ``window()``.
 Records are assigned to windows with plain arithmetic on their event time rather than
 Spark's ``window()``, which drops records whose time is null (sliding windows filter
 them out): a record with a null time keeps one row with null window columns, and the
-router sends it to ``invalid`` instead of losing it.
+router sends it to ``invalid`` instead of losing it. So does a record whose windows
+would not fit in the years 1-9999 (Python's and Spark's datetimes), and a record the
+router will call invalid anyway is not given one row per sliding window.
 """
 
 import datetime as dt
@@ -26,6 +28,11 @@ from dagster_sideinputs.errors import DeclarationError, did_you_mean
 GLOBAL = "global"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 LAST_INSTANT = dt.timedelta(microseconds=1)
+MIN_INSTANT = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+MAX_INSTANT = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+# Durations beyond this are refused in window declarations: no window that long fits in
+# the years 1-9999 that Python and Spark datetimes cover.
+MAX_WINDOW = dt.timedelta(days=365 * 1000)
 WindowSpan: TypeAlias = tuple[dt.datetime, dt.datetime]
 WindowMapping: TypeAlias = Callable[[dt.datetime, dt.datetime], WindowSpan]
 _TIME_TYPES = (T.TimestampType, T.TimestampNTZType, T.DateType)
@@ -72,6 +79,19 @@ class Window:
             )
         if self.watermark is not None and self.watermark < dt.timedelta(0):
             raise DeclarationError(f"Window watermark must be >= 0, got {self.watermark}.")
+        for what, value in (("size", self.size), ("watermark", self.watermark)):
+            if value is not None and value > MAX_WINDOW:
+                raise DeclarationError(
+                    f"Window {what} {value} is longer than {MAX_WINDOW.days // 365} years: "
+                    "windows must fit within the timestamps Spark and Python represent "
+                    "(years 1-9999).",
+                    fix="use a shorter window; for no lateness limit at all, leave watermark=None",
+                )
+        if abs(self.offset) > MAX_WINDOW:
+            raise DeclarationError(
+                f"Window offset {self.offset} is longer than {MAX_WINDOW.days // 365} years.",
+                fix="use an offset shorter than the window's slide",
+            )
 
     @classmethod
     def tumbling(
@@ -134,13 +154,32 @@ def parse_namespace_id(ns: str) -> dt.datetime | None:
     return dt.datetime.strptime(text, fmt).replace(tzinfo=dt.timezone.utc)
 
 
-def as_utc(value: dt.datetime) -> dt.datetime:
-    """Naive datetimes (as PySpark returns them, in the UTC session zone) become UTC."""
+def as_utc(value: dt.datetime | dt.date) -> dt.datetime:
+    """Naive datetimes (as PySpark returns them, in the UTC session zone) become UTC; a
+    date (a date-typed event time) is its midnight, UTC."""
+    if not isinstance(value, dt.datetime):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
     return (
         value.replace(tzinfo=dt.timezone.utc)
         if value.tzinfo is None
         else value.astimezone(dt.timezone.utc)
     )
+
+
+def shifted(instant: dt.datetime, delta: dt.timedelta, *, back: bool = False) -> dt.datetime:
+    """``instant + delta`` (``- delta`` when ``back``), saturating at the first and last
+    representable instants: a huge timeout or age limit means "never", not an
+    OverflowError."""
+    try:
+        return as_utc(instant) - delta if back else as_utc(instant) + delta
+    except OverflowError:
+        return MIN_INSTANT if back == (delta > dt.timedelta(0)) else MAX_INSTANT
+
+
+def time_range(window: Window) -> tuple[dt.datetime, dt.datetime]:
+    """The event times whose windows fit in the years 1-9999 (Python's and Spark's
+    datetimes): a main record outside cannot be given a window, and is invalid."""
+    return MIN_INSTANT + window.size, MAX_INSTANT - window.size
 
 
 def _micros(value: dt.timedelta) -> int:
@@ -151,6 +190,30 @@ def window_start_containing(window: Window, instant: dt.datetime) -> dt.datetime
     """Start of the latest window of ``window`` that contains ``instant``."""
     steps = (as_utc(instant) - EPOCH - window.offset) // window.slide
     return EPOCH + window.offset + steps * window.slide
+
+
+def is_window_start(window: Window, start: dt.datetime) -> bool:
+    """Whether a window of ``window`` starts at ``start``."""
+    return (as_utc(start) - EPOCH - window.offset) % window.slide == dt.timedelta(0)
+
+
+def in_window(window: Window, time_column: str) -> Column:
+    """Whether a row's namespace columns hold one of ``window``'s windows containing its
+    event time (false for a null window or time)."""
+    column = F.col(quoted(time_column)).cast("timestamp")
+    start, end, at = (
+        F.unix_micros(F.col(NS_START)),
+        F.unix_micros(F.col(NS_END)),
+        F.unix_micros(column),
+    )
+    slide, size, offset = _micros(window.slide), _micros(window.size), _micros(window.offset)
+    fits = (
+        (end - start == F.lit(size))
+        & (F.pmod(start - F.lit(offset), F.lit(slide)) == 0)
+        & (start <= at)
+        & (at < end)
+    )
+    return F.coalesce(fits, F.lit(False))
 
 
 def windows_containing(window: Window, instant: dt.datetime) -> list[WindowSpan]:
@@ -171,7 +234,7 @@ def default_side_window(
     window maps to the last side window inside it.
     """
     start = window_start_containing(side_window, as_utc(main_end) - LAST_INSTANT)
-    return start, start + side_window.size
+    return start, shifted(start, side_window.size)
 
 
 def map_to_side_window(
@@ -208,17 +271,29 @@ def check_time_column(schema: T.StructType, column: str, *, where: str) -> None:
         )
 
 
-def assign_windows(df: DataFrame, window: Window, time_column: str) -> DataFrame:
+def assign_windows(
+    df: DataFrame,
+    window: Window,
+    time_column: str,
+    *,
+    single: Column | None = None,
+) -> DataFrame:
     """Add the namespace columns of each window a record belongs to.
 
     Sliding windows give a record several rows, one per window (as Beam processes an
-    element once per window it is in). A null event time gives one row with null
-    namespace columns (Spark's ``window()`` would drop it).
+    element once per window it is in). A null event time, or one outside
+    :func:`time_range`, gives one row with null namespace columns (Spark's ``window()``
+    would drop it). Records where ``single`` holds
+    (records the router will call invalid) get one row, in their latest window, rather
+    than one per sliding window.
     """
     column = F.col(quoted(time_column))
     if not isinstance(df.schema[time_column].dataType, T.TimestampType):
         column = column.cast("timestamp")
-    micros = F.unix_micros(column)
+    low, high = time_range(window)
+    raw = F.unix_micros(column)
+    inside = (raw >= F.lit(_micros(low - EPOCH))) & (raw <= F.lit(_micros(high - EPOCH)))
+    micros = F.when(inside, raw)
     slide, size, offset = _micros(window.slide), _micros(window.size), _micros(window.offset)
     last = micros - F.pmod(micros - F.lit(offset), F.lit(slide))
     count = size // slide
@@ -227,7 +302,8 @@ def assign_windows(df: DataFrame, window: Window, time_column: str) -> DataFrame
         framed = df.withColumn(NS_START, F.timestamp_micros(start))
     else:
         starts = F.array(*[last - F.lit(i * slide) for i in range(count - 1, -1, -1)])
-        starts = F.when(micros.isNull(), F.array(F.lit(None).cast("long"))).otherwise(starts)
+        one = micros.isNull() if single is None else micros.isNull() | single
+        starts = F.when(one, F.array(last)).otherwise(starts)
         exploded = df.withColumn(NS_START, F.explode(starts))
         framed = exploded.withColumn(NS_START, F.timestamp_micros(F.col(NS_START)))
     return framed.withColumn(
@@ -255,7 +331,10 @@ def namespace_id_column(start: Column) -> Column:
 def windows_between(
     window: Window, first: dt.datetime, last: dt.datetime, limit: int
 ) -> list[WindowSpan] | None:
-    """Every window overlapping ``[first, last]``, or None when there are more than ``limit``."""
+    """Every window overlapping ``[first, last]`` (clamped to the times that have windows,
+    see :func:`time_range`), or None when there are more than ``limit``."""
+    low, high = time_range(window)
+    first, last = min(max(as_utc(first), low), high), min(max(as_utc(last), low), high)
     start = windows_containing(window, first)[0][0]
     end = window_start_containing(window, last)
     count = (end - start) // window.slide + 1

@@ -127,6 +127,9 @@ def _stage(context: StageContext, batch: Batch, target: _Target) -> StagedWrite 
             name=name,
         ),
         views=batch.views,
+        what="computing the records that wait (buffer)"
+        if target.buffer
+        else f"computing output {target.label!r}",
     )
 
 

@@ -3,7 +3,12 @@
 - ``present``: the side asset has been materialized at least once (for a windowed side
   input: the partition of the side window).
 - ``complete``: a non-partitioned side asset has one successful materialization; a
-  time-window partitioned one has the partition the main window maps to.
+  time-window partitioned one has the partition the main window maps to. A partition
+  materialized with no rows is final and empty: its records get the view's empty value
+  (or go to ``unmatched`` with ``on_empty="unmatched"``).
+- ``grace`` (declared on a windowed side input) makes a side window final that long
+  after its end even if its partition never materializes (decided by the operator's
+  planner for every provider).
 - ``fresh``: the asset's ``FreshnessPolicy`` passes at the batch's time:
   ``time_window`` policies want the last materialization within ``fail_window``;
   ``cron`` policies want it no older than the last deadline tick minus

@@ -7,6 +7,7 @@ to rows one to one, and refuses (clearly) tables whose features it cannot read
 correctly (deletion vectors in use, column mapping).
 """
 
+import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from dagster_sideinputs.delta.engine import (
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.reader import read_changes, read_files, select_partitions
-from dagster_sideinputs.delta.table import load_snapshot, open_table
+from dagster_sideinputs.delta.table import commit_timestamps, load_snapshot, open_table
 from dagster_sideinputs.delta.writer import (
     append_rows,
     commit_staged,
@@ -86,6 +87,11 @@ class DeltaRsEngine:
         table = open_table(uri, storage_options=self.storage_options)
         version = table.transaction_version(app_id)
         return None if version is None else int(version)
+
+    def commit_timestamps(
+        self, uri: str, *, up_to: int | None = None, name: str | None = None
+    ) -> list[tuple[int, dt.datetime]]:
+        return commit_timestamps(uri, up_to=up_to, storage_options=self.storage_options, name=name)
 
     # --- reads -------------------------------------------------------------------------
 

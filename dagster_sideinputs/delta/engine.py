@@ -179,6 +179,20 @@ class DeltaEngine(Protocol):
         """The highest application-transaction version ``app_id`` committed (None: none)."""
         ...
 
+    def commit_timestamps(
+        self, uri: str, *, up_to: int | None = None, name: str | None = None
+    ) -> list[tuple[int, dt.datetime]]:
+        """``(version, commit timestamp)`` of every version the log still holds, up to
+        ``up_to`` (the latest when None), oldest first; timestamps are aware UTC.
+
+        The timestamp is the one Delta's time travel by timestamp uses: the commit's
+        in-commit timestamp when the table has them, else ``commitInfo.timestamp``, else
+        the commit file's modification time. Versions the log retention removed are
+        absent. Temporal side inputs (``AsOf.history()``) read these, then each version
+        they need with :meth:`snapshot` ``(uri, version=v)``.
+        """
+        ...
+
     # --- reads -------------------------------------------------------------------------
 
     def read_snapshot(

@@ -143,7 +143,7 @@ def append_only_files(commits: Iterable[CommitChanges], *, table: str) -> list[D
     result: list[DataFile] = []
     for commit in commits:
         if commit.removed_data:
-            raise NonAppendOnlyChangeError(
+            error = NonAppendOnlyChangeError(
                 f"Version {commit.version} of table {table} removed data "
                 f"({commit.operation}, {len(commit.removed_data)} file(s), e.g. "
                 f"{commit.removed_data[0]!r}); an incremental reader of an append-only "
@@ -152,5 +152,7 @@ def append_only_files(commits: Iterable[CommitChanges], *, table: str) -> list[D
                 f"or restart the operator from version {commit.version} after reviewing "
                 "the change",
             )
+            error.version = commit.version
+            raise error
         result.extend(commit.added)
     return result

@@ -8,6 +8,7 @@ partition values and statistics, the commit time, the table id).
 
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 
 import deltalake
@@ -115,7 +116,9 @@ def check_readable(table: deltalake.DeltaTable, *, name: str) -> None:
             )
 
 
-def _commit_timestamp(files: TableFiles, version: int) -> dt.datetime:
+def _commit_timestamp(
+    files: TableFiles, version: int, modification_time_ms: int | None = None
+) -> dt.datetime:
     relative = f"_delta_log/{version:020d}.json"
     try:
         for line in files.read_bytes(relative).splitlines():
@@ -127,9 +130,54 @@ def _commit_timestamp(files: TableFiles, version: int) -> dt.datetime:
                 return _from_ms(info["timestamp"])
     except FileNotFoundError:
         pass
+    if modification_time_ms is not None:
+        return _from_ms(modification_time_ms)
     entries = list(files.list_files("_delta_log"))
     stamps = [e.modification_time_ms for e in entries if e.path.endswith(f"{version:020d}.json")]
     return _from_ms(stamps[0] if stamps else 0)
+
+
+_COMMIT_FILE = re.compile(r"^_delta_log/(\d{20})\.json$")
+# Commit files never change once written: their timestamps are read once per process
+# (keyed by the file's size and modification time too, so a table recreated at the same
+# location is read again).
+_TIMESTAMPS: dict[tuple[str, int, int, int], dt.datetime] = {}
+
+
+def commit_timestamps(
+    uri: str,
+    *,
+    up_to: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> list[tuple[int, dt.datetime]]:
+    """``(version, commit timestamp)`` of every commit file the log holds, oldest first.
+
+    Raises:
+        TableNotFoundError: the table has no commit files (or none up to ``up_to``).
+    """
+    root = normalize_uri(uri)
+    files = TableFiles(root, storage_options)
+    found: list[tuple[int, dt.datetime]] = []
+    entries = files.list_files("_delta_log") if files.exists("_delta_log") else iter(())
+    for entry in entries:
+        match = _COMMIT_FILE.match(entry.path.replace("\\", "/"))
+        if match is None:
+            continue
+        version = int(match.group(1))
+        if up_to is not None and version > up_to:
+            continue
+        key = (root, version, entry.size, entry.modification_time_ms)
+        if key not in _TIMESTAMPS:
+            _TIMESTAMPS[key] = _commit_timestamp(files, version, entry.modification_time_ms)
+        found.append((version, _TIMESTAMPS[key]))
+    if not found:
+        raise TableNotFoundError(
+            f"No commits in the Delta log of {name or root}"
+            + (f" up to version {up_to}." if up_to is not None else "."),
+            fix="materialize the table first",
+        )
+    return sorted(found)
 
 
 def _from_ms(millis: int) -> dt.datetime:

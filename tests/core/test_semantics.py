@@ -1,4 +1,4 @@
-"""The semantics users rely on (SEMANTICS.md), one behaviour per test."""
+"""The semantics users rely on (docs/SEMANTICS.md), one behaviour per test."""
 
 import datetime as dt
 
