@@ -366,7 +366,13 @@ def parquet_rows(spark: SparkSession, path: Path) -> int:
 
 
 def frames_operator(
-    main_uri: str, lake: Lake, root: Path, *, pre_keyed: bool = False, keyed: bool = False
+    main_uri: str,
+    lake: Lake,
+    root: Path,
+    *,
+    pre_keyed: bool = False,
+    keyed: bool = False,
+    engine: str = "delta-rs",
 ) -> dsi.SideInputOperator:
     return dsi.SideInputOperator(
         main=dsi.MainInput(
@@ -389,7 +395,7 @@ def frames_operator(
         fn=enrich_frames,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        storage=dsi.DeltaStorage(str(root)),
+        storage=dsi.DeltaStorage(str(root), engine=engine),  # type: ignore[arg-type]
     )
 
 
@@ -478,6 +484,11 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         with writes_per_table():
             return operator(i)
 
+    def operator_native(i: int) -> OperatorRun:
+        root = lake.fresh_root("frames_native")
+        op = frames_operator(main_uri, lake, root, engine="delta-spark")
+        return OperatorRun(op.run(spark, trigger="available_now"), root)
+
     def baseline(i: int) -> Path:
         out = lake.fresh_root("frames_baseline")
         foreach_batch_job(spark, lake, main_uri, out)
@@ -485,12 +496,18 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)
+    native = "delta-spark" in args.engines
+    if native:
+        operator_native(-1)
     actions: dict[str, Callable[[int], Any]] = {"operator": operator}
+    if native:  # right after the bridge run: the pair shares its conditions
+        actions["operator_native"] = operator_native
     if args.per_table_writes:  # right after the operator: the pair shares its conditions
         actions["operator_per_table"] = operator_per_table
     actions["baseline"] = baseline
     seconds, results = interleaved(actions, args.repeats)
     per_table_times = list(TIMES.get("operator_per_table", []))
+    native_times = list(TIMES.get("operator_native", []))
 
     op_counts = {
         (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
@@ -513,6 +530,18 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         "counts_match": len(op_counts) == 1 and op_counts == base_counts,
         "profile": profile,
     }
+    if native_times:
+        figures["operator_native_s"] = seconds["operator_native"]
+        figures["operator_native_rec_s"] = args.rows / seconds["operator_native"]
+        figures["native_over_bridge_per_repeat"] = [
+            b / n for b, n in zip(TIMES["operator"], native_times, strict=True)
+        ]
+        figures["native_counts"] = sorted(
+            {
+                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
+                for r in results["operator_native"]
+            }
+        )
     if per_table_times:
         figures["per_table_s"] = seconds["operator_per_table"]
         figures["stage_then_commit_per_repeat"] = [
@@ -529,8 +558,19 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         f"  baseline foreachBatch (readStream.parquet, availableNow) {_rate(figures, 'baseline')}"
     )
     print(
-        f"  SideInputOperator frames mode                            {_rate(figures, 'operator')}"
+        f"  SideInputOperator frames mode (delta-rs bridge)          {_rate(figures, 'operator')}"
     )
+    if native_times:
+        print(
+            f"  SideInputOperator frames mode (delta-spark, native)      "
+            f"{_rate(figures, 'operator_native')}"
+        )
+        pairs = figures["native_over_bridge_per_repeat"]
+        print(
+            f"  throughput native / bridge {seconds['operator'] / seconds['operator_native']:5.2f}x"
+            f" (goal >= 0.90); per repeat {' '.join(f'{r:.2f}' for r in pairs)} (median "
+            f"{statistics.median(pairs):.2f}); rows {figures['native_counts']}"
+        )
     print_ratios(figures)
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
@@ -618,7 +658,7 @@ def rows_operator(main_uri: str, lake: Lake, root: Path) -> dsi.SideInputOperato
         mode="rows",
         main_output=ROWS_MAIN,
         side_outputs=[ROWS_SUSPICIOUS],
-        storage=dsi.DeltaStorage(str(root)),
+        storage=dsi.DeltaStorage(str(root), engine="delta-rs"),
     )
 
 
@@ -731,7 +771,7 @@ def fx_operator(main_uri: str, fx_uri: str, root: Path) -> dsi.SideInputOperator
         },
         fn=convert_fx,
         main_output="converted",
-        storage=dsi.DeltaStorage(str(root)),
+        storage=dsi.DeltaStorage(str(root), engine="delta-rs"),
         window=FX_WINDOW,
         buffer=dsi.BufferLimits(max_rows=None, max_age=None),
     )
@@ -1029,11 +1069,18 @@ def main() -> None:
         help="frames: also time the operator committing each table as soon as it is staged "
         "(the write stage before stage-then-commit), to measure what staging first costs",
     )
+    parser.add_argument(
+        "--engines",
+        default="delta-rs,delta-spark",
+        help="frames: the Delta engines to time, interleaved (delta-rs is the reference)",
+    )
     args = parser.parse_args()
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
 
     spark = dsi.build_spark_session(
         master=args.master,
         log_level="ERROR",
+        delta="delta-spark" in args.engines,
         driver_memory=args.driver_memory,
         configs={
             "spark.ui.port": str(free_port()),

@@ -7,6 +7,9 @@ Environment variables point it elsewhere without code changes:
 - ``DSI_LAKE_ROOT``: where every Delta table lives (default ``./data/lake``); on a
   cluster it must be a path every executor can reach (shared filesystem).
 - ``DSI_SPARK_UI``: ``false`` to run without the Spark web UI.
+- ``DSI_DELTA_ENGINE``: ``auto`` (default: delta-spark, since the session configures
+  Delta whenever its jars can be had; the delta-rs bridge otherwise), ``delta-spark`` or
+  ``delta-rs``.
 """
 
 import os

@@ -13,6 +13,12 @@ from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.servers.s3 import S3Server
 
+# The test session has Delta configured, so "auto" would pick delta-spark everywhere.
+# Modules that run under both engines say so (DELTA_ENGINES, tests/core/conftest.py) and
+# the engine tests name theirs; every other test keeps the bridge unless the environment
+# says otherwise (DSI_DELTA_ENGINE=auto runs them under delta-spark).
+os.environ.setdefault("DSI_DELTA_ENGINE", "delta-rs")
+
 if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
 

@@ -199,6 +199,13 @@ class DeltaSparkEngine:
             return None
         return self._state(uri).txns.get(app_id)
 
+    def commit_timestamps(
+        self, uri: str, *, up_to: int | None = None, name: str | None = None
+    ) -> list[tuple[int, dt.datetime]]:
+        return READER.commit_timestamps(
+            self._files(uri), up_to=up_to, table=name or normalize_uri(uri)
+        )
+
     # --- reads -------------------------------------------------------------------------
 
     def read_snapshot(
@@ -222,7 +229,7 @@ class DeltaSparkEngine:
                 .option("versionAsOf", snapshot.version)
                 .load(spark_uri(snapshot.uri))
             )
-            if predicate is not True:
+            if not isinstance(predicate, bool):
                 frame = frame.where(predicate)
             return frame.select(*[F.col(_quoted(c)) for c in snapshot.schema.fieldNames()])
         return self._read_subset(spark, snapshot, chosen, label)
@@ -294,7 +301,9 @@ class DeltaSparkEngine:
         if not self.exists(uri):
             return
         existing = self.snapshot(uri, name=name).schema
-        plan_append(schema, existing, table=name or normalize_uri(uri), merge=schema_mode == "merge")
+        plan_append(
+            schema, existing, table=name or normalize_uri(uri), merge=schema_mode == "merge"
+        )
 
     def _plan(
         self,
@@ -546,14 +555,18 @@ class DeltaSparkEngine:
         versions = list(range(before + 1, latest + 1))
         actions = READER.commits(self._files(uri), versions, table=label)
         for version in reversed(versions):
-            info = next((a["commitInfo"] for a in actions[version] if "commitInfo" in a), {})
+            info: dict[str, Any] = next(
+                (a["commitInfo"] for a in actions[version] if "commitInfo" in a), {}
+            )
             if token not in str(info.get("userMetadata") or ""):
                 continue
             adds = [a["add"] for a in actions[version] if "add" in a]
             metrics = info.get("operationMetrics") or {}
             rows = metrics.get("numOutputRows")
             if rows is None:
-                rows = sum(json.loads(a["stats"]).get("numRecords", 0) for a in adds if a.get("stats"))
+                rows = sum(
+                    json.loads(a["stats"]).get("numRecords", 0) for a in adds if a.get("stats")
+                )
             return WriteResult(
                 uri=uri,
                 version=version,
@@ -737,9 +750,7 @@ def _replace_predicate(replace: Mapping[str, Any]) -> str:
     return " AND ".join(_in_predicate(c, values) for c, values in allowed.items())
 
 
-def _removal_predicate(
-    state: LogState, remove_files: Sequence[DataFile], label: str
-) -> str | None:
+def _removal_predicate(state: LogState, remove_files: Sequence[DataFile], label: str) -> str | None:
     """A replaceWhere predicate removing exactly ``remove_files``, which must be every
     live file of the partitions they belong to (None: every file of the table).
 

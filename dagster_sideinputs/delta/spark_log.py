@@ -95,6 +95,14 @@ class LogFiles(Protocol):
         ...
 
 
+def _concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Checkpoint parts (or checkpoint and sidecars) as one table; their schemas may
+    differ in the optional fields a writer left out."""
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
 def _parse_lines(raw: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
@@ -477,8 +485,10 @@ def _adds_from_arrow(table: pa.Table) -> list[LiveFile]:
         partitions = values["partitionValues"][index] or []
         files.append(
             LiveFile(
-                path=values["path"][index],
-                partition_values=dict(partitions) if not isinstance(partitions, dict) else partitions,
+                path=str(values["path"][index]),
+                partition_values=dict(partitions)
+                if not isinstance(partitions, dict)
+                else partitions,
                 size=int(values["size"][index] or 0),
                 modification_time=values["modificationTime"][index],
                 stats=values["stats"][index],
@@ -533,6 +543,10 @@ class _Replay:
             elif "commitInfo" in action:
                 info = action["commitInfo"]
         return info
+
+
+def _from_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
 
 
 def _commit_time(info: Mapping[str, Any] | None, fallback_ms: int) -> int:
@@ -591,6 +605,7 @@ class LogReader:
         self._cache: OrderedDict[tuple[str, int], LogState] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity = capacity
+        self._timestamps: dict[tuple[str, int, int, int], dt.datetime] = {}
 
     # --- cache ------------------------------------------------------------------------------
 
@@ -660,9 +675,11 @@ class LogReader:
                 f"Table {table} has no version {target} (latest: {listing.latest}).",
                 fix="ask for an existing version (DESCRIBE HISTORY delta.`<path>`)",
             )
-        signature = listing.signature(target) if target in listing.commits or (
-            target in listing.checkpoints
-        ) else ("", 0, 0)
+        signature = (
+            listing.signature(target)
+            if target in listing.commits or (target in listing.checkpoints)
+            else ("", 0, 0)
+        )
         cached = self._cached(files.root, target, signature)
         if cached is not None:
             return cached
@@ -788,9 +805,7 @@ class LogReader:
         try:
             read = files.read_json_lines(list(names.values()))
         except FileNotFoundError as exc:
-            missing = next(
-                (v for v in versions if not _exists_in(files, names[v])), versions[0]
-            )
+            missing = next((v for v in versions if not _exists_in(files, names[v])), versions[0])
             raise TableNotFoundError(
                 f"Commit {missing} of table {table} is gone from {LOG_DIR} (log retention "
                 "cleaned it up before it was read incrementally).",
@@ -798,6 +813,39 @@ class LogReader:
                 "`delta.logRetentionDuration` on the table",
             ) from exc
         return {v: read[names[v]] for v in versions}
+
+    def commit_timestamps(
+        self, files: LogFiles, *, up_to: int | None = None, table: str
+    ) -> list[tuple[int, dt.datetime]]:
+        """``(version, commit time)`` of every commit file the log holds, oldest first:
+        the in-commit timestamp, else ``commitInfo.timestamp``, else the file's time.
+        Commit files never change, so each is read once per process.
+
+        Raises:
+            TableNotFoundError: the table has no commit files (or none up to ``up_to``).
+        """
+        listing = self.listing(files)
+        entries = [] if listing is None else sorted(listing.commits.items())
+        wanted = [(v, e) for v, e in entries if up_to is None or v <= up_to]
+        if not wanted:
+            raise TableNotFoundError(
+                f"No commits in the Delta log of {table}"
+                + (f" up to version {up_to}." if up_to is not None else "."),
+                fix="materialize the table first",
+            )
+        root = normalize_uri(files.root)
+        missing = [
+            (v, e) for v, e in wanted if (root, v, e.size, e.mtime_ms) not in self._timestamps
+        ]
+        if missing:
+            read = files.read_json_lines([e.name for _, e in missing])
+            for version, entry in missing:
+                info = next((a["commitInfo"] for a in read[entry.name] if "commitInfo" in a), None)
+                with self._lock:
+                    self._timestamps[(root, version, entry.size, entry.mtime_ms)] = _from_ms(
+                        _commit_time(info, entry.mtime_ms)
+                    )
+        return [(v, self._timestamps[(root, v, e.size, e.mtime_ms)]) for v, e in wanted]
 
 
 def _exists_in(files: LogFiles, name: str) -> bool:

@@ -18,6 +18,7 @@ and the bridge otherwise; the choice is made when a session is known
 """
 
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,13 +40,21 @@ __all__ = [
     "DeltaSparkEngine",
     "DeltaStorage",
     "EngineChoice",
+    "default_engine",
 ]
 
 EngineChoice = Literal["auto", "delta-spark", "delta-rs"]
 ENGINE_CHOICES: tuple[str, ...] = ("auto", "delta-spark", "delta-rs")
+ENGINE_ENV = "DSI_DELTA_ENGINE"
+"""Environment variable giving the engine of storages that name none (default ``auto``)."""
 log = logging.getLogger("dagster_sideinputs")
 _logged: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()
+
+
+def default_engine() -> str:
+    """The engine of a storage that names none: ``$DSI_DELTA_ENGINE``, else ``auto``."""
+    return os.environ.get(ENGINE_ENV, "").strip() or "auto"
 
 
 def _log_once(engine: str, reason: str) -> None:
@@ -70,7 +79,7 @@ class DeltaStorage:
             the session's Hadoop settings).
         engine: ``"auto"`` (default: delta-spark when the session has Delta configured,
             else the delta-rs bridge), ``"delta-spark"``, ``"delta-rs"``, or an engine
-            instance.
+            instance. None: ``$DSI_DELTA_ENGINE`` when set, else ``"auto"``.
 
     Examples:
         >>> storage = DeltaStorage(root="/tmp/lake")
@@ -86,11 +95,11 @@ class DeltaStorage:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", normalize_uri(self.root))
-        choice = "auto" if self.engine is None else self.engine
+        choice = default_engine() if self.engine is None else self.engine
         if isinstance(choice, str) and choice not in ENGINE_CHOICES:
             raise DeclarationError(
-                f"DeltaStorage(engine={choice!r}) is not an engine; expected one of "
-                f"{list(ENGINE_CHOICES)} or a DeltaEngine.",
+                f"DeltaStorage(engine={choice!r}) (or ${ENGINE_ENV}) is not an engine; "
+                f"expected one of {list(ENGINE_CHOICES)} or a DeltaEngine.",
                 fix='engine="auto" (delta-spark where the session has Delta), "delta-spark" '
                 'or "delta-rs"',
             )

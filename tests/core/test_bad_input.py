@@ -49,9 +49,7 @@ def state(lake: Lake, op: dsi.SideInputOperator) -> State:
     buffer = (
         []
         if snap is None
-        else sorted(
-            tuple(r) for r in lake.frame(snap.uri).select("tx_id").collect()
-        )
+        else sorted(tuple(r) for r in lake.frame(snap.uri).select("tx_id").collect())
     )
     return State({name: lake.rows(name) for name in op.output_tables}, buffer)
 

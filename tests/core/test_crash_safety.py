@@ -98,11 +98,7 @@ STEPS = [
 def snapshot(lake: Lake, op: dsi.SideInputOperator) -> dict[str, list]:
     tables = {name: lake.rows(name) for name in ("enriched", "suspicious", "unmatched")}
     buffer = op.buffer().snapshot
-    rows = (
-        []
-        if buffer is None
-        else lake.frame(buffer.uri).select("tx_id", "_dsi_slot").collect()
-    )
+    rows = [] if buffer is None else lake.frame(buffer.uri).select("tx_id", "_dsi_slot").collect()
     tables["buffer"] = sorted(tuple(r) for r in rows)
     return tables
 
@@ -159,9 +155,7 @@ def test_reference_run_routes_every_record(reference):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("step", "write"), CRASHES)
-def test_crash_after_any_write_then_rerun_gives_the_reference_tables(
-    lake, reference, step, write
-):
+def test_crash_after_any_write_then_rerun_gives_the_reference_tables(lake, reference, step, write):
     result = run_all(
         lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
     )
