@@ -24,6 +24,10 @@ killed worker stopped (its progress is a file, advanced after each action):
 6. materialize profiles with 60 more customers, run
    ``replay_unmatched_transactions_job`` (the replay operator has its own state).
 
+The lake is a local folder, or (``--lake s3://bucket/prefix``) a prefix on an object
+store, reached with the ``AWS_*`` environment variables like the example's resources
+(each trial gets its own ``<prefix>/<trial>``). The Dagster instance stays local.
+
 Side-change trials (``--script short --side-change``) kill the first job right after
 batch 0's plan, either before any table is committed (``before-create-enriched``) or after
 the first one (``after-first-table``), then add 25 customer profiles before the rerun.
@@ -185,6 +189,90 @@ def transactions(batch: Batch) -> Any:
     )
 
 
+# --- the lake (a local folder or an object store prefix) ------------------------------------
+
+
+class Lake:
+    """A trial's lake, read and listed through the project's own file layer, so the same
+    code serves a local folder and an object store (options: the ``AWS_*`` environment)."""
+
+    def __init__(self, root: str) -> None:
+        from dagster_sideinputs.delta.files import normalize_uri
+        from dagster_sideinputs.delta.s3 import resolve_storage_options
+
+        self.root = normalize_uri(root)
+        self.options = resolve_storage_options(self.root, None)
+
+    @property
+    def local(self) -> bool:
+        from dagster_sideinputs.delta.files import is_local
+
+        return is_local(self.root)
+
+    def uri(self, *parts: str) -> str:
+        from dagster_sideinputs.delta.files import join_uri
+
+        return join_uri(self.root, *parts)
+
+    def files(self, *parts: str) -> Any:
+        from dagster_sideinputs.delta.files import TableFiles
+
+        return TableFiles(self.uri(*parts), self.options)
+
+    def entries(self, *parts: str) -> list[Any]:
+        """Every file below a folder (recursively), paths relative to it."""
+        return list(self.files(*parts).list_files(""))
+
+    def operators(self) -> list[str]:
+        """The operator ids with a state folder."""
+        return sorted({e.path.split("/", 1)[0] for e in self.entries(STATE) if "/" in e.path})
+
+    def ids(self, *parts: str) -> list[int]:
+        """Batch ids of the ``<id>.json`` files directly in a folder (plans, commits)."""
+        names = [e.path for e in self.entries(*parts) if "/" not in e.path]
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def log_actions(self, table: str) -> list[dict[str, Any]]:
+        """Every action of a table's Delta log, in version order (empty without a log)."""
+        files = self.files(table)
+        logs = sorted(e.path for e in self.entries(table, "_delta_log") if e.path.endswith(".json"))
+        actions = []
+        for name in logs:
+            text = files.read_bytes(f"_delta_log/{name}").decode()
+            actions += [json.loads(line) for line in text.splitlines() if line.strip()]
+        return actions
+
+    def is_table(self, table: str) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self.uri(table), self.options or None)
+
+    def copy_to(self, target: "Lake") -> None:
+        """Every file of this lake into ``target`` (emptied first)."""
+        target.delete()
+        if self.local and target.local:
+            shutil.copytree(self.root, target.root)
+            return
+        source, destination = self.files(), target.files()
+        for entry in self.entries():
+            destination.write_bytes_atomic(entry.path, source.read_bytes(entry.path))
+
+    def delete(self) -> None:
+        if self.local:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        files = self.files()
+        for entry in self.entries():
+            files.delete_file(entry.path)
+
+
+def lake_of(trial: Path) -> Lake:
+    """A trial's (or the template's) lake: ``<trial>/lake``, or the object store prefix
+    named in ``<trial>/lake-root``."""
+    named = trial / "lake-root"
+    return Lake(named.read_text().strip() if named.exists() else str(trial / "lake"))
+
+
 # --- the worker (a subprocess: its own process group, its own JVM) -------------------------
 
 
@@ -192,7 +280,7 @@ def _worker_env(trial: Path, group: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DAGSTER_HOME=str(trial / "dagster_home"),
-        DSI_LAKE_ROOT=str(trial / "lake"),
+        DSI_LAKE_ROOT=lake_of(trial).root,
         DSI_PROFILE_TIMEOUT_MINUTES=GROUP_TIMEOUTS[group],
         DSI_FX_START="2024-05-01-00:00",  # the scripts' FX hours (the demo starts yesterday)
         DSI_SPARK_MASTER="local[2]",
@@ -223,13 +311,13 @@ def _event(trial: Path, **data: Any) -> None:
         os.fsync(handle.fileno())
 
 
-def _append(lake: Path, batch_index: int) -> None:
+def _append(lake: Lake, batch_index: int) -> None:
     from deltalake import DeltaTable, Transaction, write_deltalake
     from deltalake.transaction import CommitProperties
 
-    uri = str(lake / "transactions")
-    if DeltaTable.is_deltatable(uri):
-        done = DeltaTable(uri).transaction_version(INPUT_APP)
+    uri, options = lake.uri("transactions"), lake.options or None
+    if lake.is_table("transactions"):
+        done = DeltaTable(uri, storage_options=options).transaction_version(INPUT_APP)
         if done is not None and done >= batch_index:
             return
     batch = next(b for b in BATCHES if b.index == batch_index)
@@ -238,6 +326,7 @@ def _append(lake: Path, batch_index: int) -> None:
         transactions(batch),
         mode="append",
         commit_properties=CommitProperties(app_transactions=[Transaction(INPUT_APP, batch_index)]),
+        storage_options=options,
     )
 
 
@@ -298,7 +387,7 @@ def worker(trial: Path, *, template: bool = False) -> None:
     from resources import RESOURCES
 
     instance = dg.DagsterInstance.get()
-    lake = Path(os.environ["DSI_LAKE_ROOT"])
+    lake = Lake(os.environ["DSI_LAKE_ROOT"])
     started_spark = False
     if os.environ.get("DSI_HARNESS_KILL_AT"):
         _arm_kill_point(trial, os.environ["DSI_HARNESS_KILL_AT"])
@@ -529,43 +618,34 @@ def _events(trial: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _txns(table: Path) -> dict[str, int]:
+def _txns(lake: Lake, table: str) -> dict[str, int]:
     """Application transactions recorded in a Delta log (app id -> highest version)."""
     found: dict[str, int] = {}
-    log = table / "_delta_log"
-    if not log.is_dir():
-        return found
-    for entry in sorted(log.glob("*.json")):
-        for line in entry.read_text().splitlines():
-            if '"txn"' in line:
-                txn = json.loads(line).get("txn")
-                if txn:
-                    found[txn["appId"]] = max(found.get(txn["appId"], -1), txn["version"])
+    for action in lake.log_actions(table):
+        txn = action.get("txn")
+        if txn:
+            found[txn["appId"]] = max(found.get(txn["appId"], -1), txn["version"])
     return found
 
 
-def _ids(folder: Path) -> list[int]:
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
-
-
-def _tables(lake: Path, operator_id: str) -> dict[str, Path]:
-    tables = {name: lake / name for name in OUTPUTS}
-    tables["buffer"] = lake / STATE / operator_id / "buffer"
+def _tables(operator_id: str) -> dict[str, str]:
+    """Table name -> its folder in the lake."""
+    tables = {name: name for name in OUTPUTS}
+    tables["buffer"] = f"{STATE}/{operator_id}/buffer"
     return tables
 
 
-def _staging(table: Path, since: float) -> str | None:
+def _staging(lake: Lake, table: str, since: float) -> str | None:
     """What a write in progress (staged after ``since``) was doing; older staging folders
-    are leftovers of earlier kills."""
-    folder = table / "_dsi_staging"
-    if not folder.is_dir():
-        return None
-    for staged in folder.iterdir():
-        if staged.stat().st_mtime < since:
+    are leftovers of earlier kills (their files are older; the marker of a new table's
+    first write counts as publishing)."""
+    staged: dict[str, list[Any]] = collections.defaultdict(list)
+    for entry in lake.entries(table, "_dsi_staging"):
+        staged[entry.path.split("/", 1)[0]].append(entry)
+    for entries in staged.values():
+        if max(e.modification_time_ms for e in entries) / 1000 < since:
             continue
-        parquet = any(p.suffix == ".parquet" for p in staged.rglob("*"))
+        parquet = any(e.path.endswith(".parquet") for e in entries)
         return "spark writing" if parquet else "publishing/committing"
     return None
 
@@ -576,7 +656,7 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
     last_launch = max((i for i, e in enumerate(events) if e["event"] == "launch"), default=-1)
     since = events[last_launch + 1 :]
     launched = events[last_launch]["t"] if last_launch >= 0 else 0.0
-    lake = trial / "lake"
+    lake = lake_of(trial)
     started = [e for e in since if e["event"] == "start"]
     if not started:
         spark = any(e["event"] == "spark" for e in since)
@@ -590,20 +670,22 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
         return Phase(
             f"input {action.kind}", f"{action.label}{', starting Spark' if spark_pending else ''}"
         )
-    for operator_dir in sorted((lake / STATE).glob("*")):
-        operator_id = operator_dir.name
-        plans, commits = _ids(operator_dir / "plans"), _ids(operator_dir / "commits")
+    for operator_id in lake.operators():
+        plans = lake.ids(STATE, operator_id, "plans")
+        commits = lake.ids(STATE, operator_id, "commits")
         if not plans or (commits and commits[-1] >= plans[-1]):
             continue
         batch = plans[-1]
-        tables = _tables(lake, operator_id)
-        written = sorted(n for n, t in tables.items() if _txns(t).get(operator_id, -1) >= batch)
-        staging = sorted(n for n, t in tables.items() if _staging(t, launched))
+        tables = _tables(operator_id)
+        written = sorted(
+            n for n, t in tables.items() if _txns(lake, t).get(operator_id, -1) >= batch
+        )
+        staging = sorted(n for n, t in tables.items() if _staging(lake, t, launched))
         todo = None if expected is None else expected.get((operator_id, batch), set())
         where = f"{operator_id} batch {batch}"
         if staging:
             category = "batch: writing a table"
-            doing = _staging(tables[staging[0]], launched)
+            doing = _staging(lake, tables[staging[0]], launched)
             detail = f"{where}; {doing} {staging[0]}; written {written}"
         elif not written:
             category = "batch: planned, before writes"
@@ -616,7 +698,7 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
             detail = f"{where}; written {written}"
         return Phase(category, detail)
     spark = any(e["event"] == "spark" for e in since)
-    commits = {d.name: _ids(d / "commits") for d in (lake / STATE).glob("*")}
+    commits = {op: lake.ids(STATE, op, "commits") for op in lake.operators()}
     last = {k: (v[-1] if v else None) for k, v in commits.items()}
     return Phase(
         "job: no batch in flight" if spark else "job: starting Spark",
@@ -634,40 +716,39 @@ def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((value is None, str(value)) for value in row)
 
 
-def _read(table: Path, columns: list[str] | None = None) -> Rows | None:
+def _read(lake: Lake, table: str, columns: list[str] | None = None) -> Rows | None:
     from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(str(table)):
+    if not lake.is_table(table):
         return None
-    data = DeltaTable(str(table)).to_pyarrow_table(columns=columns)
+    data = DeltaTable(lake.uri(table), storage_options=lake.options or None).to_pyarrow_table(
+        columns=columns
+    )
     names = data.column_names
     rows = [tuple(r[c] for c in names) for r in data.to_pylist()]
     return sorted(rows, key=_sort_key)
 
 
-def snapshot_tables(lake: Path) -> dict[str, Rows | None]:
+def snapshot_tables(lake: Lake) -> dict[str, Rows | None]:
     """Every output table (all columns), the main input, and each operator's buffer."""
-    tables: dict[str, Rows | None] = {name: _read(lake / name) for name in OUTPUTS}
-    tables["transactions"] = _read(lake / "transactions")
-    for operator_dir in sorted((lake / STATE).glob("*")):
-        tables[f"buffer:{operator_dir.name}"] = _read(
-            operator_dir / "buffer", ["tx_id", "_dsi_slot"]
+    tables: dict[str, Rows | None] = {name: _read(lake, name) for name in OUTPUTS}
+    tables["transactions"] = _read(lake, "transactions")
+    for operator_id in lake.operators():
+        tables[f"buffer:{operator_id}"] = _read(
+            lake, f"{STATE}/{operator_id}/buffer", ["tx_id", "_dsi_slot"]
         )
     return tables
 
 
-def expected_writes(lake: Path) -> dict[tuple[str, int], set[str]]:
+def expected_writes(lake: Lake) -> dict[tuple[str, int], set[str]]:
     """(operator, batch) -> the tables the batch committed to, from the Delta logs."""
     found: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
-    for operator_dir in sorted((lake / STATE).glob("*")):
-        operator_id = operator_dir.name
-        for name, table in _tables(lake, operator_id).items():
-            log = table / "_delta_log"
-            for entry in sorted(log.glob("*.json")) if log.is_dir() else []:
-                for line in entry.read_text().splitlines():
-                    txn = json.loads(line).get("txn") if '"txn"' in line else None
-                    if txn and txn["appId"] == operator_id:
-                        found[(operator_id, txn["version"])].add(name)
+    for operator_id in lake.operators():
+        for name, table in _tables(operator_id).items():
+            for action in lake.log_actions(table):
+                txn = action.get("txn")
+                if txn and txn["appId"] == operator_id:
+                    found[(operator_id, txn["version"])].add(name)
     return dict(found)
 
 
@@ -808,12 +889,18 @@ class TrialResult:
         return text
 
 
-def prepare_template(path: Path, script: str = "full") -> Template:
+def prepare_template(path: Path, script: str = "full", lake: str | None = None) -> Template:
     """A Dagster home and a lake holding the side inputs (sources materialized through
     Dagster, so the instance knows them); the same starting point for every run of
-    ``script`` (``full`` or ``short``)."""
+    ``script`` (``full`` or ``short``). ``lake``: an object store prefix under which the
+    template's and every trial's lake live (default: local folders)."""
     shutil.rmtree(path, ignore_errors=True)
-    (path / "lake").mkdir(parents=True)
+    path.mkdir(parents=True)
+    if lake is not None:
+        (path / "lake-root").write_text(f"{lake.rstrip('/')}/{path.name}")
+    lake_of(path).delete()
+    if lake_of(path).local:
+        (path / "lake").mkdir()
     (path / "script").write_text(script)
     home = path / "dagster_home"
     home.mkdir()
@@ -836,11 +923,16 @@ def _copy(template: Template, target: Path) -> None:
             "start holding records back. Prepare a new template."
         )
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(template.path, target, ignore=shutil.ignore_patterns("template-*"))
+    shutil.copytree(template.path, target, ignore=shutil.ignore_patterns("template-*", "lake"))
+    source = lake_of(template.path)
+    if not source.local:
+        base = source.root.rsplit("/", 1)[0]
+        (target / "lake-root").write_text(f"{base}/{target.name}")
+    source.copy_to(lake_of(target))
 
 
-def _batches(lake: Path) -> dict[str, int]:
-    return {d.name: len(_ids(d / "commits")) for d in sorted((lake / STATE).glob("*"))}
+def _batches(lake: Lake) -> dict[str, int]:
+    return {op: len(lake.ids(STATE, op, "commits")) for op in lake.operators()}
 
 
 def reference_tables(template: Template, path: Path, script: str | None = None) -> Reference:
@@ -858,12 +950,12 @@ def reference_tables(template: Template, path: Path, script: str | None = None) 
     starts = {e["index"]: e["t"] for e in events if e["event"] == "start"}
     ends = {e["index"]: e["t"] for e in events if e["event"] == "done"}
     return Reference(
-        tables=snapshot_tables(path / "lake"),
-        expected=expected_writes(path / "lake"),
+        tables=snapshot_tables(lake_of(path)),
+        expected=expected_writes(lake_of(path)),
         startup_s=first - launch,
         action_s=[ends[i] - starts[i] for i in range(len(_actions(path)))],
         total_s=total,
-        batches=_batches(path / "lake"),
+        batches=_batches(lake_of(path)),
     )
 
 
@@ -905,7 +997,7 @@ def run_trial(
             delays.append(rng.uniform(0.0, reference.remaining_s(_progress(path))))
             launches += run_until_killed(path, delays[-1], reference)
         launches += run_pipeline(path, reference)
-        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+        diffs = compare(reference.tables, snapshot_tables(lake_of(path)))
     except WorkerFailed as exc:
         launches += exc.launches
         error = str(exc)
@@ -921,7 +1013,7 @@ def run_trial(
 def _noted(reference: Reference, result: TrialResult) -> TrialResult:
     """Batch counts that differ from the reference's (allowed, but worth seeing)."""
     result.pace = reference.pace
-    batches = _batches(result.path / "lake")
+    batches = _batches(lake_of(result.path))
     if batches != reference.batches:
         result.note = f"(batches {batches}, reference {reference.batches})"
     return result
@@ -949,7 +1041,7 @@ def run_targeted_trial(
         else:
             error = f"kill point {name} was not reached"
         launches += run_pipeline(path, reference)
-        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+        diffs = compare(reference.tables, snapshot_tables(lake_of(path)))
     except WorkerFailed as exc:
         launches += exc.launches
         error = str(exc)
@@ -977,10 +1069,14 @@ class PlanPath:
 
 def plan_path(trial: Path) -> PlanPath:
     """Read the payments operator's state: was batch 0 planned again or replayed?"""
-    state = trial / "lake" / STATE / "enriched_transactions"
-    discarded = sorted((state / "plans" / "discarded").glob("*.json"))
-    committed = json.loads((state / "commits" / f"{0:020d}.json").read_text())
-    first = json.loads(discarded[0].read_text()) if discarded else None
+    lake = lake_of(trial)
+    state = lake.files(STATE, "enriched_transactions")
+    discarded = sorted(
+        e.path for e in lake.entries(STATE, "enriched_transactions", "plans", "discarded")
+    )
+    discarded = [p for p in discarded if p.endswith(".json") and "/" not in p]
+    committed = json.loads(state.read_bytes(f"commits/{0:020d}.json"))
+    first = json.loads(state.read_bytes(f"plans/discarded/{discarded[0]}")) if discarded else None
     return PlanPath(
         replanned=bool(discarded),
         profiles_version=committed["side_versions"].get("profile"),
@@ -1012,7 +1108,7 @@ def run_side_change_trial(
             raise RuntimeError(f"kill point {kill_point} was not reached")
         launch.phase = inspect_phase(path)
         launches += run_pipeline(path, change=SIDE_CHANGE)
-        diffs = compare(reference.tables, snapshot_tables(path / "lake"))
+        diffs = compare(reference.tables, snapshot_tables(lake_of(path)))
         how = plan_path(path)
     except WorkerFailed as exc:
         launches += exc.launches
@@ -1034,14 +1130,15 @@ def run(
     max_kills: int = 3,
     kill_points: Sequence[str] = (),
     script: str = "full",
+    lake: str | None = None,
     side_change: bool = False,
     log: Any = print,
 ) -> tuple[Reference, list[TrialResult]]:
     """Template, reference, then ``trials`` random trials with seeds ``seed``, ``seed + 1``,
     ..., then one trial per named kill point, then (``side_change``, short script only)
-    the side-change trials."""
+    the side-change trials (lakes under ``lake`` when given)."""
     started = time.monotonic()
-    template = prepare_template(root / "template", script)
+    template = prepare_template(root / "template", script, lake)
     log(f"template ready in {time.monotonic() - started:.0f}s", flush=True)
     reference = reference_tables(template, root / "reference")
     counts = {k: len(v or []) for k, v in reference.tables.items()}
@@ -1151,6 +1248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--script", choices=sorted(SCRIPTS), default="full", help="the pipeline to run"
     )
     parser.add_argument(
+        "--lake",
+        help="an object store prefix (s3://bucket/prefix) for the lakes, reached with the "
+        "AWS_* environment variables (default: local folders in the workdir)",
+    )
+    parser.add_argument(
         "--side-change",
         action="store_true",
         help="also kill after the first plan and after the first table, change a side input, "
@@ -1186,6 +1288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_kills=args.max_kills,
         kill_points=points,
         script=args.script,
+        lake=args.lake,
         side_change=args.side_change,
     )
     print(summary(results, time.monotonic() - started))

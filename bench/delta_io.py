@@ -12,25 +12,41 @@ source (Arrow batches from a Python worker).
 The session has Delta configured (``delta=True``), so both engines run in one JVM and
 are interleaved repeat by repeat. Prints records/second, medians over ``--repeats``
 runs, and ratios (native / bridge, each / plain parquet).
+
+``--s3`` also measures the plain and bridge writes and reads against an S3-compatible
+server (the test suite's moto server, started on 127.0.0.1; Spark through s3a, delta-rs
+through its storage options), interleaved with the local runs, and prints each
+action's S3 / local ratio. Every figure is a median; ``spread`` gives the fastest and
+slowest repeat, because the machine may be shared (the load average is printed).
 """
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.packages import S3A_PACKAGES
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.files import join_uri, spark_uri
+from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.source import register_delta_source
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.writer import write_dataframe
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_source(spark: SparkSession, rows: int, path: str) -> DataFrame:
@@ -54,6 +70,10 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+SPREAD: dict[str, tuple[float, float]] = {}
+"""Records/s of the slowest and the fastest repeat, by action."""
+
+
 def interleaved_rates(
     rows: int, actions: dict[str, Callable[[int], object]], repeats: int
 ) -> dict[str, float]:
@@ -62,11 +82,70 @@ def interleaved_rates(
     for i in range(repeats):
         for name, action in actions.items():
             times[name].append(timed(lambda action=action, i=i: action(i)))
+    for name, values in times.items():
+        SPREAD[name] = (rows / max(values), rows / min(values))
     return {name: rows / statistics.median(values) for name, values in times.items()}
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[Any]:
+    """The test suite's S3-compatible server (moto on 127.0.0.1), for this run only."""
+    sys.path.insert(0, str(REPO))
+    from tests.servers.s3 import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+def storage_actions(
+    spark: SparkSession,
+    source: DataFrame,
+    root: str,
+    options: dict[str, str],
+    suffix: str,
+) -> tuple[dict[str, Callable[[int], object]], dict[str, Callable[[int], object]]]:
+    """(writes, reads) of plain parquet and of the bridge under ``root``, names + suffix."""
+    configure_spark(spark, root, options)
+
+    def at(name: str) -> str:
+        return spark_uri(join_uri(root, name))
+
+    writes: dict[str, Callable[[int], object]] = {
+        f"write_plain_parquet{suffix}": lambda i: source.write.mode("overwrite").parquet(
+            at(f"plain_{i}")
+        ),
+        f"write_bridge{suffix}": lambda i: write_dataframe(
+            source, join_uri(root, f"delta_{i}"), storage_options=options
+        ),
+    }
+    reads: dict[str, Callable[[int], object]] = {
+        f"read_plain_parquet{suffix}": lambda _: scan(spark.read.parquet(at("plain_0"))),
+        f"read_bridge{suffix}": lambda _: scan(
+            read_table(spark, join_uri(root, "delta_0"), storage_options=options)
+        ),
+    }
+    return writes, reads
 
 
 def scan(df: DataFrame) -> None:
     df.write.format("noop").mode("overwrite").save()
+
+
+def compare_storages(spark: SparkSession, work: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Plain and bridge writes and reads on the local filesystem and on S3, interleaved."""
+    source = make_source(spark, args.s3_rows, str(work / "s3_source"))
+    figures: dict[str, float] = {}
+    with s3_server() as server:
+        local = storage_actions(spark, source, str(work / "local"), {}, "@local")
+        s3 = storage_actions(
+            spark, source, server.fresh_prefix("bench"), server.storage_options, "@s3"
+        )
+        writes = {**local[0], **s3[0]}
+        for action in writes.values():  # warm up: the s3a client, the first table
+            action(99)
+        figures.update(interleaved_rates(args.s3_rows, writes, args.repeats))
+        figures.update(interleaved_rates(args.s3_rows, {**local[1], **s3[1]}, args.repeats))
+    return figures
 
 
 def main() -> None:
@@ -75,9 +154,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="also measure against an S3-compatible server (moto on 127.0.0.1), interleaved",
+    )
+    parser.add_argument(
+        "--s3-rows", type=int, default=1_000_000, help="rows of the local / S3 comparison"
+    )
     args = parser.parse_args()
 
-    spark = build_spark_session(master=args.master, ui_enabled=False, log_level="ERROR", delta=True)
+    spark = build_spark_session(
+        master=args.master,
+        ui_enabled=False,
+        log_level="ERROR",
+        delta=True,
+        packages=S3A_PACKAGES if args.s3 else (),
+    )
     register_delta_source(spark)
     bridge, native = DeltaRsEngine(), DeltaSparkEngine(spark)
 
@@ -156,6 +249,8 @@ def main() -> None:
                 args.repeats,
             )
         )
+        if args.s3:
+            figures.update(compare_storages(spark, work, args))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -177,13 +272,29 @@ def main() -> None:
         "read python data source / plain parquet": figures["read_python_data_source"]
         / figures["read_plain_parquet"],
     }
-    print(f"rows={args.rows} repeats={args.repeats} master={args.master}")
+    if args.s3:
+        for action in ("write_plain_parquet", "write_bridge", "read_plain_parquet", "read_bridge"):
+            ratios[f"{action}: s3 / local"] = figures[f"{action}@s3"] / figures[f"{action}@local"]
+        ratios["write bridge / plain parquet, on s3"] = (
+            figures["write_bridge@s3"] / figures["write_plain_parquet@s3"]
+        )
+        ratios["read bridge / plain parquet, on s3"] = (
+            figures["read_bridge@s3"] / figures["read_plain_parquet@s3"]
+        )
+    load = "/".join(f"{v:.1f}" for v in os.getloadavg())
+    print(
+        f"rows={args.rows} repeats={args.repeats} master={args.master} "
+        f"(s3 comparison: rows={args.s3_rows if args.s3 else '-'}) load average {load}"
+    )
     for name, rate in figures.items():
-        print(f"  {name:<36} {rate / 1e6:6.2f} M rec/s")
+        slow, fast = SPREAD.get(name, (rate, rate))
+        print(f"  {name:<36} {rate / 1e6:6.2f} M rec/s   spread {slow / 1e6:.2f}-{fast / 1e6:.2f}")
     for name, ratio in ratios.items():
         print(f"  {name:<44} {ratio:5.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": figures, "ratios": ratios}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"figures": figures, "spread": SPREAD, "ratios": ratios}, indent=2)
+        )
     sys.stdout.flush()
 
 

@@ -16,6 +16,10 @@ Sections (``--only`` runs one):
 - ``prekeyed``: a keyed (shuffled) map side input over a main table partitioned by key
   group, read as pre-keyed (``KeyGroups``) against the same operator without it; speed,
   shuffle bytes and Exchange counts from Spark's REST API.
+- ``s3`` (only with ``--s3`` or ``--only s3``): the frames-mode operator of ``frames``
+  with its inputs, outputs and state on an S3-compatible server (the test suite's moto
+  server on 127.0.0.1, through s3a and delta-rs) against the same operator on the local
+  filesystem, interleaved; medians, per-repeat ratios and the spread.
 
 Every comparison runs its variants in turn within each repeat, on the same data, and
 prints medians and ratios against the baseline measured in the same run.
@@ -373,7 +377,10 @@ def frames_operator(
     pre_keyed: bool = False,
     keyed: bool = False,
     engine: str = "delta-rs",
+    storage: dsi.DeltaStorage | None = None,
+    sides: tuple[str, str] | None = None,
 ) -> dsi.SideInputOperator:
+    profiles_uri, rules_uri = sides or (lake.profiles(), lake.rules())
     return dsi.SideInputOperator(
         main=dsi.MainInput(
             "transactions",
@@ -388,14 +395,14 @@ def frames_operator(
                 "customer_profiles",
                 key="customer_id",
                 distribution="keyed" if keyed else "broadcast",
-                path=lake.profiles(),
+                path=profiles_uri,
             ),
-            "rules": dsi.SideInput.singleton("fraud_rules", path=lake.rules()),
+            "rules": dsi.SideInput.singleton("fraud_rules", path=rules_uri),
         },
         fn=enrich_frames,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        storage=dsi.DeltaStorage(str(root), engine=engine),  # type: ignore[arg-type]
+        storage=storage or dsi.DeltaStorage(str(root), engine=engine),  # type: ignore[arg-type]
     )
 
 
@@ -1033,6 +1040,72 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     return figures
 
 
+# --- 5. the same operator on an S3-compatible server -----------------------------------------
+
+
+def bench_s3(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    spark, args = lake.spark, lake.args
+    rows = min(args.s3_rows, args.rows)
+    local_inputs = (lake.main_table(rows), lake.profiles(), lake.rules())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.servers.s3 import S3Server
+
+    with S3Server() as server:
+        prefix, options = server.fresh_prefix("bench"), server.storage_options
+        inputs = dsi.DeltaStorage(f"{prefix}/data", options, engine="delta-rs")
+        s3_inputs = []
+        for uri in local_inputs:  # the same tables, copied through Spark and the bridge
+            target = inputs.table_uri(uri.rsplit("/", 1)[-1])
+            dsi.write_dataframe(dsi.read_table(spark, uri), target, storage_options=options)
+            s3_inputs.append(target)
+
+        def local(i: int) -> dsi.RunResult:
+            op = frames_operator(local_inputs[0], lake, lake.fresh_root("s3cmp_local"))
+            return op.run(spark)
+
+        def on_s3(i: int) -> dsi.RunResult:
+            storage = dsi.DeltaStorage(f"{prefix}/runs/{i}", options, engine="delta-rs")
+            main, profiles_uri, rules_uri = s3_inputs
+            op = frames_operator(
+                main, lake, Path("-"), storage=storage, sides=(profiles_uri, rules_uri)
+            )
+            return op.run(spark)
+
+        local(-1)  # warm up (the s3a client is built on the first use of the bucket)
+        on_s3(-1)
+        seconds, results = interleaved({"local": local, "s3": on_s3}, args.repeats)
+    counts = {
+        name: sorted({(r.emitted("enriched"), r.emitted("suspicious")) for r in runs})
+        for name, runs in results.items()
+    }
+    pairs = [s3 / loc for loc, s3 in zip(TIMES["local"], TIMES["s3"], strict=True)]
+    figures = {
+        "rows": rows,
+        "local_s": seconds["local"],
+        "s3_s": seconds["s3"],
+        "local_rec_s": rows / seconds["local"],
+        "s3_rec_s": rows / seconds["s3"],
+        "s3_over_local_time": seconds["s3"] / seconds["local"],
+        "ratio_per_repeat": pairs,
+        "spread_s": {name: [min(TIMES[name]), max(TIMES[name])] for name in ("local", "s3")},
+        "counts": counts,
+        "counts_match": counts["local"] == counts["s3"] and len(counts["local"]) == 1,
+    }
+    print(f"\n[s3] frames-mode operator, {rows} main rows, local filesystem vs S3 (moto)")
+    for name in ("local", "s3"):
+        low, high = figures["spread_s"][name]
+        print(
+            f"  {name:<6} {figures[f'{name}_rec_s'] / 1e6:6.3f} M rec/s  "
+            f"(median {seconds[name]:6.2f} s, spread {low:.2f}-{high:.2f} s)"
+        )
+    print(
+        f"  time s3 / local {figures['s3_over_local_time']:5.2f}x; per repeat "
+        f"{' '.join(f'{r:.2f}' for r in pairs)}; rows {counts['local']} vs {counts['s3']} -> "
+        f"{'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+    return figures
+
+
 def _load() -> str:
     """The 1/5/15-minute load averages: other processes on the machine skew the timings."""
     return "/".join(f"{v:.1f}" for v in os.getloadavg())
@@ -1045,7 +1118,9 @@ SECTIONS: dict[str, Callable[[Lake, SparkRest | None], dict[str, Any]]] = {
     "rows": bench_rows,
     "buffer": bench_buffer,
     "prekeyed": bench_prekeyed,
+    "s3": bench_s3,
 }
+OPTIONAL_SECTIONS = {"s3"}  # run with --s3 or --only
 
 
 def main() -> None:
@@ -1064,6 +1139,12 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
+        "--s3", action="store_true", help="also run the s3 section (an S3 server on 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--s3-rows", type=int, default=1_000_000, help="main records of the s3 section"
+    )
+    parser.add_argument(
         "--per-table-writes",
         action="store_true",
         help="frames: also time the operator committing each table as soon as it is staged "
@@ -1076,12 +1157,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    with_s3 = args.s3 or args.only == "s3"
 
     spark = dsi.build_spark_session(
         master=args.master,
         log_level="ERROR",
         delta="delta-spark" in args.engines,
         driver_memory=args.driver_memory,
+        packages=dsi.S3A_PACKAGES if with_s3 else (),
         configs={
             "spark.ui.port": str(free_port()),
             "spark.ui.retainedJobs": "100000",
@@ -1114,7 +1197,10 @@ def main() -> None:
     try:
         lake = Lake(work, spark, args)
         for name, section in SECTIONS.items():
-            if args.only in (None, name):
+            wanted = args.only == name or (
+                args.only is None and (name not in OPTIONAL_SECTIONS or with_s3)
+            )
+            if wanted:
                 started = time.perf_counter()
                 figures[name] = section(lake, rest)
                 print(

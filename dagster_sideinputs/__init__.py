@@ -18,6 +18,7 @@ from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
+from dagster_sideinputs.core.packages import S3A_PACKAGES
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.rows import Record, RowContext
 from dagster_sideinputs.core.session import build_spark_session
@@ -25,6 +26,7 @@ from dagster_sideinputs.core.side_inputs import AsOf, SideInput
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
+from dagster_sideinputs.delta.s3 import S3Store
 from dagster_sideinputs.delta.source import register_delta_source
 from dagster_sideinputs.delta.storage import DeltaRsEngine, DeltaStorage
 from dagster_sideinputs.delta.writer import write_dataframe
@@ -81,6 +83,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAIN",
+    "S3A_PACKAGES",
     "AppTransaction",
     "AsOf",
     "BatchMetrics",
@@ -116,6 +119,7 @@ __all__ = [
     "Record",
     "RowContext",
     "RunResult",
+    "S3Store",
     "SchemaMismatchError",
     "SideInput",
     "SideInputDataError",

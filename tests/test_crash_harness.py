@@ -1,20 +1,41 @@
 """The example pipeline killed with SIGKILL at random points and rerun gives exactly the
-tables of a run without faults (the CI-sized version of ``bench/crash_harness.py``).
+tables of a run without faults (the CI-sized version of ``bench/crash_harness.py``), with
+its lake on the local filesystem and on the S3 test server.
 
 Workers are subprocesses with their own Dagster instance, lake and JVM; event times are
 fixed and the side inputs are materialized when the template is made, so nothing here
 depends on the hour of the wall clock.
+
+On S3 the workers run the example code location as a deployment would: ``DSI_LAKE_ROOT``
+is an ``s3a://`` prefix and the store's endpoint and credentials are ``AWS_*``
+environment variables (known fake ones, with a session token), which the example's
+resources pass to the IO manager as ``dg.EnvVar``. The reference run is then the example
+pipeline end to end through Dagster on S3, and the secrets test greps everything it left
+behind for those credentials.
 """
 
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench import crash_harness as harness
+from tests.servers.s3 import REGION, S3Server
 
 pytestmark = pytest.mark.slow
 
 SEEDS = (11, 12, 13)
+S3_SEED = 21
+
+# Known fake credentials (moto accepts any): nothing the pipeline leaves may contain them.
+FAKE_ACCESS_KEY = f"AKIAFAKE{uuid.uuid4().hex[:12].upper()}"
+FAKE_SECRET_KEY = f"fake-secret-{uuid.uuid4().hex}"
+FAKE_SESSION_TOKEN = f"fake-session-token-{uuid.uuid4().hex}"
+SECRETS = (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, FAKE_SESSION_TOKEN)
+
+Prepared = tuple[harness.Template, harness.Reference, Path]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +50,32 @@ def prepared(template) -> tuple[harness.Template, harness.Reference, Path]:
     return made, harness.reference_tables(made, root / "reference"), root
 
 
-def test_reference_run_fills_every_output_and_the_buffer(prepared):
-    _, reference, _ = prepared
+@pytest.fixture(scope="module")
+def s3_environment(s3_server: S3Server) -> Iterator[None]:
+    """The workers' (and the harness's own) view of the S3 server: AWS_* variables."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {
+            "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+            "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
+            "AWS_SESSION_TOKEN": FAKE_SESSION_TOKEN,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+        }.items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="module")
+def prepared_s3(s3_server, s3_environment, tmp_path_factory) -> Prepared:
+    root = tmp_path_factory.mktemp("crash-s3")
+    lake = s3_server.fresh_prefix("crash").replace("s3://", "s3a://", 1)
+    template = harness.prepare_template(root / "template", script="short", lake=lake)
+    reference = harness.reference_tables(template, root / "reference")
+    return template, reference, root
+
+
+def check_reference(reference: harness.Reference) -> None:
     counts = {name: len(rows or []) for name, rows in reference.tables.items()}
     assert counts["transactions"] == 800
     for name in (
@@ -40,6 +85,10 @@ def test_reference_run_fills_every_output_and_the_buffer(prepared):
     ):
         assert counts[name] > 0, counts
     assert reference.batches == {"enriched_transactions": 2}
+
+
+def test_reference_run_fills_every_output_and_the_buffer(prepared):
+    check_reference(prepared[1])
 
 
 def test_sigkill_at_random_points_then_rerun_loses_and_duplicates_nothing(prepared):
@@ -60,6 +109,75 @@ def test_sigkill_after_files_moved_into_a_new_table_before_its_commit_then_rerun
         template, reference, "before-create-enriched", root / "trial-create"
     )
     assert result.ok, result.line()
+
+
+# --- the same on the S3 test server ---------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_on_s3_the_example_pipeline_gives_the_tables_of_a_local_run(prepared, prepared_s3):
+    """The example end to end through Dagster on S3 (the reference run) writes exactly
+    the rows a local run writes."""
+    _, reference_s3, _ = prepared_s3
+    check_reference(reference_s3)
+    assert reference_s3.tables == prepared[1].tables
+    assert harness.lake_of(prepared_s3[0].path).root.startswith("s3://")
+
+
+@pytest.mark.s3
+def test_on_s3_sigkill_then_rerun_loses_and_duplicates_nothing(prepared_s3):
+    """One random kill, and one while a write moves its staged files into the table (on
+    S3 a move is a copy and a delete per file, so a kill can leave some moved)."""
+    template, reference, root = prepared_s3
+    results = [
+        harness.run_trial(template, reference, S3_SEED, root / "trial-random", max_kills=1),
+        harness.run_targeted_trial(
+            template, reference, "before-publish-1", root / "trial-publish", number=2
+        ),
+    ]
+    report = "\n".join(result.line() for result in results)
+    print(report)
+    assert all(result.ok for result in results), report
+    assert all(result.kills for result in results), report
+
+
+@pytest.mark.s3
+def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s3_server):
+    """After the reference run with known fake credentials: no trace of them in the
+    workers' output (Spark, py4j, Dagster logs), the Dagster instance (runs, event logs
+    with every metadata value, compute logs), or any object of the lake (plans, commit
+    records, operator.json, the lock, Delta logs and their commit metadata, data)."""
+    template, _, root = prepared_s3
+    reference = root / "reference"
+    searched: dict[str, int] = {}
+    found: list[str] = []
+
+    def search(where: str, data: bytes) -> None:
+        searched[where.split(":", 1)[0]] = searched.get(where.split(":", 1)[0], 0) + 1
+        found.extend(f"{where} holds {s[:12]}..." for s in SECRETS if s.encode() in data)
+
+    for folder in (reference, template.path):
+        for directory, _, names in os.walk(folder):
+            for name in names:
+                path = Path(directory, name)
+                search(f"local:{path}", path.read_bytes())
+    lake = harness.lake_of(reference)
+    files = lake.files()
+    for entry in lake.entries():
+        search(f"s3:{entry.path}", files.read_bytes(entry.path))
+    assert not found, found
+    # The search covered what it claims to: outputs, Dagster's storage, the lake's state.
+    objects = [e.path for e in lake.entries()]
+    assert any(p.endswith("/_delta_log/00000000000000000000.json") for p in objects)
+    assert any("/plans/" in p for p in objects)
+    assert any("/commits/" in p for p in objects)
+    assert any(p.endswith("/lock") for p in objects)
+    assert searched["local"] > 0
+    assert searched["s3"] == len(objects)
+    outputs = list(reference.glob("worker-*.out"))
+    assert outputs
+    assert any(b"payments_enrichment_job" in p.read_bytes() for p in outputs)
+    assert any(reference.glob("dagster_home/**/*.db"))
 
 
 @pytest.mark.parametrize(

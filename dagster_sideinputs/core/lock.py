@@ -6,10 +6,11 @@ leaves a stale lock behind (it needs a filesystem with POSIX locks).
 
 On object stores (``s3://``, ``gs://``, ``az://``) it is a lease held in the object
 ``lock`` (``ObjectStoreLease``, built on the store's conditional writes): renewed by the
-holder every third of ``LEASE_S``, taken over by another run only once it has expired.
-A crashed run's lock therefore blocks others for at most ``LEASE_S``. A holder paused
-longer than its lease can be taken over while still running; the batch plans' exclusive
-creation and the idempotent Delta commits keep that case exactly-once.
+holder every third of the lease (:func:`lease_seconds`, 60 s unless
+``DSI_LOCK_LEASE_SECONDS`` says otherwise), taken over by another run only once it has
+expired. A crashed run's lock therefore blocks others for at most one lease. A holder
+paused longer than its lease (SIGSTOP, a suspended VM) can be taken over while it still
+runs: the lock alone cannot stop its late writes (README, "Guarantees").
 """
 
 import contextlib
@@ -23,11 +24,34 @@ from collections.abc import Iterator, Mapping
 
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.delta.lease import ObjectStoreLease
-from dagster_sideinputs.errors import OperatorBusyError
+from dagster_sideinputs.errors import DeclarationError, OperatorBusyError
 
 log = logging.getLogger("dagster_sideinputs")
 
 LEASE_S = 60.0
+LEASE_ENV = "DSI_LOCK_LEASE_SECONDS"
+
+
+def lease_seconds() -> float:
+    """The lease of the object-store lock: ``DSI_LOCK_LEASE_SECONDS``, else :data:`LEASE_S`.
+
+    Shorter leases let a crashed run's successor start sooner; every holder renews three
+    times per lease, so a lease must comfortably exceed the longest stall of a healthy
+    driver (a few seconds).
+    """
+    raw = os.environ.get(LEASE_ENV, "").strip()
+    if not raw:
+        return LEASE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value < 1.0:
+        raise DeclarationError(
+            f"{LEASE_ENV}={raw!r} is not a number of seconds >= 1.",
+            fix=f"unset {LEASE_ENV} (60 s) or set it to e.g. 30",
+        )
+    return value
 
 
 @contextlib.contextmanager
@@ -37,7 +61,7 @@ def operator_lock(
     operator_id: str,
     wait_s: float = 0.0,
     storage_options: Mapping[str, str] | None = None,
-    lease_s: float = LEASE_S,
+    lease_s: float | None = None,
 ) -> Iterator[None]:
     """Hold the operator's lock for the duration of the block.
 
@@ -46,13 +70,15 @@ def operator_lock(
         operator_id: for the error message.
         wait_s: how long to wait for another run to finish before giving up.
         storage_options: delta-rs storage options of the state folder (object stores).
-        lease_s: on object stores, how long a lock outlives a holder that stops renewing.
+        lease_s: on object stores, how long a lock outlives a holder that stops renewing
+            (default :func:`lease_seconds`).
 
     Raises:
         OperatorBusyError: another process holds the lock (named in the message).
     """
     if not is_local(state_uri):
-        with _object_store_lock(state_uri, operator_id, wait_s, storage_options, lease_s):
+        lease = lease_seconds() if lease_s is None else lease_s
+        with _object_store_lock(state_uri, operator_id, wait_s, storage_options, lease):
             yield
         return
     folder = normalize_uri(state_uri)

@@ -38,6 +38,7 @@ from dagster_sideinputs.core.spec import OperatorSpec, build_spec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
 
@@ -311,6 +312,11 @@ class SideInputOperator:
 
     def _context_for(self, spark: SparkSession) -> StageContext:
         if self._context is None or self._context.spark is not spark:
+            # Spark reads the lake (and a landing folder) on object stores with the
+            # storage's own endpoint and credentials (s3a settings per bucket).
+            storage = self.spec.storage
+            for uri in (storage.root, self.spec.main_uri):
+                configure_spark(spark, uri, storage.storage_options)
             self._context = StageContext(self.spec, spark, self.state)
         return self._context
 

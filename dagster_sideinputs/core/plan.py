@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -151,7 +152,10 @@ class BatchPlan:
     tables: tuple[str, ...] = ()
     side_ids: Mapping[str, str | None] = field(default_factory=dict)
     as_of: Mapping[str, AsOfPlan] = field(default_factory=dict)
-    planned_by: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # Unique per plan (the random part): the key of the plan's claim (state.py).
+    planned_by: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    )
 
     @property
     def ready_namespaces(self) -> list[str]:

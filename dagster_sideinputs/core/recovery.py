@@ -8,8 +8,10 @@ A batch whose plan has no commit record is either
   and the side tables the plan was made with: otherwise the replay could not compute
   what the committed tables hold, and it is refused;
 - **set aside and planned again** from the current inputs, when no table committed
-  anything: then a fix of the inputs (a deduplicated side table, a corrected record)
-  takes effect instead of the failure being pinned by the old plan.
+  anything and no run claimed the plan for commit (``claims/``, decided once, atomically:
+  a run that claimed it may still be committing): then a fix of the inputs (a
+  deduplicated side table, a corrected record) takes effect instead of the failure being
+  pinned by the old plan.
 
 An unreadable plan is set aside only when no table holds its batch; an unreadable commit
 record is dropped, so its batch is replayed (idempotently) and the record rewritten; a
@@ -25,7 +27,7 @@ from typing import Any
 from dagster_sideinputs.core.plan import BatchPlan, MainRange, describe_change
 from dagster_sideinputs.core.planner import Previous
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import OperatorState, Unreadable
+from dagster_sideinputs.core.state import COMMIT, SET_ASIDE, OperatorState, Unreadable
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -100,6 +102,11 @@ class Recovery:
             return None
         elif holding:
             self._check_replayable(pending, holding, routing)
+            return pending
+        elif self.state.claim(pending, SET_ASIDE) == COMMIT:
+            # A run claimed the plan for commit and has not committed yet (killed, or
+            # paused past its lease and maybe still running): only a replay is safe.
+            self._check_replayable(pending, ["its claim"], routing)
             return pending
         else:
             log.info(

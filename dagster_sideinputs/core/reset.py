@@ -20,7 +20,7 @@ from dagster_sideinputs.core.plan import BatchPlan, MainRange
 from dagster_sideinputs.core.recovery import RESET, Recovery
 from dagster_sideinputs.core.sources import source_for
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import OperatorState
+from dagster_sideinputs.core.state import COMMIT, SET_ASIDE, OperatorState
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
@@ -43,7 +43,15 @@ def reset(
         )
     recovery = Recovery(spec, state)
     main = _position(spec, recovery, main_from)
-    if recovery.pending() is not None:
+    pending = recovery.pending()
+    if pending is not None:
+        if isinstance(pending, BatchPlan) and state.claim(pending, SET_ASIDE) == COMMIT:
+            raise OperatorStateError(
+                f"Operator {spec.operator_id!r}: batch {pending.batch_id} is claimed for "
+                "commit by a run that has not finished it (killed, or still running): a "
+                "reset now could let both change the tables.",
+                fix="run the operator once (it finishes the batch), then reset",
+            )
         state.discard_plan(state.last_planned())  # type: ignore[arg-type]
     held = recovery.committed_versions()
     batch_id = max([recovery.next_batch_id(), *[v + 1 for v in held]])

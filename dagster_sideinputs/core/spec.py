@@ -24,15 +24,11 @@ from dagster_sideinputs.core.readiness import DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.files import join_uri, normalize_uri
+from dagster_sideinputs.delta.files import join_uri, normalize_uri, unsafe_characters
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
 STATE_FOLDER = "_sideinputs"
-# Characters that Hadoop paths treat as globs, or URIs as delimiters or escapes: a table
-# name holding one would be read as a pattern or a different path. Control characters
-# (a tab, a newline) are not valid in paths at all.
-_SPECIAL = re.compile(r"[*?\[\]{}\\#%\x00-\x1f\x7f]")
 _OPERATOR_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -202,8 +198,10 @@ def default_operator_id(main_output: OutputTag) -> str:
 
 
 def check_location(uri: str, *, what: str) -> None:
-    """Refuse table locations Spark or object stores would read as something else."""
-    found = sorted(set(_SPECIAL.findall(uri.split("://", 1)[-1])))
+    """Refuse table locations Spark or object stores would read as something else
+    (:data:`~dagster_sideinputs.delta.files.UNSAFE_PATH_CHARACTERS`): checked for every
+    table before anything is written, so a bad name never leaves a half-written batch."""
+    found = unsafe_characters(uri)
     if found:
         raise DeclarationError(
             f"{what} is located at {uri!r}, whose characters {found} Spark's file system "

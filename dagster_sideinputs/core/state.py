@@ -4,6 +4,11 @@
 
 - ``plans/<batch>.json``: a batch's plan, created exclusively (two runs cannot plan
   the same batch) before the batch reads or writes data;
+- ``claims/<batch>-<plan>.json``: what became of one plan of a batch, created
+  exclusively (put-if-absent on object stores) before anything of it is committed, or
+  before it is set aside: ``commit`` or ``set aside``, whichever run comes first. A run
+  paused past its lock's lease whose plan another run set aside (and planned again) finds
+  ``set aside`` and commits nothing, so two plans of one batch never both commit;
 - ``commits/<batch>.json``: written last, when every table of the batch is committed;
 - ``operator.json``: what the recorded position refers to (operator id, main output,
   main input location and table id, the declaration the buffer was routed under),
@@ -15,6 +20,7 @@ committed batch and at most one pending plan, so listing stays cheap however lon
 operator has run.
 """
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -26,6 +32,8 @@ from dagster_sideinputs.errors import OperatorStateError
 
 KEEP = 20
 IDENTITY_FILE = "operator.json"
+COMMIT = "commit"
+SET_ASIDE = "set aside"
 _RESET_FIX = (
     "restore the operator's state folder from a backup, or start over explicitly with "
     "`operator.reset(...)` (see the README's 'Guarantees' section)"
@@ -156,6 +164,44 @@ class OperatorState:
         )
         self.files.delete_file(path)
 
+    # --- claims: which plan of a batch commits --------------------------------------------
+
+    @staticmethod
+    def _claim_path(plan: BatchPlan) -> str:
+        # planned_by is unique per plan (host, pid and a random part); hashed, it is a key
+        # every object store takes.
+        digest = hashlib.sha256(plan.planned_by.encode()).hexdigest()[:16]
+        return f"claims/{plan.batch_id:020d}-{digest}.json"
+
+    def claim(self, plan: BatchPlan, action: str) -> str:
+        """Decide, once and atomically, whether ``plan`` commits or is set aside.
+
+        The first run to create the plan's claim (exclusively: an object store's
+        put-if-absent, ``O_EXCL`` on a filesystem) decides; later runs read its decision.
+
+        Args:
+            plan: the batch plan.
+            action: :data:`COMMIT` or :data:`SET_ASIDE`, what this run is about to do.
+
+        Returns:
+            The decision that holds: ``action`` when this run made it (or an earlier run
+            made the same one), the other one when another run came first.
+        """
+        path = self._claim_path(plan)
+        record = json.dumps({"batch_id": plan.batch_id, "action": action}).encode()
+        if self.files.write_bytes_atomic(path, record, exclusive=True):
+            return action
+        found = self._json(path)
+        if found is None or found.get("action") not in (COMMIT, SET_ASIDE):
+            # Created, but not readable (yet): put-if-absent writes whole objects, so only a
+            # damaged file gets here; committing on it could double a batch.
+            raise OperatorStateError(
+                f"Operator {self.operator_id!r}: the claim {self.root}/{path} of batch "
+                f"{plan.batch_id} cannot be read: whether its plan commits is unknown.",
+                fix="remove the claim file if no other run of this operator is running, then rerun",
+            )
+        return str(found["action"])
+
     # --- commit records --------------------------------------------------------------
 
     def commit(self, batch_id: int, record: dict[str, Any]) -> None:
@@ -194,6 +240,10 @@ class OperatorState:
             if batch_id >= cutoff:
                 break
             self.files.delete_file(self._plan_path(batch_id))
+        for entry in self.files.list_files("claims"):
+            name = entry.path.rsplit("/", 1)[-1]
+            if name[:20].isdigit() and int(name[:20]) < cutoff:
+                self.files.delete_file(entry.path)
 
     # --- identity ------------------------------------------------------------------------
 
@@ -218,7 +268,7 @@ class OperatorState:
         )
 
     def clear(self) -> None:
-        """Delete plans, commit records and identity (the reset path)."""
-        for folder in ("plans", "commits"):
+        """Delete plans, their claims, commit records and identity (the reset path)."""
+        for folder in ("plans", "claims", "commits"):
             self.files.delete_dir(folder)
         self.files.delete_file(IDENTITY_FILE)

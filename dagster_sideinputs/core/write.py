@@ -4,7 +4,9 @@
    buffer). Staging runs the batch's Spark jobs (the user function, the joins) and
    leaves nothing visible. Any error here, of the data or of the code, stops the batch
    with nothing committed, and the staged files are discarded.
-2. **Commit** each staged table, with the batch's application transaction
+2. **Claim** the plan for commit (:meth:`OperatorState.claim`, put-if-absent): a plan
+   another run set aside meanwhile commits nothing.
+3. **Commit** each staged table, with the batch's application transaction
    ``(operator id, batch id)``: the buffer's commit also removes the files of the slots
    the batch read; a landing folder's ledger records the files read. A crash between two
    commits is repaired by the next run, which replays the batch from its plan and skips
@@ -21,7 +23,9 @@ from dagster_sideinputs.core.columns import SLOT
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.spark_errors import translated
+from dagster_sideinputs.core.state import COMMIT
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
+from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")
 BUFFER = "buffer"
@@ -60,6 +64,19 @@ def write(context: StageContext, batch: Batch) -> Batch:
             if stage is not None:
                 spec.engine.discard(stage)
         raise
+    decision = context.state.claim(plan, COMMIT)
+    if decision != COMMIT:
+        for _, stage in staged:
+            if stage is not None:
+                spec.engine.discard(stage)
+        raise OperatorStateError(
+            f"Operator {spec.operator_id!r}: batch {plan.batch_id}'s plan was set aside by "
+            "another run (which took the operator's lock over while this run was paused "
+            "or cut off longer than the lock's lease) and planned again: this run committed "
+            "nothing of it, and the other run's plan holds.",
+            fix="nothing to repair: rerun to process what is left; keep runs of one "
+            "operator apart (Dagster run concurrency) and the lease above the longest pause",
+        )
     removed = released_files(batch.buffer, plan)
     meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
     for index, (target, stage) in enumerate(staged):

@@ -66,6 +66,14 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     Each materialization reports the Delta version, rows written, files, path and the
     column schema.
 
+    On S3 (``root="s3a://bucket/lake"`` or ``s3://``) the store's endpoint and
+    credentials are the ``AWS_*`` environment variables of the process that runs the
+    step, overridden by ``storage_options`` (delta-rs's keys: ``AWS_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+    ``AWS_REGION``, ...). Give secrets as ``dg.EnvVar``: Dagster then keeps only the
+    variable's name. The same values reach Spark's s3a (set per bucket on the session);
+    the session needs the s3a jars (``SparkResource(packages=list(dsi.S3A_PACKAGES))``).
+
     Examples:
         .. code-block:: python
 
@@ -75,11 +83,27 @@ class DeltaIOManager(dg.ConfigurableIOManager):
                 resources={"spark": spark,
                            "io_manager": DeltaIOManager(root="/data/lake", spark=spark)},
             )
+
+            # on S3 (the jars once: make install / python -m dagster_sideinputs.core.jars fetch)
+            spark = SparkResource(packages=list(dsi.S3A_PACKAGES))
+            io_manager = DeltaIOManager(
+                root="s3a://bucket/lake",
+                storage_options={
+                    "AWS_ENDPOINT_URL": "https://minio.internal:9000",
+                    "AWS_ACCESS_KEY_ID": dg.EnvVar("AWS_ACCESS_KEY_ID"),
+                    "AWS_SECRET_ACCESS_KEY": dg.EnvVar("AWS_SECRET_ACCESS_KEY"),
+                },
+                spark=spark,
+            )
     """
 
     root: str = Field(description="Folder or object store URI under which tables live.")
     storage_options: dict[str, str] = Field(
-        default_factory=dict, description="delta-rs object store options (credentials, ...)."
+        default_factory=dict,
+        description="delta-rs object store options, for delta-rs and Spark alike (S3: "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
+        "AWS_REGION; unset ones come from the AWS_* environment). Pass secrets as "
+        "dg.EnvVar('AWS_SECRET_ACCESS_KEY').",
     )
     engine: str | None = Field(
         default=None,

@@ -30,6 +30,7 @@ from dagster_sideinputs.delta.engine import (
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.reader import read_changes, read_files, select_partitions
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.table import commit_timestamps, load_snapshot, open_table
 from dagster_sideinputs.delta.writer import (
     append_rows,
@@ -104,6 +105,7 @@ class DeltaRsEngine:
         partition_filter: Mapping[str, Collection[Any]] | None = None,
         name: str | None = None,
     ) -> DataFrame:
+        configure_spark(spark, snapshot.uri, self.storage_options)
         chosen = select_partitions(snapshot.files if files is None else files, partition_filter)
         return read_files(
             spark,

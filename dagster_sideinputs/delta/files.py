@@ -9,6 +9,7 @@ through :mod:`~dagster_sideinputs.delta.object_store`.
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from deltalake.fs import DeltaStorageHandler
 
 from dagster_sideinputs.delta.object_store import open_object_store, put_if_absent
+from dagster_sideinputs.errors import DeclarationError
 
 
 def is_local(uri: str) -> bool:
@@ -30,11 +32,45 @@ def is_local(uri: str) -> bool:
 
 
 def normalize_uri(uri: str) -> str:
-    """Local paths become absolute paths without a scheme; other URIs are kept."""
+    """Local paths become absolute paths without a scheme; other URIs are kept, except
+    that ``s3a://`` (Hadoop's name for S3) becomes ``s3://``, delta-rs's: one table has
+    one URI whichever name it was given by (:func:`spark_uri` turns it back for Spark)."""
     if is_local(uri):
         path = urlparse(uri).path if uri.startswith("file:") else uri
         return os.path.abspath(os.path.expanduser(path))
+    if uri[:6].lower() == "s3a://":
+        uri = "s3://" + uri[6:]
     return uri.rstrip("/")
+
+
+# Characters a root or table path must not hold: Hadoop reads ``* ? [ ] { }`` (and ``\\``
+# escapes) as glob patterns, URIs end their path at ``#`` (fragment) and ``?`` (query),
+# and ``%`` starts an escape that delta-rs decodes and Spark does not (``a%20b`` is one
+# folder to one and another folder to the other). Control characters (a tab, a newline)
+# are not valid in paths at all.
+UNSAFE_PATH_CHARACTERS = re.compile(r"[*?\[\]{}\\#%\x00-\x1f\x7f]")
+
+
+def unsafe_characters(uri: str) -> list[str]:
+    """The characters of a location's path that Spark or delta-rs would read as
+    something else (sorted, each once)."""
+    return sorted(set(UNSAFE_PATH_CHARACTERS.findall(uri.split("://", 1)[-1])))
+
+
+def check_root(uri: str) -> None:
+    """Refuse a storage root holding :data:`UNSAFE_PATH_CHARACTERS`.
+
+    Raises:
+        DeclarationError: naming the characters and the fix.
+    """
+    found = unsafe_characters(uri)
+    if found:
+        raise DeclarationError(
+            f"The storage root {uri!r} holds the characters {found}, which Spark's file "
+            "systems read as glob patterns, URI delimiters or escapes, and delta-rs "
+            "decodes differently: tables there would be read or written at another path.",
+            fix="use letters, digits, '_', '-', '.', '/' (and spaces) in the root",
+        )
 
 
 def spark_uri(uri: str) -> str:

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.log import added_files
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.schema import partition_string
 from dagster_sideinputs.delta.table import load_snapshot
 from dagster_sideinputs.errors import CorruptDataFileError
@@ -219,6 +220,7 @@ def read_table(
     Examples:
         >>> read_table(spark, "/data/orders", version=3).count()  # doctest: +SKIP
     """
+    configure_spark(spark, normalize_uri(uri), storage_options)
     snapshot = load_snapshot(uri, version=version, storage_options=storage_options, name=name)
     return read_snapshot(spark, snapshot, name=name, partition_filter=partition_filter)
 
@@ -244,6 +246,7 @@ def read_changes(
         NonAppendOnlyChangeError: a version in the range removed or rewrote data.
     """
     label = name or normalize_uri(uri)
+    configure_spark(spark, normalize_uri(uri), storage_options)
     snapshot = load_snapshot(uri, version=end_version, storage_options=storage_options, name=label)
     if start_version < 0:
         return read_snapshot(spark, snapshot, name=label), snapshot.version

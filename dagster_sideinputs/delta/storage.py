@@ -28,7 +28,8 @@ from pyspark.sql import SparkSession
 
 from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.files import join_uri, normalize_uri
+from dagster_sideinputs.delta.files import check_root, join_uri, normalize_uri
+from dagster_sideinputs.delta.s3 import configure_spark, resolve_storage_options
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine, active_session
 from dagster_sideinputs.delta.spark_setup import is_delta_configured
 from dagster_sideinputs.errors import DeclarationError
@@ -73,13 +74,24 @@ class DeltaStorage:
     ``DeltaStorage("/data").table_uri(["payments", "transactions"])`` is
     ``/data/payments/transactions``. Frozen and picklable (a bound session is not pickled).
 
+    On S3 (``s3://`` or ``s3a://``, one store: see :class:`~dagster_sideinputs.S3Store`)
+    the storage options are resolved once, here: the ``AWS_*`` environment variables,
+    overridden by the explicit options. The same values reach delta-rs and, as s3a
+    settings of the root's bucket, every Spark session the engine or the operator uses
+    (:meth:`bind` gives them to the session, which is all delta-spark needs).
+
     Args:
         root: local folder, shared filesystem path, or object store URI.
-        storage_options: delta-rs object store options (the bridge's; delta-spark uses
-            the session's Hadoop settings).
+        storage_options: object store options (for S3: ``AWS_ENDPOINT_URL``,
+            ``AWS_ACCESS_KEY_ID``, ... or ``dsi.S3Store(...).storage_options``): delta-rs
+            uses them, and :meth:`bind` sets them on the session for Spark and delta-spark.
         engine: ``"auto"`` (default: delta-spark when the session has Delta configured,
             else the delta-rs bridge), ``"delta-spark"``, ``"delta-rs"``, or an engine
             instance. None: ``$DSI_DELTA_ENGINE`` when set, else ``"auto"``.
+
+    Raises:
+        DeclarationError: a root with characters Spark or the object store would read
+            as something else (``* ? [ ] { } \\ # %``), or an unknown engine.
 
     Examples:
         >>> storage = DeltaStorage(root="/tmp/lake")
@@ -94,7 +106,10 @@ class DeltaStorage:
     engine: DeltaEngine | EngineChoice | None = None
 
     def __post_init__(self) -> None:
+        check_root(self.root)
         object.__setattr__(self, "root", normalize_uri(self.root))
+        resolved = resolve_storage_options(self.root, self.storage_options)
+        object.__setattr__(self, "storage_options", resolved)
         choice = default_engine() if self.engine is None else self.engine
         if isinstance(choice, str) and choice not in ENGINE_CHOICES:
             raise DeclarationError(
@@ -113,9 +128,12 @@ class DeltaStorage:
     def bind(self, spark: SparkSession) -> "DeltaStorage":
         """This storage with its engine resolved for ``spark`` (see the module docstring).
 
+        Also gives the session this root's object store settings (:meth:`configure_spark`).
+
         Raises:
             DeclarationError: ``engine="delta-spark"`` and the session has no Delta.
         """
+        self.configure_spark(spark)
         engine = self.engine
         if isinstance(engine, DeltaSparkEngine):
             return self if engine.session is spark else replace(self, engine=engine.bound(spark))
@@ -170,6 +188,12 @@ class DeltaStorage:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (DeltaStorage, (self.root, dict(self.storage_options), self.engine))
+
+    def configure_spark(self, spark: Any) -> None:
+        """Give a Spark session this root's object store settings (s3a, per bucket); a
+        no-op on filesystems. The engine and the operator call it before Spark reads or
+        writes here; call it yourself before reading the lake's files with plain Spark."""
+        configure_spark(spark, self.root, self.storage_options)
 
     def table_uri(self, name: str | Sequence[str]) -> str:
         """Location of a table from its name or asset key path."""

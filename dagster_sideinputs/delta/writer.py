@@ -43,6 +43,7 @@ from dagster_sideinputs.delta.engine import (
     WriteResult,
 )
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.schema import plan_append, plan_write_schema
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
@@ -118,6 +119,7 @@ def stage_dataframe(
     uri = normalize_uri(uri)
     label = name or uri
     partition_by = list(partition_by or [])
+    configure_spark(df.sparkSession, uri, storage_options)
     files = TableFiles(uri, storage_options)
     exists = _is_table(uri, storage_options)
     if not exists:

@@ -137,10 +137,12 @@ def test_main_input_overwritten_with_another_schema_names_the_version(ready):
     assert state(ready, op) == before
 
 
+@pytest.mark.each_storage
 def test_main_input_version_that_deleted_rows_is_refused(ready):
     op = operator(ready)
     before = with_buffered_record(ready, op)
-    DeltaTable(ready.storage.table_uri("transactions")).delete("tx_id = 1")
+    table = ready.storage.table_uri("transactions")
+    DeltaTable(table, storage_options=ready.storage.storage_options).delete("tx_id = 1")
     with pytest.raises(dsi.NonAppendOnlyChangeError, match="DELETE"):
         ready.run(op)
     assert state(ready, op) == before
@@ -408,6 +410,7 @@ def test_timestamps_without_zone_are_read_as_utc(ready):
 # --- the function and concurrent writers ---------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
     calls = {"n": 0}
 

@@ -1,24 +1,119 @@
-"""Two runs of the same operator at once cannot both write the same batch."""
+"""Two runs of the same operator at once cannot both write the same batch, on the local
+filesystem (flock) and on the S3 test server (a lease on conditional writes); a run
+killed while it holds the lock is taken over (at once locally, after its lease on S3)."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
+from dagster_sideinputs.delta.files import TableFiles, is_local
+from dagster_sideinputs.delta.lease import ObjectStoreLease
 from tests.core.conftest import Lake
 
 TX = "tx_id long, customer_id long, amount double"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+LEASE_S = 5.0
+
+pytestmark = [pytest.mark.slow, pytest.mark.each_storage(heavy=True)]
 
 
-def start(root: str, wait: float) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.core.concurrent_worker", root, str(wait)],
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+class Worker:
+    """One worker process (its own process group: the JVM dies with it), its output lines."""
+
+    def __init__(self, lake: Lake, wait: float, function_s: float = 6.0) -> None:
+        env = {**os.environ, **lake.storage.storage_options, "DSI_LOCK_LEASE_SECONDS": str(LEASE_S)}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.core.concurrent_worker",
+                lake.storage.root,
+                str(wait),
+                str(function_s),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self.stderr = ""
+        self._reading = True
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr = self.process.stderr.read()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append((time.time(), line.strip()))
+                self._changed.notify_all()
+        with self._changed:
+            self._reading = False
+            self._changed.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float = 300) -> tuple[float, str]:
+        """(arrival time, line) of the first output line starting with ``prefix``."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = [(t, line) for t, line in self.lines if line.startswith(prefix)]
+                if found:
+                    return found[0]
+                ended = self.process.poll() is not None
+                if time.monotonic() > deadline or (ended and not self._reading):
+                    raise AssertionError(f"no {prefix!r} from the worker: {self.finish()}")
+                self._changed.wait(1.0)
+
+    def has(self, prefix: str) -> bool:
+        with self._changed:
+            return any(line.startswith(prefix) for _, line in self.lines)
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) once the worker ends (killed after ``timeout``)."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(30)
+        with self._changed:
+            out = "\n".join(line for _, line in self.lines)
+        return self.process.returncode, out, self.stderr
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def workers(*started: Worker) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for worker in started:
+            worker.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(timeout=30)
 
 
 def prepare(lake: Lake) -> None:
@@ -26,24 +121,63 @@ def prepare(lake: Lake) -> None:
     lake.append("transactions", [(i, 10 + i % 2, 1.0) for i in range(50)], TX)
 
 
-@pytest.mark.slow
 def test_a_second_concurrent_run_is_refused_and_the_tables_stay_exact(lake):
     prepare(lake)
-    runs = [start(lake.storage.root, wait=0), start(lake.storage.root, wait=0)]
-    outcomes = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
-    codes = sorted(code for code, _ in outcomes)
+    runs = [Worker(lake, wait=0), Worker(lake, wait=0)]
+    with workers(*runs):
+        outcomes = [run.finish() for run in runs]
+    codes = sorted(code for code, _, _ in outcomes)
     assert codes == [0, 3], outcomes
-    refused = next(err for code, err in outcomes if code == 3)
+    refused = next(err for code, _, err in outcomes if code == 3)
     assert "is already running (pid" in refused
     assert "limit the job's concurrency" in refused
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))
 
 
-@pytest.mark.slow
 def test_a_second_run_that_waits_finds_the_work_done_and_writes_nothing_twice(lake):
     prepare(lake)
-    runs = [start(lake.storage.root, wait=120), start(lake.storage.root, wait=120)]
-    outputs = sorted(p.communicate(timeout=300)[0].strip() for p in runs)
-    assert [p.returncode for p in runs] == [0, 0]
-    assert outputs == ["batches=0", "batches=1"]
+    runs = [Worker(lake, wait=120), Worker(lake, wait=120)]
+    with workers(*runs):
+        outcomes = [run.finish() for run in runs]
+    assert [code for code, _, _ in outcomes] == [0, 0], outcomes
+    last_lines = sorted(out.splitlines()[-1] for _, out, _ in outcomes)
+    assert last_lines == ["batches=0 replayed=0", "batches=1 replayed=0"], outcomes
+    assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))
+
+
+def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lake):
+    """A is SIGKILLed in the middle of its batch, while B waits for the lock. B gets it at
+    once on a filesystem (the kernel drops a dead process's flock), one lease after A's
+    last renewal on S3; B completes the batch and the output holds every record once."""
+    prepare(lake)
+    holder = Worker(lake, wait=0, function_s=120)
+    with workers(holder):
+        holder.wait_for("in-batch")  # A holds the lock and has planned its batch
+        waiting = Worker(lake, wait=180)
+        with workers(waiting):
+            waiting.wait_for("ready")
+            time.sleep(2 * LEASE_S)  # B tries meanwhile; A, alive, renews its lease
+            assert not waiting.has("locked"), "B took the lock while A held it"
+            holder.kill()
+            killed_at = time.time()
+            took_over_at, _ = waiting.wait_for("locked", timeout=120)
+            code, out, err = waiting.finish()
+    assert code == 0, err[-3000:]
+    assert out.splitlines()[-1].startswith("batches=1"), out
+    delay = took_over_at - killed_at
+    if is_local(lake.storage.root):
+        assert delay < LEASE_S / 2, delay
+    else:
+        # Expired by observation: unchanged for a whole lease since A's last renewal.
+        assert LEASE_S / 3 < delay < 3 * LEASE_S, delay
+        lease = ObjectStoreLease(
+            f"{lake.storage.root}/_sideinputs/enriched",
+            storage_options=lake.storage.storage_options,
+        )
+        record = lease.holder()
+        assert record is not None
+        assert record.generation == 2  # A's acquisition, then B's take-over
+        assert record.released
+    state = TableFiles(f"{lake.storage.root}/_sideinputs/enriched", lake.storage.storage_options)
+    assert [e.path for e in state.list_files("commits")] == ["commits/00000000000000000000.json"]
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))

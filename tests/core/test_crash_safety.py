@@ -162,6 +162,25 @@ def test_crash_after_any_write_then_rerun_gives_the_reference_tables(lake, refer
     assert result == reference
 
 
+S3_CRASHES = [(0, 0), (0, 2), (1, COMMIT_RECORD), (2, 1)]
+"""On the S3 test server: before any write, between writes (one that creates a table,
+one that does not), after every write before the commit record."""
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.parametrize(("step", "write"), S3_CRASHES)
+def test_crash_on_s3_then_rerun_gives_the_reference_tables_of_a_local_run(
+    spark, s3_server, reference, step, write
+):
+    storage = dsi.DeltaStorage(s3_server.fresh_prefix("crash"), s3_server.storage_options)
+    lake = Lake(spark, storage)
+    result = run_all(
+        lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
+    )
+    assert result == reference
+
+
 @pytest.mark.slow
 def test_crash_in_a_batch_without_new_main_records_then_rerun_replays_it(lake):
     # Found by the SIGKILL harness: a batch that only releases buffered records (its

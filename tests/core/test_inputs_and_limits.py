@@ -92,6 +92,7 @@ def test_buffer_over_its_row_limit_fails_before_writing(lake):
     assert not lake.exists("out")
 
 
+@pytest.mark.each_storage
 def test_buffer_over_its_row_limit_routes_the_oldest_to_overflow(lake):
     clock = Clock()
     overflow = dsi.OutputTag("overflow")
@@ -198,13 +199,16 @@ def test_duplicate_output_names_are_refused(lake):
         )
 
 
+@pytest.mark.each_storage
 def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
     from dagster_sideinputs.core.lock import operator_lock
 
     op = limited_operator(lake, dsi.BufferLimits())
     lake.append("transactions", [(1, 10, 1.0)], TX)
     with (
-        operator_lock(op.state_uri, operator_id=op.operator_id),
+        operator_lock(
+            op.state_uri, operator_id=op.operator_id, storage_options=lake.storage.storage_options
+        ),
         pytest.raises(dsi.OperatorBusyError, match="already running"),
     ):
         lake.run(op)

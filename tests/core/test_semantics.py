@@ -34,6 +34,7 @@ def keyed_operator(lake, **options):
 # --- readiness and buffering ---------------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_main_records_wait_for_the_first_side_data(lake):
     lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0)], TX)
     op = keyed_operator(lake)
@@ -49,6 +50,7 @@ def test_main_records_wait_for_the_first_side_data(lake):
     assert op.buffer().rows() == 0
 
 
+@pytest.mark.each_storage
 def test_buffered_records_are_released_exactly_once(lake):
     lake.append("transactions", [(1, 10, 5.0)], TX)
     op = keyed_operator(lake)
@@ -84,6 +86,7 @@ def test_replayed_batch_plan_pins_side_versions(lake):
     assert plan.decisions["profile"]["global"].ready
 
 
+@pytest.mark.each_storage
 def test_a_stale_side_input_stops_releasing_until_refreshed(lake):
     clock = Clock()
     lake.append("rules", [(100.0,)], "threshold double")
@@ -332,6 +335,7 @@ def test_a_side_key_of_another_type_is_a_clear_declaration_error(lake):
 # --- per-key waiting -------------------------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_per_key_wait_then_timeout_goes_to_unmatched(lake):
     clock = Clock()
     unmatched = dsi.OutputTag("unmatched_transactions")
@@ -405,6 +409,7 @@ def windowed_operator(lake, main_window, side_window, **kwargs):
     )
 
 
+@pytest.mark.each_storage
 def test_windowed_side_input_same_window_releases_hour_by_hour(lake):
     lake.append("transactions", [(1, "EUR", at(10)), (2, "EUR", at(70)), (3, "EUR", at(130))], TXT)
     op = windowed_operator(lake, hours(1), hours(1))
@@ -468,6 +473,7 @@ def test_custom_window_mapping_replaces_the_default(lake):
     assert lake.rows("converted") == [(1, 1.0)]
 
 
+@pytest.mark.each_storage
 def test_late_records_go_to_the_late_tag(lake):
     late = dsi.OutputTag("late_transactions")
     lake.append("rules", [(1.0,)], "threshold double")
@@ -524,6 +530,7 @@ def test_sliding_main_windows_process_a_record_once_per_window(lake):
 # --- side outputs ----------------------------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_several_side_outputs_with_different_schemas(lake):
     big = dsi.OutputTag("big")
     counts = dsi.OutputTag("counts")
@@ -577,6 +584,7 @@ def test_output_tags_are_equal_by_name_only():
 # --- accounting ------------------------------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_every_record_is_accounted_for_in_the_metrics(lake):
     clock = Clock()
     unmatched = dsi.OutputTag("unmatched")

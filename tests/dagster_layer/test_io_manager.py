@@ -1,7 +1,10 @@
 """DeltaIOManager: Spark DataFrames stored as Delta tables, under real Dagster runs."""
 
+import logging
 import os
+import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -12,6 +15,7 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.dagster_layer.io_manager import DeltaIOManager
 from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.files import normalize_uri
 from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError, TableNotFoundError
 
 HOURLY = dg.HourlyPartitionsDefinition(start_date="2024-05-01-00:00", end_date="2024-05-02-00:00")
@@ -28,7 +32,16 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 @pytest.fixture
-def root(tmp_path) -> str:
+def root(request, storage_case, tmp_path, monkeypatch) -> str:
+    """The lake root: a local folder, or (``each_storage`` tests) an ``s3a://`` prefix on
+    the S3 test server configured the deployment way, by the ``AWS_*`` environment
+    variables alone (the IO manager gets no storage options; delta-rs in ``rows`` reads
+    the same variables)."""
+    if storage_case.store == "s3":
+        server = request.getfixturevalue("s3_server")
+        for name, value in server.storage_options.items():
+            monkeypatch.setenv(name, value)
+        return server.fresh_prefix("io").replace("s3://", "s3a://", 1)
     return str(tmp_path / "lake")
 
 
@@ -89,6 +102,7 @@ def daily_sales(context: dg.AssetExecutionContext, spark: SparkResource) -> Data
 # --- writing -------------------------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_unpartitioned_asset_materialized_twice_holds_its_rows_once(resources, instance, root):
     orders = orders_asset()
     run([orders], resources, instance)
@@ -118,6 +132,7 @@ def test_hourly_partitioned_asset_materialized_twice_holds_its_partition_once(
     ]
 
 
+@pytest.mark.each_storage
 def test_partitioned_asset_rewrites_only_its_partition(resources, instance, root):
     uri = os.path.join(root, "hourly_events")
     run([hourly_events], resources, instance, partition_key=HOUR_0)
@@ -167,6 +182,7 @@ def test_partition_range_run_without_partition_column_names_the_column(resources
         run([hourly_range], resources, instance, tags={RANGE_START: HOUR_0, RANGE_END: HOUR_1})
 
 
+@pytest.mark.each_storage
 def test_append_write_mode_adds_the_rows_on_every_materialization(resources, instance, root):
     orders = orders_asset(metadata={"write_mode": "append"})
     run([orders], resources, instance)
@@ -199,6 +215,7 @@ def test_partition_by_metadata_partitions_an_unpartitioned_assets_table(resource
     assert table.metadata().partition_columns == ["name"]
 
 
+@pytest.mark.each_storage
 def test_schema_mode_merge_adds_a_new_column_on_append(resources, instance, root):
     @dg.asset(name="orders", metadata={"write_mode": "append", "schema_mode": "merge"})
     def wider(spark: SparkResource) -> DataFrame:
@@ -215,6 +232,7 @@ def test_schema_mode_merge_adds_a_new_column_on_append(resources, instance, root
     ]
 
 
+@pytest.mark.each_storage
 def test_new_column_without_schema_mode_is_rejected_and_table_unchanged(resources, instance, root):
     @dg.asset(name="orders", metadata={"write_mode": "append"})
     def wider(spark: SparkResource) -> DataFrame:
@@ -231,6 +249,7 @@ def test_new_column_without_schema_mode_is_rejected_and_table_unchanged(resource
 # --- materialization metadata ----------------------------------------------------------
 
 
+@pytest.mark.each_storage
 def test_materialization_reports_version_rows_uri_and_column_schema(resources, instance, root):
     orders = orders_asset()
     first = materialization_metadata(run([orders], resources, instance), "orders")
@@ -238,7 +257,7 @@ def test_materialization_reports_version_rows_uri_and_column_schema(resources, i
     assert first["delta_version"] == 0
     assert second["delta_version"] == 1
     assert second["dagster/row_count"] == 2
-    assert second["dagster/uri"] == os.path.join(root, "orders")
+    assert second["dagster/uri"] == normalize_uri(os.path.join(root, "orders"))
     assert second["dagster/column_schema"] == dg.TableSchema(
         columns=[dg.TableColumn("id", "bigint"), dg.TableColumn("name", "string")]
     )
@@ -290,6 +309,7 @@ def test_materialization_reports_files_and_bytes_added(resources, instance):
     assert metadata["bytes_added"] > 0
 
 
+@pytest.mark.each_storage
 def test_commit_records_the_dagster_run_and_asset(resources, instance, root):
     result = run([orders_asset(key_prefix=["shop"])], resources, instance)
     [commit] = DeltaTable(os.path.join(root, "shop", "orders")).history(1)
@@ -309,6 +329,7 @@ def test_downstream_asset_loads_the_upstream_table(resources, instance, root):
     assert rows(os.path.join(root, "order_names")) == [{"name": "A"}, {"name": "B"}]
 
 
+@pytest.mark.each_storage
 def test_upstream_materialized_in_an_earlier_run_is_loaded_from_its_table(
     resources, instance, root
 ):
@@ -325,6 +346,7 @@ def test_upstream_materialized_in_an_earlier_run_is_loaded_from_its_table(
     assert loaded.event_specific_data.metadata["delta_version"].value == 1
 
 
+@pytest.mark.each_storage
 def test_daily_downstream_reads_only_its_upstream_partition(resources, instance, root):
     @dg.asset(partitions_def=DAILY)
     def daily_ids(daily_sales: DataFrame) -> DataFrame:
@@ -482,3 +504,89 @@ def test_engine_auto_writes_with_delta_spark_in_a_delta_session_and_says_so(spar
 def resources_of(root: str) -> dict[str, Any]:
     spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
     return {"spark": spark_resource, "io_manager": DeltaIOManager(root=root, spark=spark_resource)}
+
+
+# --- object store credentials ---------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_s3_credentials_given_as_env_vars_stay_out_of_dagster_logs_and_the_lake(
+    spark, s3_server, instance, monkeypatch, caplog, capfd
+):
+    """Known fake credentials (moto accepts any), given the Dagster way: they reach Spark
+    and delta-rs, and appear nowhere else: not in the instance's storage (runs, events,
+    metadata, compute logs), the logs, the error of a failed write, or the lake's objects.
+    A bucket of its own, so that Spark builds its s3a client with these credentials."""
+    bucket = f"secrets-{uuid.uuid4().hex[:8]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    fake = {
+        "DSI_TEST_KEY": f"AKIAFAKE{uuid.uuid4().hex[:12].upper()}",
+        "DSI_TEST_SECRET": f"fake-secret-{uuid.uuid4().hex}",
+        "DSI_TEST_TOKEN": f"fake-token-{uuid.uuid4().hex}",
+    }
+    for name, value in fake.items():
+        monkeypatch.setenv(name, value)
+    caplog.set_level(logging.DEBUG)
+
+    def io_manager(root: str, spark_resource: SparkResource) -> DeltaIOManager:
+        return DeltaIOManager(
+            root=root,
+            storage_options={
+                "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+                "AWS_ACCESS_KEY_ID": dg.EnvVar("DSI_TEST_KEY"),
+                "AWS_SECRET_ACCESS_KEY": dg.EnvVar("DSI_TEST_SECRET"),
+                "AWS_SESSION_TOKEN": dg.EnvVar("DSI_TEST_TOKEN"),
+            },
+            spark=spark_resource,
+        )
+
+    @dg.asset
+    def order_names(orders: DataFrame) -> DataFrame:
+        return orders.select(F.upper("name").alias("name"))
+
+    spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
+    root = f"s3a://{bucket}/lake"
+    good = {"spark": spark_resource, "io_manager": io_manager(root, spark_resource)}
+    assert run([orders_asset(), order_names], good, instance).success
+    missing = {
+        "spark": spark_resource,
+        "io_manager": io_manager("s3a://no-such-bucket/x", spark_resource),
+    }
+    failed = run([orders_asset()], missing, instance, raise_on_error=False)
+    assert not failed.success
+    [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = str(failure.event_specific_data.error)
+    assert "no-such-bucket" in error
+
+    out, err = capfd.readouterr()
+    texts = {"error": error, "stdout": out, "stderr": err, "log records": caplog.text}
+    texts["events"] = "\n".join(
+        repr(entry)
+        for record in instance.get_run_records()
+        for entry in instance.all_logs(record.dagster_run.run_id)
+    )
+    assert "STEP_FAILURE" in texts["events"]
+    found = [
+        f"{where}: {name}"
+        for where, text in texts.items()
+        for name, value in fake.items()
+        if value in text
+    ]
+    for directory, _, names in os.walk(instance.root_directory):
+        for file in names:
+            data = (Path(directory) / file).read_bytes()
+            found += [f"{file}: {name}" for name, value in fake.items() if value.encode() in data]
+    lake_keys = s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]
+    for item in lake_keys:
+        body = s3_server.client().get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        found += [
+            f"{item['Key']}: {name}" for name, value in fake.items() if value.encode() in body
+        ]
+    assert not found, found
+    assert any(
+        k["Key"].endswith("lake/orders/_delta_log/00000000000000000000.json") for k in lake_keys
+    )
+    # The credentials were used: Spark has them, for this bucket only (read last: py4j's
+    # DEBUG log shows the answer).
+    assert spark.conf.get(f"fs.s3a.bucket.{bucket}.secret.key") == fake["DSI_TEST_SECRET"]
+    assert any(os.scandir(instance.root_directory))  # the instance did store things
