@@ -28,6 +28,7 @@ from dagster_sideinputs.core.declarations import (
     asset_path,
     check_choice,
 )
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.windows import Window, WindowMapping
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
@@ -401,17 +402,21 @@ class SideInput:
         if self.readiness:
             parts.append(f"ready when {self.readiness}")
         if self.max_age is not None:
-            parts.append(f"fresh within {_human(self.max_age)}")
+            parts.append(f"fresh within {human_duration(self.max_age)}")
         if self.missing == "wait":
-            parts.append(f"waits up to {_human(self.timeout)} per key, then {self.on_timeout}")
+            parts.append(
+                f"waits up to {human_duration(self.timeout)} per key, then {self.on_timeout}"
+            )
         elif self.missing == "unmatched":
             parts.append("missing keys -> unmatched")
         if self.window is not None:
-            parts.append(f"per {_human(self.window.size)} window on {self.window.time_column!r}")
+            parts.append(
+                f"per {human_duration(self.window.size)} window on {self.window.time_column!r}"
+            )
         if self.as_of is not None:
             parts.append(f"as of the record's time ({self.as_of!r})")
         if self.grace is not None:
-            parts.append(f"final {_human(self.grace)} after its time")
+            parts.append(f"final {human_duration(self.grace)} after its time")
         if self.on_empty != "release":
             parts.append("empty -> unmatched")
         if self.distribution:
@@ -433,16 +438,3 @@ class SideInput:
         if self.on_empty != "release":
             extras.append(f"on_empty={self.on_empty!r}")
         return f"SideInput.{self.view}({self.asset!r}" + "".join(", " + e for e in extras) + ")"
-
-
-def _human(value: dt.timedelta | None) -> str:
-    """``1h30m``, ``2d``, ``45s``: durations as people write them."""
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size:
-            parts.append(f"{seconds // size}{unit}")
-            seconds %= size
-    return "".join(parts) or f"{value.total_seconds():g}s"
