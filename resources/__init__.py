@@ -14,6 +14,9 @@ Environment variables point it elsewhere without code changes:
   ``dg.EnvVar``: Dagster shows and stores their names, never their values, and reads them
   where the run executes.
 - ``DSI_SPARK_UI``: ``false`` to run without the Spark web UI.
+- ``DSI_DELTA_ENGINE``: ``auto`` (default: delta-spark, since the session configures
+  Delta whenever its jars can be had; the delta-rs bridge otherwise), ``delta-spark`` or
+  ``delta-rs``.
 """
 
 import os

@@ -31,6 +31,9 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Clock, Lake
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+
 
 @pytest.fixture
 def ready(lake: Lake) -> Lake:

@@ -36,6 +36,9 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Clock, Lake
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+
 NOW = T0 + hours(3)
 HOUR = dsi.Window.tumbling(hours(1))
 SLIDING = dsi.Window.sliding(hours(2), slide=hours(1))  # two windows per record
