@@ -55,8 +55,9 @@ bench: $(STAMP)  ## the benchmarks (minutes; see bench/)
 bench-scale: $(STAMP)  ## 50M main records, 10M side rows, growth curves (about an hour)
 	$(BIN)/python bench/scale.py
 
-crash: $(STAMP)  ## the crash harness: 20 trials of SIGKILLs at random points, rerun, compared; then kills followed by a side-input change
-	$(BIN)/python bench/crash_harness.py --trials 20 --kill-at all
+crash: $(STAMP)  ## the crash harness: SIGKILLs at random points and at every kill point, rerun, compared (delta-spark: 20 trials, the bridge: 10); then kills followed by a side-input change
+	$(BIN)/python bench/crash_harness.py --trials 20 --kill-at all --engine delta-spark
+	$(BIN)/python bench/crash_harness.py --trials 10 --kill-at all --engine delta-rs
 	$(BIN)/python bench/crash_harness.py --script short --trials 0 --side-change
 
 clean:

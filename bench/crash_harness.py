@@ -1258,15 +1258,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also kill after the first plan and after the first table, change a side input, "
         "rerun and compare (needs --script short)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "delta-spark", "delta-rs"],
+        help="the workers' Delta engine (DSI_DELTA_ENGINE; default: the environment's, else "
+        "auto, which is delta-spark since the workers' sessions configure Delta)",
+    )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
+    if args.engine:
+        os.environ["DSI_DELTA_ENGINE"] = args.engine  # the workers inherit it
     if args.side_change and args.script != "short":
         parser.error("--side-change needs --script short")
     started = time.monotonic()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="dsi-crash-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    print(f"crash harness: {args.trials} trials from seed {args.seed} under {root}", flush=True)
+    engine = os.environ.get("DSI_DELTA_ENGINE", "auto")
+    print(
+        f"crash harness: {args.trials} trials from seed {args.seed} under {root}, Delta "
+        f"engine {engine}",
+        flush=True,
+    )
     points = list(KILL_POINTS) if "all" in args.kill_at else args.kill_at
     _, results = run(
         args.trials,

@@ -1,14 +1,17 @@
-"""Benchmark: the Delta bridge against Spark's plain parquet I/O, measured in one run.
+"""Benchmark: the two Delta engines against Spark's plain parquet I/O, measured in one run.
 
     python bench/delta_io.py --rows 4000000 --repeats 5
 
-Writes: the same DataFrame (a parquet scan) written with ``df.write.parquet`` and with
-the bridge (native Spark write + footer statistics + delta-rs commit).
+Writes: the same DataFrame (a parquet scan) written with ``df.write.parquet``, with the
+bridge (native Spark write + footer statistics + delta-rs commit) and with the native
+engine (delta-spark's ``format("delta")`` write through ``DeltaSparkEngine.write``).
 Reads: a full scan (``format("noop")`` sink) of a plain parquet folder, of the same
-data as a Delta table through the bridge, and through the ``dsi_delta`` Python data
+data as a Delta table through each engine, and through the ``dsi_delta`` Python data
 source (Arrow batches from a Python worker).
 
-Prints records/second, medians over ``--repeats`` runs, and ratios to the baseline.
+The session has Delta configured (``delta=True``), so both engines run in one JVM and
+are interleaved repeat by repeat. Prints records/second, medians over ``--repeats``
+runs, and ratios (native / bridge, each / plain parquet).
 
 ``--s3`` also measures the plain and bridge writes and reads against an S3-compatible
 server (the test suite's moto server, started on 127.0.0.1; Spark through s3a, delta-rs
@@ -35,10 +38,12 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.packages import S3A_PACKAGES
 from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.files import join_uri, spark_uri
 from dagster_sideinputs.delta.reader import read_table
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.source import register_delta_source
+from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
 from dagster_sideinputs.delta.writer import write_dataframe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,9 +168,15 @@ def main() -> None:
         master=args.master,
         ui_enabled=False,
         log_level="ERROR",
+        delta=True,
         packages=S3A_PACKAGES if args.s3 else (),
     )
     register_delta_source(spark)
+    bridge, native = DeltaRsEngine(), DeltaSparkEngine(spark)
+
+    def read(engine: DeltaRsEngine | DeltaSparkEngine, uri: str) -> DataFrame:
+        return engine.read_snapshot(spark, engine.snapshot(uri))
+
     work = Path(tempfile.mkdtemp(prefix="dsi-bench-io-"))
     try:
         source = make_source(spark, args.rows, str(work / "source"))
@@ -175,10 +186,16 @@ def main() -> None:
             source.write.mode("overwrite").parquet(str(work / f"plain_{i}"))
 
         def bridge_write(i: int) -> None:
-            write_dataframe(source, str(work / f"delta_{i}"))
+            bridge.write(source, str(work / f"delta_{i}"))
+
+        def native_write(i: int) -> None:
+            native.write(source, str(work / f"native_{i}"))
 
         def bridge_partitioned_write(i: int) -> None:
-            write_dataframe(source, str(work / f"delta_part_{i}"), partition_by=["day"])
+            bridge.write(source, str(work / f"delta_part_{i}"), partition_by=["day"])
+
+        def native_partitioned_write(i: int) -> None:
+            native.write(source, str(work / f"native_part_{i}"), partition_by=["day"])
 
         def plain_partitioned_write(i: int) -> None:
             source.write.mode("overwrite").partitionBy("day").parquet(str(work / f"plain_part_{i}"))
@@ -186,11 +203,16 @@ def main() -> None:
         # Warm up the JVM and the Python workers once, then alternate baseline / bridge.
         plain_write(99)
         bridge_write(99)
+        native_write(99)
         figures: dict[str, float] = {}
         figures.update(
             interleaved_rates(
                 rows,
-                {"write_plain_parquet": plain_write, "write_bridge": bridge_write},
+                {
+                    "write_plain_parquet": plain_write,
+                    "write_bridge": bridge_write,
+                    "write_native": native_write,
+                },
                 args.repeats,
             )
         )
@@ -200,22 +222,26 @@ def main() -> None:
                 {
                     "write_plain_parquet_partitioned": plain_partitioned_write,
                     "write_bridge_partitioned": bridge_partitioned_write,
+                    "write_native_partitioned": native_partitioned_write,
                 },
                 args.repeats,
             )
         )
         plain_dir, delta_dir = str(work / "plain_0"), str(work / "delta_0")
+        native_dir, native_part = str(work / "native_0"), str(work / "native_part_0")
         plain_part, delta_part = str(work / "plain_part_0"), str(work / "delta_part_0")
         figures.update(
             interleaved_rates(
                 rows,
                 {
                     "read_plain_parquet": lambda _: scan(spark.read.parquet(plain_dir)),
-                    "read_bridge": lambda _: scan(read_table(spark, delta_dir)),
+                    "read_bridge": lambda _: scan(read(bridge, delta_dir)),
+                    "read_native": lambda _: scan(read(native, native_dir)),
                     "read_plain_parquet_partitioned": lambda _: scan(
                         spark.read.parquet(plain_part)
                     ),
-                    "read_bridge_partitioned": lambda _: scan(read_table(spark, delta_part)),
+                    "read_bridge_partitioned": lambda _: scan(read(bridge, delta_part)),
+                    "read_native_partitioned": lambda _: scan(read(native, native_part)),
                     "read_python_data_source": lambda _: scan(
                         spark.read.format("dsi_delta").load(delta_dir)
                     ),
@@ -230,6 +256,13 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     ratios = {
+        "write native / bridge": figures["write_native"] / figures["write_bridge"],
+        "partitioned write native / bridge": figures["write_native_partitioned"]
+        / figures["write_bridge_partitioned"],
+        "read native / bridge": figures["read_native"] / figures["read_bridge"],
+        "partitioned read native / bridge": figures["read_native_partitioned"]
+        / figures["read_bridge_partitioned"],
+        "write native / plain parquet": figures["write_native"] / figures["write_plain_parquet"],
         "write bridge / plain parquet": figures["write_bridge"] / figures["write_plain_parquet"],
         "partitioned write bridge / plain parquet": figures["write_bridge_partitioned"]
         / figures["write_plain_parquet_partitioned"],

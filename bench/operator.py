@@ -376,6 +376,7 @@ def frames_operator(
     *,
     pre_keyed: bool = False,
     keyed: bool = False,
+    engine: str = "delta-rs",
     storage: dsi.DeltaStorage | None = None,
     sides: tuple[str, str] | None = None,
 ) -> dsi.SideInputOperator:
@@ -401,7 +402,7 @@ def frames_operator(
         fn=enrich_frames,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        storage=storage or dsi.DeltaStorage(str(root)),
+        storage=storage or dsi.DeltaStorage(str(root), engine=engine),  # type: ignore[arg-type]
     )
 
 
@@ -490,6 +491,11 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         with writes_per_table():
             return operator(i)
 
+    def operator_native(i: int) -> OperatorRun:
+        root = lake.fresh_root("frames_native")
+        op = frames_operator(main_uri, lake, root, engine="delta-spark")
+        return OperatorRun(op.run(spark, trigger="available_now"), root)
+
     def baseline(i: int) -> Path:
         out = lake.fresh_root("frames_baseline")
         foreach_batch_job(spark, lake, main_uri, out)
@@ -497,12 +503,18 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)
+    native = "delta-spark" in args.engines
+    if native:
+        operator_native(-1)
     actions: dict[str, Callable[[int], Any]] = {"operator": operator}
+    if native:  # right after the bridge run: the pair shares its conditions
+        actions["operator_native"] = operator_native
     if args.per_table_writes:  # right after the operator: the pair shares its conditions
         actions["operator_per_table"] = operator_per_table
     actions["baseline"] = baseline
     seconds, results = interleaved(actions, args.repeats)
     per_table_times = list(TIMES.get("operator_per_table", []))
+    native_times = list(TIMES.get("operator_native", []))
 
     op_counts = {
         (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
@@ -525,6 +537,18 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         "counts_match": len(op_counts) == 1 and op_counts == base_counts,
         "profile": profile,
     }
+    if native_times:
+        figures["operator_native_s"] = seconds["operator_native"]
+        figures["operator_native_rec_s"] = args.rows / seconds["operator_native"]
+        figures["native_over_bridge_per_repeat"] = [
+            b / n for b, n in zip(TIMES["operator"], native_times, strict=True)
+        ]
+        figures["native_counts"] = sorted(
+            {
+                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
+                for r in results["operator_native"]
+            }
+        )
     if per_table_times:
         figures["per_table_s"] = seconds["operator_per_table"]
         figures["stage_then_commit_per_repeat"] = [
@@ -541,8 +565,19 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         f"  baseline foreachBatch (readStream.parquet, availableNow) {_rate(figures, 'baseline')}"
     )
     print(
-        f"  SideInputOperator frames mode                            {_rate(figures, 'operator')}"
+        f"  SideInputOperator frames mode (delta-rs bridge)          {_rate(figures, 'operator')}"
     )
+    if native_times:
+        print(
+            f"  SideInputOperator frames mode (delta-spark, native)      "
+            f"{_rate(figures, 'operator_native')}"
+        )
+        pairs = figures["native_over_bridge_per_repeat"]
+        print(
+            f"  throughput native / bridge {seconds['operator'] / seconds['operator_native']:5.2f}x"
+            f" (goal >= 0.90); per repeat {' '.join(f'{r:.2f}' for r in pairs)} (median "
+            f"{statistics.median(pairs):.2f}); rows {figures['native_counts']}"
+        )
     print_ratios(figures)
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
@@ -630,7 +665,7 @@ def rows_operator(main_uri: str, lake: Lake, root: Path) -> dsi.SideInputOperato
         mode="rows",
         main_output=ROWS_MAIN,
         side_outputs=[ROWS_SUSPICIOUS],
-        storage=dsi.DeltaStorage(str(root)),
+        storage=dsi.DeltaStorage(str(root), engine="delta-rs"),
     )
 
 
@@ -743,7 +778,7 @@ def fx_operator(main_uri: str, fx_uri: str, root: Path) -> dsi.SideInputOperator
         },
         fn=convert_fx,
         main_output="converted",
-        storage=dsi.DeltaStorage(str(root)),
+        storage=dsi.DeltaStorage(str(root), engine="delta-rs"),
         window=FX_WINDOW,
         buffer=dsi.BufferLimits(max_rows=None, max_age=None),
     )
@@ -1017,7 +1052,7 @@ def bench_s3(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     with S3Server() as server:
         prefix, options = server.fresh_prefix("bench"), server.storage_options
-        inputs = dsi.DeltaStorage(f"{prefix}/data", options)
+        inputs = dsi.DeltaStorage(f"{prefix}/data", options, engine="delta-rs")
         s3_inputs = []
         for uri in local_inputs:  # the same tables, copied through Spark and the bridge
             target = inputs.table_uri(uri.rsplit("/", 1)[-1])
@@ -1029,7 +1064,7 @@ def bench_s3(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             return op.run(spark)
 
         def on_s3(i: int) -> dsi.RunResult:
-            storage = dsi.DeltaStorage(f"{prefix}/runs/{i}", options)
+            storage = dsi.DeltaStorage(f"{prefix}/runs/{i}", options, engine="delta-rs")
             main, profiles_uri, rules_uri = s3_inputs
             op = frames_operator(
                 main, lake, Path("-"), storage=storage, sides=(profiles_uri, rules_uri)
@@ -1115,12 +1150,19 @@ def main() -> None:
         help="frames: also time the operator committing each table as soon as it is staged "
         "(the write stage before stage-then-commit), to measure what staging first costs",
     )
+    parser.add_argument(
+        "--engines",
+        default="delta-rs,delta-spark",
+        help="frames: the Delta engines to time, interleaved (delta-rs is the reference)",
+    )
     args = parser.parse_args()
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     with_s3 = args.s3 or args.only == "s3"
 
     spark = dsi.build_spark_session(
         master=args.master,
         log_level="ERROR",
+        delta="delta-spark" in args.engines,
         driver_memory=args.driver_memory,
         packages=dsi.S3A_PACKAGES if with_s3 else (),
         configs={

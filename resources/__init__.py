@@ -16,6 +16,9 @@ Environment variables point it elsewhere without code changes:
 - ``DSI_SPARK_UI``: ``false`` to run without the Spark web UI.
 - ``DSI_TRANSACTIONS_SOURCE``: ``kafka`` to read transactions from Kafka
   (``assets/kafka.py``); the session then loads Spark's Kafka connector.
+- ``DSI_DELTA_ENGINE``: ``auto`` (default: delta-spark, since the session configures
+  Delta whenever its jars can be had; the delta-rs bridge otherwise), ``delta-spark`` or
+  ``delta-rs``.
 """
 
 import os

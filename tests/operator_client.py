@@ -80,6 +80,7 @@ def frames_mode(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any
     again = op.run(spark)
     named = dsi.read_table(spark, op.output_tables["enriched"]).filter("name IS NOT NULL")
     return {
+        "engine": result.batches[0].engine,
         "enriched": result.emitted("enriched"),
         "big": result.emitted(BIG.name),
         "named": named.count(),
@@ -168,6 +169,18 @@ def static_setting(remote: str) -> Any:
     return spark.conf.get("spark.executor.memory", None)
 
 
+def native_commits(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
+    """What the frames-mode operator's output commits say, read back over this session."""
+    table = f"delta.`{storage.table_uri('enriched')}`"
+    history = spark.sql(f"DESCRIBE HISTORY {table}").collect()
+    return {
+        "operations": [row.operation for row in history],
+        "engine_info": history[0].engineInfo,
+        "rows": spark.read.format("delta").load(storage.table_uri("enriched")).count(),
+        "transaction": storage.delta.transaction_version(storage.table_uri("enriched"), "enriched"),
+    }
+
+
 def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[str, Any]:
     spark = dsi.build_spark_session(
         master=master or "local[*]",
@@ -176,7 +189,7 @@ def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[st
         ui_enabled=False,
         log_level="ERROR",
     )
-    storage = dsi.DeltaStorage(str(work / "lake"))
+    storage = dsi.DeltaStorage(str(work / "lake")).bind(spark)
     checks: dict[str, Callable[[], Any]] = {
         "inputs": lambda: write_inputs(spark, storage),
         "frames_mode": lambda: frames_mode(spark, storage),
@@ -185,10 +198,13 @@ def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[st
         "pre_keyed": lambda: pre_keyed(spark, storage),
         "delta_source": lambda: delta_source(spark, storage),
     }
+    if storage.delta.name == "delta-spark":
+        checks["native_commits"] = lambda: native_commits(spark, storage)
     if remote is not None:
         checks["resource_spark_context"] = lambda: resource_spark_context(remote)
         checks["static_setting"] = lambda: static_setting(remote)
     report: dict[str, Any] = {
+        "engine": storage.delta.name,
         "session": type(spark).__module__,
         "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
         "required": {key: spark.conf.get(key) for key in REQUIRED_CONFIGS},

@@ -68,6 +68,7 @@ def client_report(cluster, tmp_path_factory) -> dict:
 def test_frames_mode_operator_on_the_cluster_enriches_and_splits(client_report):
     expected = check(client_report, "inputs")
     assert check(client_report, "frames_mode") == {
+        "engine": client_report["engine"],
         "enriched": 200,
         "big": expected["big"],
         "named": expected["named"],

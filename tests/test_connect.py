@@ -105,7 +105,9 @@ def test_connect_session_has_the_bridge_settings_and_the_asked_shuffle_partition
 def test_frames_mode_operator_works_over_connect(client_report):
     expected = check(client_report, "inputs")
     value = check(client_report, "frames_mode")
+    assert client_report["engine"] == "delta-rs bridge"  # this server has no Delta
     assert value == {
+        "engine": client_report["engine"],
         "enriched": 200,
         "big": expected["big"],
         "named": expected["named"],

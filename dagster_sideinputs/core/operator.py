@@ -150,6 +150,7 @@ class SideInputOperator:
                 fix='storage=dsi.DeltaStorage(root="/data/lake")',
             )
         self.options = options
+        self._readiness = readiness
         self.spec: OperatorSpec = build_spec(options, storage, readiness)
         self.state = OperatorState(
             TableFiles(self.spec.state_uri, storage.storage_options), self.spec.operator_id
@@ -260,6 +261,7 @@ class SideInputOperator:
             raise DeclarationError(f"trigger={trigger!r} is not 'available_now' or 'continuous'.")
         stop = stop or threading.Event()
         batches: list[BatchMetrics] = []
+        self._use_session(spark)
         with self._lock(wait_for_lock):
             context = self._context_for(spark)
             context.explain = explain
@@ -288,6 +290,7 @@ class SideInputOperator:
         self, spark: SparkSession, *, now: dt.datetime | None = None
     ) -> BatchMetrics | None:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
+        self._use_session(spark)
         with self._lock(0.0):
             verdict = identity.check(self.spec, self.state)
             return self._step(self._context_for(spark), now or _utc_now(), verdict)
@@ -299,6 +302,13 @@ class SideInputOperator:
             wait_s=wait_s,
             storage_options=self.spec.storage.storage_options,
         )
+
+    def _use_session(self, spark: SparkSession) -> None:
+        """Resolve the storage's Delta engine for this session (delta-spark where the
+        session has Delta, unless the storage names an engine)."""
+        bound = self.spec.storage.bind(spark)
+        if bound is not self.spec.storage:
+            self._bind(self.options, bound, self._readiness)
 
     def _context_for(self, spark: SparkSession) -> StageContext:
         if self._context is None or self._context.spark is not spark:

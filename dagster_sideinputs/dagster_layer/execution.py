@@ -140,7 +140,10 @@ def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
 def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
     uri = op.output_tables[tag.name]
     engine = op.spec.storage.delta
-    metadata: dict[str, Any] = {"dagster/uri": dg.MetadataValue.path(uri)}
+    metadata: dict[str, Any] = {
+        "dagster/uri": dg.MetadataValue.path(uri),
+        "delta_engine": engine.name,
+    }
     if engine.exists(uri):
         snapshot = engine.snapshot(uri, name=tag.name)
         metadata["delta_version"] = snapshot.version
@@ -333,11 +336,14 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     config = dict(context.op_execution_context.op_config or {})
     trigger = config.get("trigger", "available_now")
     spark = getattr(context.resources, decl.spark_resource_key).spark_session
-    storage = storage_of(context.resources, decl)
+    storage = storage_of(context.resources, decl).bind(spark)
     graph = asset_graph_of(context.job_def)
     replay = config.get("replay")
     op = build_operator(decl, storage, context.instance, graph, replay=replay)
-    context.log.info(f"{op!r}: trigger={trigger}, tables under {storage.root}")
+    context.log.info(
+        f"{op!r}: trigger={trigger}, tables under {storage.root}, Delta engine "
+        f"{storage.delta.name} (asked for: {storage_of(context.resources, decl).choice})"
+    )
     batches: list[BatchMetrics] = []
     if trigger == "continuous":
         _run_continuous(context, op, spark, config, batches)

@@ -30,6 +30,8 @@ GLOSSARY: dict[str, str] = {
     "dagster/row_count": "rows in the table after the write (its total; for a partition, "
     "the partition's total)",
     "delta_version": "the table's Delta version after the write",
+    "delta_engine": "the Delta engine that wrote the table: delta-spark (native) or the "
+    "delta-rs bridge",
     "buffered_rows": "records waiting in the buffer after the run (the buffer's total)",
     "oldest_buffered_age_s": "seconds the oldest buffered record has waited",
     "batches": "micro-batches the run committed",

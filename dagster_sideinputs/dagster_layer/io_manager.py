@@ -40,6 +40,7 @@ def write_metadata(
         **({"dagster/row_count": row_count} if row_count is not None else {}),
         "dagster/column_schema": table_schema_metadata(schema),
         "delta_version": result.version,
+        "delta_engine": result.engine,
         "files_added": result.num_files,
         "bytes_added": result.num_bytes,
         "write_seconds": round(result.duration_s, 3),
@@ -104,6 +105,12 @@ class DeltaIOManager(dg.ConfigurableIOManager):
         "AWS_REGION; unset ones come from the AWS_* environment). Pass secrets as "
         "dg.EnvVar('AWS_SECRET_ACCESS_KEY').",
     )
+    engine: str | None = Field(
+        default=None,
+        description="Delta engine: 'auto' (delta-spark when the Spark session has Delta "
+        "configured, else the delta-rs bridge), 'delta-spark' or 'delta-rs'. Unset: "
+        "$DSI_DELTA_ENGINE, else 'auto'.",
+    )
     spark: dg.ResourceDependency[SparkResource]
 
     def __init__(self, **data: Any) -> None:
@@ -121,7 +128,11 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     @property
     def storage(self) -> DeltaStorage:
         """Where tables live, as the core layer sees it."""
-        return DeltaStorage(root=self.root, storage_options=dict(self.storage_options))
+        return DeltaStorage(
+            root=self.root,
+            storage_options=dict(self.storage_options),
+            engine=self.engine,  # type: ignore[arg-type]  # checked by DeltaStorage
+        )
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
@@ -147,9 +158,10 @@ class DeltaIOManager(dg.ConfigurableIOManager):
                 f"Asset {asset} has schema_mode={schema_mode!r}; expected one of {_SCHEMA_MODES}.",
                 fix='set metadata={"schema_mode": "merge"} or "overwrite", or leave it out',
             )
-        uri = self.storage.table_uri(context.asset_key.path)
+        storage = self.storage.bind(obj.sparkSession)
+        uri = storage.table_uri(context.asset_key.path)
         data, partition_by, replace = self._partitioning(context, obj, metadata, asset)
-        result = self.storage.delta.write(
+        result = storage.delta.write(
             data,
             uri,
             mode=mode,
@@ -160,12 +172,14 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             commit_metadata={"dagster.run_id": context.run_id, "dagster.asset": asset},
         )
         context.add_output_metadata(
-            write_metadata(result, data.schema, self._row_count(result, replace))
+            write_metadata(result, data.schema, self._row_count(storage, result, replace))
         )
 
-    def _row_count(self, result: WriteResult, partition: dict[str, Any] | None) -> int | None:
+    def _row_count(
+        self, storage: DeltaStorage, result: WriteResult, partition: dict[str, Any] | None
+    ) -> int | None:
         """Rows of the table after a write, or of the partition(s) written (file statistics)."""
-        snapshot = self.storage.delta.snapshot(result.uri, version=result.version)
+        snapshot = storage.delta.snapshot(result.uri, version=result.version)
         if partition is None:
             return snapshot.num_records
         [(column, keys)] = partition.items()
@@ -202,8 +216,10 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     def load_input(self, context: dg.InputContext) -> DataFrame:
         asset_key = context.asset_key
         asset = asset_key.to_user_string()
-        uri = self.storage.table_uri(asset_key.path)
-        snapshot = self.storage.delta.snapshot(uri, name=asset)
+        spark = self.spark.spark_session
+        storage = self.storage.bind(spark)
+        uri = storage.table_uri(asset_key.path)
+        snapshot = storage.delta.snapshot(uri, name=asset)
         partition_filter = None
         keys: list[str] = []
         if context.has_asset_partitions:
@@ -212,11 +228,13 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             column = upstream_metadata.get("partition_column", DEFAULT_PARTITION_COLUMN)
             keys = list(context.asset_partition_keys)
             partition_filter = {column: keys}
-        frame = self.storage.delta.read_snapshot(
-            self.spark.spark_session, snapshot, partition_filter=partition_filter, name=asset
+        frame = storage.delta.read_snapshot(
+            spark, snapshot, partition_filter=partition_filter, name=asset
         )
         # Dagster records input metadata as an observation of one partition, and refuses
         # it when the input spans several (e.g. an unpartitioned downstream asset).
         if partition_filter is None or len(keys) == 1:
-            context.add_input_metadata({"delta_version": snapshot.version})
+            context.add_input_metadata(
+                {"delta_version": snapshot.version, "delta_engine": storage.delta.name}
+            )
         return frame

@@ -8,7 +8,7 @@ the same storage as the table.
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -130,8 +130,18 @@ def added_files(
     Raises:
         NonAppendOnlyChangeError: a commit in the range removed or rewrote data.
     """
+    commits = iter_commits(files, start_exclusive, end_inclusive, table=table, schema=schema)
+    return append_only_files(commits, table=table)
+
+
+def append_only_files(commits: Iterable[CommitChanges], *, table: str) -> list[DataFile]:
+    """The files the commits added, in order; the check that none removed data.
+
+    Raises:
+        NonAppendOnlyChangeError: a commit removed or rewrote data.
+    """
     result: list[DataFile] = []
-    for commit in iter_commits(files, start_exclusive, end_inclusive, table=table, schema=schema):
+    for commit in commits:
         if commit.removed_data:
             error = NonAppendOnlyChangeError(
                 f"Version {commit.version} of table {table} removed data "

@@ -31,13 +31,17 @@ SUPPORTED_READER_FEATURES = frozenset(
     {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "deletionVectors"}
 )
 
+_NATIVE = (
+    "; or read it with the delta-spark engine, which supports it: a session with Delta "
+    "configured (SparkResource(delta=True)) and DeltaStorage(engine='auto' or 'delta-spark')"
+)
 _FIXES = {
     "columnMapping": "rewrite the table without column mapping (delta-spark: "
-    "`REORG TABLE ... APPLY (UPGRADE UNIFORM ...)` or copy it to a new table)",
+    "`REORG TABLE ... APPLY (UPGRADE UNIFORM ...)` or copy it to a new table)" + _NATIVE,
     "deletionVectors": "purge deletion vectors first (delta-spark: "
-    "`REORG TABLE t APPLY (PURGE)`), or copy the table",
+    "`REORG TABLE t APPLY (PURGE)`), or copy the table" + _NATIVE,
     "typeWidening": "rewrite the files with the widened type (delta-spark: "
-    "`REORG TABLE t APPLY (UPGRADE ...)`) or copy the table",
+    "`REORG TABLE t APPLY (UPGRADE ...)`) or copy the table" + _NATIVE,
 }
 
 

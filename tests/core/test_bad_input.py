@@ -13,9 +13,11 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.storage import DeltaRsEngine
+from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
 TX = "tx_id long, customer_id long, amount double"
 TXT = "tx_id long, customer_id long, amount double, ts timestamp"
 PROFILES = "customer_id long, name string"
@@ -47,14 +49,7 @@ def state(lake: Lake, op: dsi.SideInputOperator) -> State:
     buffer = (
         []
         if snap is None
-        else sorted(
-            tuple(r)
-            for r in dsi.read_table(
-                lake.spark, snap.uri, storage_options=lake.storage.storage_options
-            )
-            .select("tx_id")
-            .collect()
-        )
+        else sorted(tuple(r) for r in lake.frame(snap.uri).select("tx_id").collect())
     )
     return State({name: lake.rows(name) for name in op.output_tables}, buffer)
 
@@ -314,24 +309,32 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
     assert not lake.exists("named")
 
 
-def test_side_table_with_unsupported_delta_features_is_refused(lake):
+def test_side_table_with_column_mapping_is_refused_by_the_bridge_only(lake):
     write_deltalake(
         lake.storage.table_uri("profiles"),
         pa.table({"customer_id": [10], "name": ["ann"]}),
         configuration={"delta.columnMapping.mode": "name"},
     )
     lake.append("transactions", [(1, 10, 1.0)], TX)
+    if lake.engine_id == "spark":  # delta-spark reads it (tests/delta/test_table_features.py)
+        lake.run(operator(lake))
+        assert lake.rows("enriched") == [(1, 10, "ann")]
+        return
     with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
         lake.run(operator(lake))
     assert not lake.exists("enriched")
 
 
-def test_main_table_with_unsupported_delta_features_is_refused(ready):
+def test_main_table_with_column_mapping_is_refused_by_the_bridge_only(ready):
     write_deltalake(
         ready.storage.table_uri("transactions"),
         pa.table({"tx_id": [1], "customer_id": [10], "amount": [1.0]}),
         configuration={"delta.columnMapping.mode": "name"},
     )
+    if ready.engine_id == "spark":
+        ready.run(operator(ready))
+        assert ready.rows("enriched") == [(1, 10, "ann")]
+        return
     with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
         ready.run(operator(ready))
 
@@ -433,7 +436,7 @@ def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
 class InterferingEngine:
     """The real engine; another writer overwrites the output table just before our commit."""
 
-    inner: DeltaRsEngine
+    inner: DeltaEngine
     spark: Any
     target: str
     done: bool = False
@@ -455,8 +458,8 @@ def test_a_concurrent_writer_to_an_output_table_does_not_break_exactly_once(read
     op = operator(ready)
     with_buffered_record(ready, op)
     ready.append("transactions", [(2, 10, 1.0)], TX)
-    engine = InterferingEngine(DeltaRsEngine(), ready.spark, "enriched")
-    interfered = operator(ready, storage=dsi.DeltaStorage(ready.storage.root, engine=engine))
+    engine = InterferingEngine(ready.engine, ready.spark, "enriched")
+    interfered = operator(ready, storage=ready.with_engine(engine))
     ready.run(interfered)
     ready.run(op)
     assert ready.rows("enriched", "tx_id") == [(2,), (99,)]

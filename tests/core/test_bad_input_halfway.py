@@ -26,6 +26,9 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Lake
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+
 BIG = dsi.OutputTag("big")
 DAY = dt.timedelta(days=1)
 

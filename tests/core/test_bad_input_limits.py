@@ -32,6 +32,9 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Clock, Lake
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+
 
 def waiting(
     lake: Lake, mode: str, limits: dsi.BufferLimits, **kwargs: Any

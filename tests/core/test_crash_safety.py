@@ -15,8 +15,11 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.storage import DeltaRsEngine
+from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import Clock, Lake, hours
+
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
 
 TX = "tx_id long, customer_id long, amount double"
 PROFILES = "customer_id long, name string"
@@ -33,7 +36,7 @@ class CrashingEngine:
     """The real engine, failing right after its n-th commit of the run (n = 0: before the
     first commit, every table's data already staged)."""
 
-    inner: DeltaRsEngine
+    inner: DeltaEngine
     crash_after: int
     writes: int = 0
     log: list[str] = field(default_factory=list)
@@ -95,14 +98,7 @@ STEPS = [
 def snapshot(lake: Lake, op: dsi.SideInputOperator) -> dict[str, list]:
     tables = {name: lake.rows(name) for name in ("enriched", "suspicious", "unmatched")}
     buffer = op.buffer().snapshot
-    options = lake.storage.storage_options
-    rows = (
-        []
-        if buffer is None
-        else dsi.read_table(lake.spark, buffer.uri, storage_options=options)
-        .select("tx_id", "_dsi_slot")
-        .collect()
-    )
+    rows = [] if buffer is None else lake.frame(buffer.uri).select("tx_id", "_dsi_slot").collect()
     tables["buffer"] = sorted(tuple(r) for r in rows)
     return tables
 
@@ -125,11 +121,8 @@ def run_all(lake: Lake, clock: Clock, crash: tuple[int, int] | None = None) -> d
         step(lake)
         if crash is not None and crash[0] == index:
             writes = crash[1] if crash[1] != COMMIT_RECORD else 1_000
-            options = lake.storage.storage_options
-            engine = CrashingEngine(DeltaRsEngine(options), writes)
-            crashing = operator(
-                dsi.DeltaStorage(lake.storage.root, storage_options=options, engine=engine)
-            )
+            engine = CrashingEngine(lake.engine, writes)
+            crashing = operator(lake.with_engine(engine))
             if crash[1] == COMMIT_RECORD:
                 crashing.state.commit = crash_now  # type: ignore[method-assign]
             with pytest.raises(InjectedCrash):
@@ -162,10 +155,7 @@ def test_reference_run_routes_every_record(reference):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("step", "write"), CRASHES)
-def test_crash_after_any_write_then_rerun_gives_the_reference_tables(
-    spark, tmp_path, reference, step, write
-):
-    lake = Lake(spark, dsi.DeltaStorage(str(tmp_path)))
+def test_crash_after_any_write_then_rerun_gives_the_reference_tables(lake, reference, step, write):
     result = run_all(
         lake, Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)), crash=(step, write)
     )
@@ -192,18 +182,17 @@ def test_crash_on_s3_then_rerun_gives_the_reference_tables_of_a_local_run(
 
 
 @pytest.mark.slow
-def test_crash_in_a_batch_without_new_main_records_then_rerun_replays_it(spark, tmp_path):
+def test_crash_in_a_batch_without_new_main_records_then_rerun_replays_it(lake):
     # Found by the SIGKILL harness: a batch that only releases buffered records (its
     # main range is empty) could not be replayed (the main input's columns were lost).
-    lake = Lake(spark, dsi.DeltaStorage(str(tmp_path)))
     clock = Clock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
     STEPS[0](lake)  # transactions 3 and 4 wait for the profiles of customers 12 and 13
     operator(lake.storage).run(lake.spark, clock=clock)
     lake.append("profiles", [(12, "cy")], PROFILES)  # no new transactions
 
-    engine = CrashingEngine(DeltaRsEngine(), crash_after=1)
+    engine = CrashingEngine(lake.engine, crash_after=1)
     with pytest.raises(InjectedCrash):
-        operator(dsi.DeltaStorage(lake.storage.root, engine=engine)).run(lake.spark, clock=clock)
+        operator(lake.with_engine(engine)).run(lake.spark, clock=clock)
     result = operator(lake.storage).run(lake.spark, clock=clock)
 
     assert result.batches[0].replayed

@@ -9,6 +9,8 @@ from pyspark.sql import types as T
 import dagster_sideinputs as dsi
 from tests.core.conftest import T0, Clock, hours, passthrough
 
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
 TX = "tx_id long, customer_id long, amount double"
 PROFILES = "customer_id long, name string"
 

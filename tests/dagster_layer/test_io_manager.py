@@ -478,6 +478,34 @@ def test_partitioned_asset_with_its_own_partition_column_raises_schema_mismatch(
     assert not os.path.exists(os.path.join(root, "clashing"))
 
 
+def test_engine_auto_writes_with_delta_spark_in_a_delta_session_and_says_so(spark, instance, root):
+    spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
+    native = {
+        "spark": spark_resource,
+        "io_manager": DeltaIOManager(root=root, spark=spark_resource, engine="auto"),
+    }
+
+    @dg.asset
+    def order_count(orders: DataFrame) -> DataFrame:
+        return orders.groupBy().count()
+
+    result = run([orders_asset(), order_count], native, instance)
+    metadata = materialization_metadata(result, "orders")
+    assert metadata["delta_engine"] == "delta-spark"
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{os.path.join(root, 'orders')}`").collect()
+    assert "Delta-Lake/" in history[0].engineInfo
+    assert rows(os.path.join(root, "order_count")) == [{"count": 2}]
+
+    bridge = materialization_metadata(run([orders_asset()], resources_of(root), instance), "orders")
+    assert bridge["delta_engine"] == "delta-rs bridge"  # the tests' default (tests/conftest.py)
+    assert bridge["delta_version"] == 1  # the bridge continued the table delta-spark made
+
+
+def resources_of(root: str) -> dict[str, Any]:
+    spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
+    return {"spark": spark_resource, "io_manager": DeltaIOManager(root=root, spark=spark_resource)}
+
+
 # --- object store credentials ---------------------------------------------------------
 
 

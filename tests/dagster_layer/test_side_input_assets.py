@@ -42,7 +42,12 @@ def profiles(config: Profiles, spark: dsi.SparkResource) -> DataFrame:
     )
 
 
-@dg.asset(freshness_policy=dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(minutes=1)))
+# Two minutes: long enough for the tests that need the rules fresh to run on a loaded
+# machine, short enough for the test that waits for them to go stale.
+RULES_FRESH_FOR = dt.timedelta(minutes=2)
+
+
+@dg.asset(freshness_policy=dg.FreshnessPolicy.time_window(fail_window=RULES_FRESH_FOR))
 def rules(spark: dsi.SparkResource) -> DataFrame:
     return spark.spark_session.createDataFrame([(100.0,)], "threshold double")
 
@@ -338,7 +343,7 @@ def test_records_wait_while_a_side_input_is_stale_and_go_after_it_is_remateriali
     materialize(env, [profiles, rules])
     materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
     run(env)
-    time.sleep(62)  # the rules' freshness policy allows one minute
+    time.sleep(RULES_FRESH_FOR.total_seconds() + 2)  # the rules' freshness window passes
     materialize(env, [tx], run_config=batch_config((2, 11, 6.0, 5)))
     stale = run(env)
     assert rows(env, "enriched", "tx_id") == [(1,)]

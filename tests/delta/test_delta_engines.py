@@ -1,0 +1,304 @@
+"""The two Delta engines side by side: choice, commits, interoperability, table features.
+
+The shared test session has Delta configured (tests/conftest.py), so ``engine="auto"``
+resolves to delta-spark here; ``delta-rs`` names the bridge.
+"""
+
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+import deltalake
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.engine import AppTransaction
+from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine, sql_table
+from dagster_sideinputs.delta.storage import DeltaStorage
+from tests.core.accounting import assert_accounted
+
+DAY = dt.timedelta(days=1)
+TX = "tx_id long, customer_id long, amount double"
+PROFILES = "customer_id long, name string"
+
+
+def commits(path: str | Path) -> list[list[dict]]:
+    """Every commit file of a table, parsed, oldest first."""
+    log = Path(path) / "_delta_log"
+    return [
+        [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        for file in sorted(log.glob("*.json"))
+    ]
+
+
+def storage(root: Path, engine: str, spark) -> DeltaStorage:
+    return DeltaStorage(str(root), engine=engine).bind(spark)  # type: ignore[arg-type]
+
+
+def append(spark, store: DeltaStorage, name: str, rows: list[tuple], ddl: str) -> None:
+    store.delta.write(spark.createDataFrame(rows, ddl), store.table_uri(name))
+
+
+def enrich(main, sides):
+    return main.select("tx_id", "customer_id", F.col("profile.name").alias("name"))
+
+
+def operator(store: DeltaStorage) -> dsi.SideInputOperator:
+    """Transactions enriched with profiles; a record without its profile waits a day."""
+    profile = dsi.SideInput.map(
+        "profiles", key="customer_id", missing="wait", timeout=DAY, on_timeout="null"
+    )
+    return dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": profile},
+        fn=enrich,
+        main_output="enriched",
+        storage=store,
+    )
+
+
+def sorted_rows(frame) -> list[tuple]:
+    return sorted(tuple(r) for r in frame.collect())
+
+
+# --- choice ---------------------------------------------------------------------------------
+
+
+def test_auto_picks_delta_spark_in_a_delta_session_and_logs_it(spark, tmp_path, caplog):
+    from dagster_sideinputs.delta import storage as storage_module
+
+    storage_module._logged.clear()  # the choice is logged once per process
+    with caplog.at_level(logging.INFO, logger="dagster_sideinputs"):
+        bound = DeltaStorage(str(tmp_path), engine="auto").bind(spark)
+    assert isinstance(bound.delta, DeltaSparkEngine)
+    assert bound.delta.name == "delta-spark"
+    assert "Delta engine: delta-spark (the Spark session has Delta Lake configured)" in (
+        caplog.text
+    )
+    assert isinstance(storage(tmp_path, "delta-rs", spark).delta, DeltaRsEngine)
+
+
+def test_an_unknown_engine_is_refused_naming_the_choices(tmp_path, monkeypatch):
+    with pytest.raises(dsi.DeclarationError, match="delta-spark"):
+        DeltaStorage(str(tmp_path), engine="spark")  # type: ignore[arg-type]
+    monkeypatch.setenv("DSI_DELTA_ENGINE", "nope")
+    with pytest.raises(dsi.DeclarationError, match="DSI_DELTA_ENGINE"):
+        DeltaStorage(str(tmp_path))
+
+
+def test_storage_without_engine_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")
+    assert DeltaStorage(str(tmp_path)).choice == "delta-spark"
+    monkeypatch.delenv("DSI_DELTA_ENGINE")
+    assert DeltaStorage(str(tmp_path)).choice == "auto"
+
+
+# --- the operator's commits under delta-spark ---------------------------------------------------
+
+
+def test_operator_commits_show_delta_spark_and_carry_application_transactions(spark, tmp_path):
+    store = storage(tmp_path, "auto", spark)
+    append(spark, store, "profiles", [(10, "ann")], PROFILES)
+    append(spark, store, "transactions", [(1, 10, 1.0), (2, 10, 2.0)], TX)
+    op = operator(DeltaStorage(str(tmp_path), engine="auto"))
+    first = op.run(spark)
+    append(spark, store, "transactions", [(3, 10, 3.0)], TX)
+    second = op.run(spark)
+
+    assert first.batches[0].engine == "delta-spark" == second.batches[0].engine
+    output = store.table_uri("enriched")
+    written = [c for c in commits(output) if any("add" in a for a in c)]
+    assert len(written) == 2
+    for commit, batch in zip(written, [first.batches[0], second.batches[0]], strict=True):
+        info = next(a["commitInfo"] for a in commit if "commitInfo" in a)
+        assert "Delta-Lake/" in info["engineInfo"], info["engineInfo"]
+        assert info["engineInfo"].startswith("Apache-Spark/")
+        [txn] = [a["txn"] for a in commit if "txn" in a]
+        assert (txn["appId"], txn["version"]) == (op.operator_id, batch.batch_id)
+    assert store.delta.transaction_version(output, op.operator_id) == second.batches[0].batch_id
+
+
+def test_a_commit_whose_transaction_the_table_holds_is_skipped_by_delta_spark(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    data = spark.createDataFrame([(1, 10, 1.0)], TX)
+    first = engine.write(data, uri, app_transaction=AppTransaction("app", 3))
+    again = engine.write(data, uri, app_transaction=AppTransaction("app", 3))
+    staged = engine.stage(data, uri)
+    replayed = engine.commit(staged, app_transaction=AppTransaction("app", 2))
+
+    assert (first.skipped, again.skipped, replayed.skipped) == (False, True, True)
+    assert engine.snapshot(uri).version == 0
+    assert sorted_rows(spark.read.format("delta").load(uri)) == [(1, 10, 1.0)]
+
+
+# --- interoperability -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader"), [("delta-rs", "delta-spark"), ("delta-spark", "delta-rs")]
+)
+def test_a_table_written_by_one_engine_is_read_by_the_other(spark, tmp_path, writer, reader):
+    written, read = storage(tmp_path, writer, spark), storage(tmp_path, reader, spark)
+    uri = written.table_uri("t")
+    frame = spark.createDataFrame([(1, 10, 1.0), (2, 11, 2.0)], TX)
+    written.delta.write(frame, uri, partition_by=["customer_id"])
+    written.delta.write(spark.createDataFrame([(3, 10, 3.0)], TX), uri)
+
+    snapshot = read.delta.snapshot(uri)
+    assert snapshot.version == 1
+    assert snapshot.partition_columns == ("customer_id",)
+    assert snapshot.num_records == 3
+    every = read.delta.read_snapshot(spark, snapshot)
+    assert sorted_rows(every.select("tx_id", "customer_id", "amount")) == [
+        (1, 10, 1.0),
+        (2, 11, 2.0),
+        (3, 10, 3.0),
+    ]
+    new, version = read.delta.read_changes(spark, uri, start_version=0)
+    assert version == 1
+    assert sorted_rows(new.select("tx_id")) == [(3,)]
+    assert [f.path for f in read.delta.added_files(uri, 0, 1)] == [
+        f.path for f in written.delta.added_files(uri, 0, 1)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"), [("delta-rs", "delta-spark"), ("delta-spark", "delta-rs")]
+)
+def test_an_operator_built_under_one_engine_continues_under_the_other(
+    spark, tmp_path, before, after
+):
+    first, second = storage(tmp_path, before, spark), storage(tmp_path, after, spark)
+    append(spark, first, "profiles", [(10, "ann")], PROFILES)
+    append(spark, first, "transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
+    op = operator(first)
+    op.run(spark)
+    assert op.buffer().rows() == 1  # customer 11 waits for its profile
+
+    append(spark, second, "profiles", [(11, "bob")], PROFILES)
+    append(spark, second, "transactions", [(3, 10, 1.0)], TX)
+    continued = operator(second)
+    result = continued.run(spark)
+    assert result.batches[0].engine == second.delta.name
+    assert result.batches[0].released_from_buffer == 1
+    enriched = second.table_uri("enriched")
+    assert sorted_rows(spark.read.format("delta").load(enriched)) == [
+        (1, 10, "ann"),
+        (2, 11, "bob"),
+        (3, 10, "ann"),
+    ]
+    assert continued.buffer().rows() == 0
+    assert_accounted(spark, continued, [1, 2, 3])
+    # The application transactions carried on across engines: a rerun commits nothing.
+    assert continued.run(spark).batches == []
+
+
+def test_operator_outputs_are_queryable_by_every_reader(spark, tmp_path):
+    store = storage(tmp_path, "auto", spark)
+    append(spark, store, "profiles", [(10, "ann")], PROFILES)
+    append(spark, store, "transactions", [(1, 10, 1.0)], TX)
+    op = operator(store)
+    op.run(spark)
+    uri = store.table_uri("enriched")
+
+    expected = [(1, 10, "ann")]
+    assert sorted_rows(spark.read.format("delta").load(uri)) == expected
+    assert sorted_rows(spark.sql(f"SELECT * FROM {sql_table(uri)}")) == expected
+    history = spark.sql(f"DESCRIBE HISTORY {sql_table(uri)}").collect()
+    assert [row.operation for row in history] == ["WRITE"]
+    assert "Delta-Lake/" in history[0].engineInfo
+    table = deltalake.DeltaTable(uri)
+    assert sorted(zip(*table.to_pyarrow_table().to_pydict().values(), strict=True)) == expected
+    assert table.history()[0]["operation"] == "WRITE"
+
+
+# --- table features the bridge refuses -----------------------------------------------------------
+
+
+def side_with_deletion_vectors(spark, path: str) -> None:
+    """A side table whose DELETE left a deletion vector (delta-spark's default for it)."""
+    (
+        spark.createDataFrame([(10, "ann"), (11, "old"), (12, "cy")], PROFILES)
+        .coalesce(1)
+        .write.format("delta")
+        .option("delta.enableDeletionVectors", "true")
+        .save(path)
+    )
+    spark.sql(f"DELETE FROM {sql_table(path)} WHERE customer_id = 11")
+    removed = [a for c in commits(path) for a in c if "add" in a and a["add"].get("deletionVector")]
+    assert removed, "the DELETE should have written a deletion vector, not rewritten the file"
+
+
+def main_with_column_mapping(spark, path: str) -> None:
+    """A main table with column mapping, whose column was renamed after the first write."""
+    (
+        spark.createDataFrame([(1, 10, 1.0)], "tx_id long, customer long, amount double")
+        .write.format("delta")
+        .option("delta.columnMapping.mode", "name")
+        .save(path)
+    )
+    spark.sql(f"ALTER TABLE {sql_table(path)} RENAME COLUMN customer TO customer_id")
+    spark.createDataFrame([(2, 12, 2.0), (3, 11, 3.0)], TX).write.format("delta").mode(
+        "append"
+    ).save(path)
+
+
+def test_delta_spark_reads_deletion_vectors_and_column_mapping_the_bridge_refuses(spark, tmp_path):
+    native = storage(tmp_path, "delta-spark", spark)
+    side_with_deletion_vectors(spark, native.table_uri("profiles"))
+    main_with_column_mapping(spark, native.table_uri("transactions"))
+
+    op = dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", missing="unmatched")
+        },
+        fn=enrich,
+        main_output="enriched",
+        unmatched=dsi.OutputTag("unmatched"),
+        storage=native,
+    )
+    op.run(spark)
+    enriched = spark.read.format("delta").load(native.table_uri("enriched"))
+    # Customer 11's profile was deleted (a deletion vector): its record is unmatched, not "old".
+    assert sorted_rows(enriched) == [(1, 10, "ann"), (2, 12, "cy")]
+    unmatched = spark.read.format("delta").load(native.table_uri("unmatched"))
+    assert sorted_rows(unmatched.select("tx_id")) == [(3,)]
+
+    bridge = storage(tmp_path, "delta-rs", spark)
+    with pytest.raises(dsi.UnsupportedTableFeatureError, match="deletion vectors"):
+        bridge.delta.read_snapshot(spark, bridge.delta.snapshot(bridge.table_uri("profiles")))
+    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+        bridge.delta.snapshot(bridge.table_uri("transactions"))
+
+
+def test_delta_spark_reads_new_files_of_a_column_mapped_main_table_incrementally(spark, tmp_path):
+    native = storage(tmp_path, "delta-spark", spark)
+    uri = native.table_uri("transactions")
+    main_with_column_mapping(spark, uri)
+    frame, version = native.delta.read_changes(spark, uri, start_version=1)
+    assert version == 2
+    assert sorted_rows(frame.select("tx_id", "customer_id")) == [(2, 12), (3, 11)]
+
+
+def test_plain_deltalake_reads_what_delta_spark_wrote_with_removals(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "buffer")
+    engine.write(
+        spark.createDataFrame([(1, "a"), (2, "b")], "id long, slot string"),
+        uri,
+        partition_by=["slot"],
+    )
+    slot_a = [f for f in engine.snapshot(uri).files if f.partition_values["slot"] == "a"]
+    result = engine.commit_removals(uri, slot_a, app_transaction=AppTransaction("op", 1))
+    assert not result.skipped
+    again = engine.commit_removals(uri, slot_a, app_transaction=AppTransaction("op", 1))
+    assert again.skipped
+    rows = deltalake.DeltaTable(uri).to_pyarrow_table().to_pydict()
+    assert rows == {"id": [2], "slot": ["b"]}
+    assert engine.read_rows(uri).equals(pa.table({"id": [2], "slot": ["b"]}))
