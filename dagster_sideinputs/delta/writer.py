@@ -33,6 +33,7 @@ from dagster_sideinputs.delta.commit import (
     commit_files,
     commit_properties,
     commit_removals,
+    committed_version,
 )
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -369,7 +370,7 @@ def append_rows(
         storage_options=dict(storage_options or {}) or None,
         commit_properties=commit_properties(app_transaction, None),
     )
-    version = open_table(uri, storage_options=storage_options, name=label).version()
+    version = committed_version(uri, storage_options=storage_options, label=label)
     return WriteResult(
         uri, version, rows.num_rows, 1, rows.nbytes, False, time.perf_counter() - started,
         ENGINE_NAME,
