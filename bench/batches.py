@@ -193,12 +193,11 @@ class Setup:
         if self.args.main == "delta":
             main = dsi.MainInput("events", key="customer_id", path=self.main_uri)
         else:
-            main = dsi.MainInput(
-                "events",
-                key="customer_id",
-                path=str(self.landing),
+            main = dsi.MainInput.files(
+                str(self.landing),
                 format="json",
                 schema="id long, customer_id long, amount double",
+                key="customer_id",
             )
         return dsi.SideInputOperator(
             main=main,
