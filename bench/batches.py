@@ -44,6 +44,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.files import TableFiles
@@ -167,7 +168,13 @@ class Setup:
     def append(self) -> None:
         rows = self.rows()
         if self.args.main == "delta":
-            deltalake.write_deltalake(self.main_uri, rows, mode="append")
+            interval = str(self.args.main_checkpoint_interval)
+            deltalake.write_deltalake(
+                self.main_uri,
+                rows,
+                mode="append",
+                configuration={"delta.checkpointInterval": interval},
+            )
             return
         self.landing.mkdir(exist_ok=True)
         lines = [
@@ -180,16 +187,16 @@ class Setup:
 
     def operator(self) -> dsi.SideInputOperator:
         side = str(self.root / "profiles")
-        deltalake.write_deltalake(
-            side,
-            pa.table(
-                {
-                    "customer_id": pa.array(range(CUSTOMERS), pa.int64()),
-                    "name": [f"c{i}" for i in range(CUSTOMERS)],
-                }
-            ),
-            mode="overwrite",
-        )
+        if not os.path.exists(side):
+            deltalake.write_deltalake(
+                side,
+                pa.table(
+                    {
+                        "customer_id": pa.array(range(CUSTOMERS), pa.int64()),
+                        "name": [f"c{i}" for i in range(CUSTOMERS)],
+                    }
+                ),
+            )
         if self.args.main == "delta":
             main = dsi.MainInput("events", key="customer_id", path=self.main_uri)
         else:
@@ -207,6 +214,30 @@ class Setup:
             side_outputs=[BIG_TAG],
             storage=dsi.DeltaStorage(str(self.root / "lake")),
         )
+
+
+def probe(op: dsi.SideInputOperator) -> float:
+    """The fixed cost of a step without its Spark jobs: the run-start checks, planning the
+    next batch (``peek``: listing, Delta logs of main/side/buffer, state files), and
+    opening every table the batch commits to (as staging and committing do)."""
+    engine = op.spec.engine
+    started = time.perf_counter()
+    identity.check(op.spec, op.state)
+    op.peek()
+    for uri in op.spec.written_tables():
+        if engine.exists(uri):
+            engine.snapshot(uri)
+            engine.transaction_version(uri, op.operator_id)
+    return time.perf_counter() - started
+
+
+def probe_copies(copies: dict[int, dsi.SideInputOperator], repeats: int) -> dict[int, list[float]]:
+    """Probe each saved history depth in turn, ``repeats`` rounds (drift hits all alike)."""
+    times: dict[int, list[float]] = {depth: [] for depth in copies}
+    for _ in range(repeats):
+        for depth, op in copies.items():
+            times[depth].append(probe(op))
+    return times
 
 
 def bucket_edges(batches: int, size: int) -> list[tuple[int, int]]:
@@ -231,10 +262,25 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--rows", type=int, default=5, help="rows per append")
     parser.add_argument("--main", choices=("delta", "files"), default="delta")
+    parser.add_argument(
+        "--main-checkpoint-interval",
+        type=int,
+        default=10,
+        help="delta.checkpointInterval of the main table (the writer's choice: delta-spark's "
+        "default is 10, delta-rs's 100)",
+    )
     parser.add_argument("--bucket", type=int, default=100, help="batches per reported bucket")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--work", default=None, help="working folder (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
+    parser.add_argument(
+        "--save-at",
+        type=int,
+        action="append",
+        help="batches after which to save a copy of the lake, probed at the end "
+        "(default: 10, and the last batch)",
+    )
+    parser.add_argument("--repeats", type=int, default=15, help="probe rounds at the end")
     args = parser.parse_args()
 
     work = Path(args.work or tempfile.mkdtemp(prefix="dsi-batches-"))
@@ -246,6 +292,8 @@ def main() -> int:
     op = setup.operator()
     meter = Meter()
     instrument(meter)
+    save_at = set(args.save_at or [10])
+    copies: dict[int, Setup] = {}
     walls: list[float] = []
     books: list[float] = []
     counts: list[dict[str, int]] = []
@@ -264,15 +312,28 @@ def main() -> int:
             if len(result.batches) != 1 or result.batches[0].rows_in != args.rows:
                 print(f"batch {index}: unexpected result {result.batches}", file=sys.stderr)
                 return 1
+            if index + 1 in save_at:
+                saved = Setup(work.parent / f"{work.name}-at{index + 1}", args, setup.next_id)
+                shutil.rmtree(saved.root, ignore_errors=True)
+                shutil.copytree(work, saved.root)
+                copies[index + 1] = saved
             if index % 50 == 0:
                 print(
                     f"batch {index}: wall {walls[-1] * 1e3:.0f} ms, bookkeeping "
                     f"{books[-1] * 1e3:.0f} ms ({time.perf_counter() - started:.0f} s so far)",
                     flush=True,
                 )
+        copies[args.batches] = setup
+        for saved in copies.values():  # the probed step plans one new append
+            saved.append()
+        operators = {depth: saved.operator() for depth, saved in sorted(copies.items())}
+        meter.reset()
+        probed = probe_copies(operators, args.repeats)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+            for saved in copies.values():
+                shutil.rmtree(saved.root, ignore_errors=True)
     print(f"\n{args.batches} batches of {args.rows} rows, main input {args.main}, {args.master}")
     print("(shared machine: per-batch figures are noisy; medians and [quartiles] per bucket)\n")
     edges = bucket_edges(len(walls), args.bucket)
@@ -292,6 +353,18 @@ def main() -> int:
             series[first[0] : first[1]]
         )
         print(f"{label}: batches {last[0]}-{last[1] - 1} / batches 5-24 = {ratio:.2f}x")
+    first_depth = min(probed)
+    base = statistics.median(probed[first_depth])
+    print(
+        f"\nfixed-cost probe (identity check + plan of the next batch + opening every written "
+        f"table; no Spark), the saved histories probed in turn, {args.repeats} rounds:"
+    )
+    for depth, times in sorted(probed.items()):
+        print(
+            "  after "
+            + summarize(f"{depth:>5} batches:", times)
+            + f"  = {statistics.median(times) / base:.2f}x the probe after {first_depth}"
+        )
     spark.stop()
     return 0
 
