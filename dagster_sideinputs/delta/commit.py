@@ -44,9 +44,22 @@ batch 10, not a replay of up to 99 commit files."""
 log = logging.getLogger("dagster_sideinputs")
 
 
-def committed_version(uri: str, *, storage_options: Mapping[str, str] | None, label: str) -> int:
-    """The table's version after a commit, writing the checkpoint that falls due at it."""
-    table = open_table(uri, storage_options=storage_options, name=label)
+def committed_version(
+    uri: str,
+    *,
+    storage_options: Mapping[str, str] | None,
+    label: str,
+    table: deltalake.DeltaTable | None = None,
+) -> int:
+    """The table's version after a commit, writing the checkpoint that falls due at it.
+
+    ``table``: the table object the commit went through; it is brought up to date by
+    reading the commits after its version only (opening the table again would read its
+    whole state)."""
+    if table is None:
+        table = open_table(uri, storage_options=storage_options, name=label)
+    else:
+        table.update_incremental()
     version = table.version()
     if version > 0 and version % CHECKPOINT_EVERY == 0:
         try:
@@ -189,7 +202,7 @@ def commit_files(
                 properties=properties,
                 label=label,
             )
-            if table is None:
+            if table is None:  # created with the staged files
                 return committed_version(uri, storage_options=storage_options, label=label)
         if new_fields:
             table.alter.add_columns([delta_field(field) for field in new_fields])
@@ -212,7 +225,7 @@ def commit_files(
             "This write was not committed.",
             fix="retry the write; for the operator, rerun the job (batches are idempotent)",
         ) from exc
-    return committed_version(uri, storage_options=storage_options, label=label)
+    return committed_version(uri, storage_options=storage_options, label=label, table=table)
 
 
 def commit_removals(
@@ -251,5 +264,5 @@ def commit_removals(
             f"Another writer committed a conflicting change to table {label} first: {exc}.",
             fix="rerun (batches are idempotent)",
         ) from exc
-    version = committed_version(uri, storage_options=storage_options, label=label)
+    version = committed_version(uri, storage_options=storage_options, label=label, table=table)
     return WriteResult(uri, version, 0, 0, 0, False, time.perf_counter() - started, ENGINE_NAME)
