@@ -23,6 +23,7 @@ may be shared, so single batches are noisy: read the medians).
 
 import argparse
 import functools
+import json
 import os
 import shutil
 import statistics
@@ -240,6 +241,37 @@ def probe_copies(copies: dict[int, dsi.SideInputOperator], repeats: int) -> dict
     return times
 
 
+def relocate(root: Path) -> None:
+    """Make a copied working folder's operator state refer to the copy: ``operator.json``
+    records the main input's absolute location (nothing else in the state does; Delta
+    tables hold relative paths)."""
+    for identity_file in root.glob("lake/_sideinputs/*/operator.json"):
+        recorded = json.loads(identity_file.read_text())
+        old_root = os.path.dirname(recorded["main_input"]["uri"].rstrip("/"))
+        identity_file.write_text(identity_file.read_text().replace(old_root, str(root)))
+
+
+def probe_only(args: argparse.Namespace) -> int:
+    """Probe saved working folders in turn (no Spark: the probe plans without it)."""
+    folders = [Path(p) for p in args.probe]
+    operators = {}
+    for index, folder in enumerate(folders):
+        relocate(folder)
+        setup = Setup(folder, args, next_id=10**9 + index * 10**6)
+        setup.append()
+        operators[index] = setup.operator()
+    probed = probe_copies(operators, args.repeats)
+    base = statistics.median(probed[0])
+    print(f"fixed-cost probe, folders in turn, {args.repeats} rounds (shared machine: noisy):")
+    for index, times in probed.items():
+        print(
+            "  "
+            + summarize(f"{folders[index].name}:", times)
+            + f"  = {statistics.median(times) / base:.2f}x {folders[0].name}"
+        )
+    return 0
+
+
 def bucket_edges(batches: int, size: int) -> list[tuple[int, int]]:
     """[start, end) buckets: one around batch 10, then ``size``-wide buckets to the end."""
     edges = [(5, 25)]
@@ -281,7 +313,15 @@ def main() -> int:
         "(default: 10, and the last batch)",
     )
     parser.add_argument("--repeats", type=int, default=15, help="probe rounds at the end")
+    parser.add_argument(
+        "--probe",
+        action="append",
+        help="only probe these working folders (copies of a run's folder, made while it ran "
+        "or kept with --keep), in turn, after one append each; the first is the baseline",
+    )
     args = parser.parse_args()
+    if args.probe:
+        return probe_only(args)
 
     work = Path(args.work or tempfile.mkdtemp(prefix="dsi-batches-"))
     shutil.rmtree(work, ignore_errors=True)
@@ -316,6 +356,7 @@ def main() -> int:
                 saved = Setup(work.parent / f"{work.name}-at{index + 1}", args, setup.next_id)
                 shutil.rmtree(saved.root, ignore_errors=True)
                 shutil.copytree(work, saved.root)
+                relocate(saved.root)
                 copies[index + 1] = saved
             if index % 50 == 0:
                 print(
