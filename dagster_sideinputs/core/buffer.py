@@ -40,6 +40,7 @@ from dagster_sideinputs.core.columns import (
     SLOT,
     quoted,
 )
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import as_utc, shifted
@@ -292,7 +293,7 @@ def enforce_limits(
         f"{after.rows} rows (limit {limits.max_rows})"
         if too_many
         else f"a record first seen {after.oldest.isoformat() if after.oldest else '?'} "
-        f"(max age {limits.max_age})"
+        f"(max age {human_duration(limits.max_age)})"
     )
     cutoff_time = None if limits.max_age is None else shifted(plan.now, limits.max_age, back=True)
     unread = [s for s in state.slots() if s not in plan.read_slots]

@@ -380,6 +380,7 @@ class SideInputOperator:
         if plan.routing:
             identity.confirm_routing(self.spec, self.state, plan.routing)
         identity.record_buffer(self.spec, self.state)
+        log.info("%s: %s", self.operator_id, metrics.summary())
         return metrics
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dagster_sideinputs.core.declarations import Readiness
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.delta.engine import TableSnapshot
@@ -162,7 +163,7 @@ class DeltaReadiness:
         return Decision(
             age <= max_age,
             f"{verdict}: last commit {_age(now, snapshot.commit_timestamp)} ago "
-            f"(version {snapshot.version}), max age {max_age}",
+            f"(version {snapshot.version}), max age {human_duration(max_age)}",
         )
 
 
@@ -195,7 +196,7 @@ def apply_grace(
             result[key] = Decision(
                 True,
                 f"final by grace: the window ended {as_utc(end).isoformat()} and its grace "
-                f"of {grace} passed at {due.isoformat()} (batch clock "
+                f"of {human_duration(grace)} passed at {due.isoformat()} (batch clock "
                 f"{as_utc(now).isoformat()}); before: {current.reason}",
             )
         else:

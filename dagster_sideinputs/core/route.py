@@ -32,6 +32,7 @@ from dagster_sideinputs.core.columns import (
     quoted,
 )
 from dagster_sideinputs.core.context import Batch, StageContext, Views
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
@@ -310,7 +311,7 @@ def invalid_checks(
             (
                 (time < F.lit(low).cast("timestamp")) | (time > F.lit(high).cast("timestamp")),
                 f"event time {column!r} outside {low.isoformat()} .. {high.isoformat()}, where "
-                f"its {window.size} windows would not fit in Spark's timestamps",
+                f"its {human_duration(window.size)} windows would not fit in Spark's timestamps",
             )
         )
         tolerance = spec.options.future_tolerance
@@ -319,8 +320,8 @@ def invalid_checks(
             checks.append(
                 (
                     time > F.lit(limit).cast("timestamp"),
-                    f"event time {column!r} after {limit.isoformat()} (more than {tolerance} "
-                    "ahead of the batch)",
+                    f"event time {column!r} after {limit.isoformat()} (more than "
+                    f"{human_duration(tolerance)} ahead of the batch)",
                 )
             )
     return checks

@@ -30,6 +30,7 @@ from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.columns import quoted
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
@@ -182,7 +183,10 @@ def waits_for_horizon(
     reason = F.concat(
         F.lit(f"waiting for side input {bound.name!r} to reach "),
         F.date_format(stamp, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"),
-        F.lit(f" ({known}" + (f"; final {grace} after the record's time)" if grace else ")")),
+        F.lit(
+            f" ({known}"
+            + (f"; final {human_duration(grace)} after the record's time)" if grace else ")")
+        ),
     )
     return beyond, reason
 
@@ -304,3 +308,7 @@ def overlap_error(bound: BoundSide, found: Sequence[Any], version: int | None) -
         fix="give each key one row per validity start (and non-overlapping valid_to), or "
         "pick one with SideInput.map(..., as_of=..., pick='<column, greatest wins>')",
     )
+
+
+def _final_after(grace: dt.timedelta | None) -> str:
+    return f"; final {human_duration(grace)} after the record's time)" if grace else ")"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import asset_path
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import (
@@ -27,7 +28,6 @@ from dagster_sideinputs.dagster_layer.execution import (
     readiness_markdown,
     storage_of,
 )
-from dagster_sideinputs.dagster_layer.figures import human_duration
 from dagster_sideinputs.dagster_layer.readiness import DagsterReadiness
 from dagster_sideinputs.errors import OperatorStateError, SideInputError
 

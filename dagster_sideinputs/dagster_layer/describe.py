@@ -10,9 +10,9 @@ from collections.abc import Mapping
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import MainInput
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import Window
-from dagster_sideinputs.dagster_layer.figures import human_duration
 
 ROLE_MAIN_INPUT = "main_input"
 ROLE_SIDE_INPUT = "side_input"

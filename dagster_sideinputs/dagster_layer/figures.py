@@ -10,10 +10,9 @@ them goes to exactly one route: ``released`` + ``buffered`` + ``late`` + ``unmat
 ``overflow`` + ``invalid`` = ``records_processed``.
 """
 
-import datetime as dt
-from collections.abc import Sequence
+from dagster_sideinputs.core.metrics import ROUTES, figures_line, human_duration, record_figures
 
-from dagster_sideinputs.core.metrics import BatchMetrics
+__all__ = ["GLOSSARY", "ROUTES", "figures_line", "human_duration", "record_figures"]
 
 GLOSSARY: dict[str, str] = {
     "new_records": "main-input records read for the first time (once per window they fall in)",
@@ -50,63 +49,3 @@ GLOSSARY: dict[str, str] = {
     "write_seconds": "wall time of a write",
 }
 """Every figure, by the metadata label it is reported under."""
-
-ROUTES = ("released", "buffered", "late", "unmatched", "overflow", "invalid")
-"""Where a processed record can go; they add up to ``records_processed``."""
-
-
-def record_figures(batches: Sequence[BatchMetrics]) -> dict[str, int]:
-    """Records in and where they went, summed over batches (keys from :data:`GLOSSARY`)."""
-    new = sum(b.rows_in for b in batches)
-    from_buffer = sum(b.released_from_buffer for b in batches)
-    routes = {route: sum(b.routes.get(route, 0) for b in batches) for route in ROUTES}
-    # Waiting for a side row of the key is waiting in the buffer too.
-    routes["buffered"] += sum(b.routes.get("key_wait", 0) for b in batches)
-    return {
-        "new_records": new,
-        "from_buffer": from_buffer,
-        "records_processed": new + from_buffer,
-        **routes,
-    }
-
-
-def figures_line(figures: dict[str, int]) -> str:
-    """``new_records=500 from_buffer=0 -> released=490 buffered=10 late=0 unmatched=0``.
-
-    Routes that can only be non-zero with an overflow or invalid output are shown when
-    they are not zero, so the line always adds up.
-    """
-    routes = [
-        f"{route}={figures[route]}"
-        for route in ROUTES
-        if route not in ("overflow", "invalid") or figures[route]
-    ]
-    return (
-        f"new_records={figures['new_records']} from_buffer={figures['from_buffer']} -> "
-        + " ".join(routes)
-    )
-
-
-def human_duration(value: dt.timedelta | float | None) -> str:
-    """A duration as people write it: ``30 minutes``, ``1 day``, ``1 hour 30 minutes``, ``45s``.
-
-    Examples:
-        >>> human_duration(dt.timedelta(days=1))
-        '1 day'
-        >>> human_duration(dt.timedelta(minutes=90))
-        '1 hour 30 minutes'
-        >>> human_duration(45.54)
-        '45.5s'
-    """
-    if value is None:
-        return "none"
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
-    if seconds < 60:
-        return f"{round(seconds, 1):g}s"
-    parts = []
-    rest = round(seconds)
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
-    return " ".join(parts)

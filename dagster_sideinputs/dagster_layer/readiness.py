@@ -26,6 +26,7 @@ from typing import Any
 
 import dagster as dg
 
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.readiness import (
     Decision,
     DeltaReadiness,
@@ -35,7 +36,6 @@ from dagster_sideinputs.core.readiness import (
 )
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
-from dagster_sideinputs.dagster_layer.figures import human_duration
 from dagster_sideinputs.errors import DeclarationError
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -72,7 +72,7 @@ def test_max_age_zero_lets_a_record_wait_within_its_batch_only(lake, mode):
     clock.advance(dt.timedelta(seconds=1))
     put(lake, "transactions", [(2, 10, 1.0)], TX)
     with (
-        refused(dsi.BufferLimitExceededError, "max age 0:00:00", fix="on_exceed='overflow'"),
+        refused(dsi.BufferLimitExceededError, "max age 0s", fix="on_exceed='overflow'"),
         nothing_committed(lake, failing),
     ):
         lake.run(failing, clock)

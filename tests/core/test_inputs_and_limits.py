@@ -116,7 +116,7 @@ def test_buffer_older_than_its_age_limit_fails(lake):
     lake.run(op, clock)
     clock.advance(hours(2))
     lake.append("transactions", [(2, 10, 1.0)], TX)
-    with pytest.raises(dsi.BufferLimitExceededError, match="max age 1:00:00"):
+    with pytest.raises(dsi.BufferLimitExceededError, match="max age 1 hour"):
         lake.run(op, clock)
     assert op.buffer().rows() == 1
 

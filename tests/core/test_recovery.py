@@ -538,7 +538,9 @@ def test_function_raising_then_fixed(profiles):
 def test_function_returning_a_wrong_type_then_fixed(profiles):
     lake = profiles
     put(lake, "transactions", [(1, 10, 1.0)], TX)
-    with refused(dsi.DeclarationError, "returned int", fix="return the main output DataFrame"):
+    with refused(
+        dsi.DeclarationError, "returned int", fix="return the main output as a Spark DataFrame"
+    ):
         lake.run(keyed(lake, fn=lambda main, sides: 42))
     op = keyed(lake)
     replanned(lake.run(op), op)
