@@ -226,8 +226,10 @@ class OperatorState:
         and its record written again."""
         self.files.delete_file(self._commit_path(batch_id))
 
-    def prune(self, *, keep: int = KEEP) -> None:
-        """Delete plans and commit records older than the newest ``keep`` committed batches."""
+    def prune(self, *, keep: int | None = None) -> None:
+        """Delete plans and commit records older than the newest ``keep`` (default
+        :data:`KEEP`) committed batches."""
+        keep = KEEP if keep is None else keep
         committed = self._ids("commits")
         if len(committed) <= keep:
             return

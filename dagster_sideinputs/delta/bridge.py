@@ -258,6 +258,14 @@ class DeltaRsEngine:
             name=name,
         )
 
+    def compact(self, uri: str, *, name: str | None = None) -> None:
+        if not self.exists(uri):
+            return
+        table = open_table(uri, storage_options=self.storage_options, name=name)
+        table.optimize.compact()
+        table = open_table(uri, storage_options=self.storage_options, name=name)
+        table.create_checkpoint()  # the next open reads one checkpoint, not the log
+
     def vacuum(self, uri: str, *, retention_hours: float = 0.0) -> None:
         if not self.exists(uri):
             return

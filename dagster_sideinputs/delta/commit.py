@@ -6,6 +6,7 @@ removes (``remove``), and the application transaction that makes it idempotent.
 """
 
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +35,38 @@ from dagster_sideinputs.delta.table import load_snapshot, open_table
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 ENGINE_NAME = "delta-rs bridge"
+CHECKPOINT_EVERY = 10
+"""The bridge writes a Delta checkpoint at every version that is a multiple of this (delta-rs
+on its own does at ``delta.checkpointInterval``, 100 by default). Opening a table reads its
+newest checkpoint and the commits after it: with a checkpoint every 10 versions, a table
+the operator commits to once per batch costs the same to open at batch 10,000 as at
+batch 10, not a replay of up to 99 commit files."""
+log = logging.getLogger("dagster_sideinputs")
+
+
+def committed_version(
+    uri: str,
+    *,
+    storage_options: Mapping[str, str] | None,
+    label: str,
+    table: deltalake.DeltaTable | None = None,
+) -> int:
+    """The table's version after a commit, writing the checkpoint that falls due at it.
+
+    ``table``: the table object the commit went through; it is brought up to date by
+    reading the commits after its version only (opening the table again would read its
+    whole state)."""
+    if table is None:
+        table = open_table(uri, storage_options=storage_options, name=label)
+    else:
+        table.update_incremental()
+    version = table.version()
+    if version > 0 and version % CHECKPOINT_EVERY == 0:
+        try:
+            table.create_checkpoint()
+        except Exception as exc:  # the commit is done: a missing checkpoint only costs time
+            log.warning("table %s: no checkpoint at version %s (%s)", label, version, exc)
+    return version
 
 
 def _add_actions(staged: list[StagedFile]) -> list[AddAction]:
@@ -169,8 +202,8 @@ def commit_files(
                 properties=properties,
                 label=label,
             )
-            if table is None:
-                return open_table(uri, storage_options=storage_options, name=label).version()
+            if table is None:  # created with the staged files
+                return committed_version(uri, storage_options=storage_options, label=label)
         if new_fields:
             table.alter.add_columns([delta_field(field) for field in new_fields])
         filters = (
@@ -192,7 +225,7 @@ def commit_files(
             "This write was not committed.",
             fix="retry the write; for the operator, rerun the job (batches are idempotent)",
         ) from exc
-    return open_table(uri, storage_options=storage_options, name=label).version()
+    return committed_version(uri, storage_options=storage_options, label=label, table=table)
 
 
 def commit_removals(
@@ -231,5 +264,5 @@ def commit_removals(
             f"Another writer committed a conflicting change to table {label} first: {exc}.",
             fix="rerun (batches are idempotent)",
         ) from exc
-    version = open_table(uri, storage_options=storage_options, name=label).version()
+    version = committed_version(uri, storage_options=storage_options, label=label, table=table)
     return WriteResult(uri, version, 0, 0, 0, False, time.perf_counter() - started, ENGINE_NAME)

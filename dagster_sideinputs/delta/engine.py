@@ -312,3 +312,9 @@ class DeltaEngine(Protocol):
     def vacuum(self, uri: str, *, retention_hours: float = 0.0) -> None:
         """Delete files no version newer than ``retention_hours`` references."""
         ...
+
+    def compact(self, uri: str, *, name: str | None = None) -> None:
+        """Rewrite a table's small files into few (a ``dataChange: false`` commit: rows,
+        application transactions and incremental readers are unaffected), for operator
+        bookkeeping tables that gain one small file per batch."""
+        ...

@@ -630,6 +630,14 @@ class DeltaSparkEngine:
             name=name,
         )
 
+    def compact(self, uri: str, *, name: str | None = None) -> None:
+        # OPTIMIZE commits with dataChange=false: rows, application transactions and
+        # streaming readers are unaffected; delta-spark checkpoints every 10 versions.
+        if not self.exists(uri):
+            return
+        spark = self._spark(f"compact {name or uri}")
+        spark.sql(f"OPTIMIZE {sql_table(uri)}").collect()
+
     def vacuum(self, uri: str, *, retention_hours: float = 0.0) -> None:
         if not self.exists(uri):
             return

@@ -33,6 +33,7 @@ from dagster_sideinputs.delta.commit import (
     commit_files,
     commit_properties,
     commit_removals,
+    committed_version,
 )
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -357,6 +358,7 @@ def append_rows(
     started = time.perf_counter()
     uri = normalize_uri(uri)
     label = name or uri
+    table = None
     if _is_table(uri, storage_options):
         table = open_table(uri, storage_options=storage_options, name=label)
         if already_committed(table, app_transaction):
@@ -371,7 +373,7 @@ def append_rows(
         storage_options=dict(storage_options or {}) or None,
         commit_properties=commit_properties(app_transaction, None),
     )
-    version = open_table(uri, storage_options=storage_options, name=label).version()
+    version = committed_version(uri, storage_options=storage_options, label=label, table=table)
     return WriteResult(
         uri, version, rows.num_rows, 1, rows.nbytes, False, time.perf_counter() - started,
         ENGINE_NAME,

@@ -1,0 +1,414 @@
+"""Benchmark: the fixed cost of a batch as the operator's history grows.
+
+    python bench/batches.py --batches 1000 --rows 5
+
+A main input gains a few rows at a time (``--rows`` per append, a Delta table written
+with delta-rs, or with ``--main files`` a landing folder of JSON files), and after each
+append the operator runs once (``trigger="available_now"``: one batch, then one idle
+step that finds nothing). The data of every batch is the same size, so whatever grows
+from batch 10 to batch N is bookkeeping: planning, listing, Delta log reads, commit
+records, the landed-files ledger, the buffer's state.
+
+Per batch it records the wall time of the run, and the *bookkeeping time*: the time
+spent in the Delta engine's metadata and commit calls (everything but the Spark jobs:
+``exists``, ``snapshot``, ``added_files``, ``transaction_version``, ``commit``,
+``append_rows``, ``read_rows``, ...) and in the state folder's file operations,
+counted once where calls nest. It also counts the Delta tables opened and the state
+files read, listed and written.
+
+It prints, per bucket of batches, the median and spread of each figure, and the ratio of
+the last bucket to the bucket around batch 10 (both measured in this run; the machine
+may be shared, so single batches are noisy: read the medians).
+"""
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import deltalake
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+import dagster_sideinputs as dsi
+from dagster_sideinputs.core import identity
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.files import TableFiles
+
+ENGINE_CALLS = (
+    "exists",
+    "snapshot",
+    "added_files",
+    "transaction_version",
+    "commit_timestamps",
+    "read_rows",
+    "validate_append",
+    "commit",
+    "commit_removals",
+    "append_rows",
+    "discard",
+    "vacuum",
+)
+FILE_CALLS = ("exists", "list_files", "read_bytes", "write_bytes_atomic", "delete_file", "move")
+CUSTOMERS = 100
+BIG = 900.0
+BIG_TAG = dsi.OutputTag("big")
+
+
+@dataclass
+class Meter:
+    """Time spent in instrumented calls (outermost call only) and counts, per batch."""
+
+    seconds: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+    _depth: threading.local = field(default_factory=threading.local)
+
+    def reset(self) -> tuple[float, dict[str, int]]:
+        taken = (self.seconds, dict(self.counts))
+        self.seconds, self.counts = 0.0, {}
+        return taken
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._depth.n = depth
+            if depth == 0:
+                self.seconds += time.perf_counter() - started
+
+
+def instrument(meter: Meter) -> None:
+    """Wrap the engine's metadata calls and the file operations with the meter."""
+
+    def wrap(owner: type, name: str, label: str, counter: Callable[[Any], int] | None = None):
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            meter.count(label)
+            with meter.timing():
+                result = original(*args, **kwargs)
+                if counter is not None:
+                    result = list(result)
+                    meter.count(label + ".entries", counter(result))
+                return result
+
+        setattr(owner, name, timed)
+
+    for name in ENGINE_CALLS:
+        wrap(DeltaRsEngine, name, f"engine.{name}")
+    for name in FILE_CALLS:
+        wrap(TableFiles, name, f"files.{name}", len if name == "list_files" else None)
+    original_init = deltalake.DeltaTable.__init__
+
+    @functools.wraps(original_init)
+    def counted_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        uri = str(kwargs.get("table_uri", args[0] if args else ""))
+        meter.count("deltalake.open")
+        meter.count(f"deltalake.open[{os.path.basename(uri.rstrip('/'))}]")
+        mark = time.perf_counter()
+        original_init(self, *args, **kwargs)
+        meter.count("deltalake.open.us", int((time.perf_counter() - mark) * 1e6))
+
+    deltalake.DeltaTable.__init__ = counted_init  # type: ignore[method-assign]
+
+
+def enrich(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
+    joined = main.select("id", "customer_id", "amount", F.col("profile.name").alias("name"))
+    return {dsi.MAIN: joined, BIG_TAG: joined.where(F.col("amount") > BIG)}
+
+
+@dataclass
+class Setup:
+    root: Path
+    args: argparse.Namespace
+    next_id: int = 0
+
+    @property
+    def main_uri(self) -> str:
+        return str(self.root / "events")
+
+    @property
+    def landing(self) -> Path:
+        return self.root / "landing"
+
+    def rows(self) -> pa.Table:
+        n = self.args.rows
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        return pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "customer_id": pa.array([i % CUSTOMERS for i in ids], pa.int64()),
+                "amount": pa.array([float((i * 37) % 1000) for i in ids], pa.float64()),
+            }
+        )
+
+    def append(self) -> None:
+        rows = self.rows()
+        if self.args.main == "delta":
+            interval = str(self.args.main_checkpoint_interval)
+            deltalake.write_deltalake(
+                self.main_uri,
+                rows,
+                mode="append",
+                configuration={"delta.checkpointInterval": interval},
+            )
+            return
+        self.landing.mkdir(exist_ok=True)
+        lines = [
+            f'{{"id": {r["id"]}, "customer_id": {r["customer_id"]}, "amount": {r["amount"]}}}'
+            for r in rows.to_pylist()
+        ]
+        name = f"part-{self.next_id:09d}.json"
+        (self.landing / f".{name}").write_text("\n".join(lines) + "\n")
+        os.replace(self.landing / f".{name}", self.landing / name)
+
+    def operator(self) -> dsi.SideInputOperator:
+        side = str(self.root / "profiles")
+        if not os.path.exists(side):
+            deltalake.write_deltalake(
+                side,
+                pa.table(
+                    {
+                        "customer_id": pa.array(range(CUSTOMERS), pa.int64()),
+                        "name": [f"c{i}" for i in range(CUSTOMERS)],
+                    }
+                ),
+            )
+        if self.args.main == "delta":
+            main = dsi.MainInput("events", key="customer_id", path=self.main_uri)
+        else:
+            main = dsi.MainInput.files(
+                str(self.landing),
+                format="json",
+                schema="id long, customer_id long, amount double",
+                key="customer_id",
+            )
+        return dsi.SideInputOperator(
+            main=main,
+            side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id", path=side)},
+            fn=enrich,
+            main_output="enriched",
+            side_outputs=[BIG_TAG],
+            storage=dsi.DeltaStorage(str(self.root / "lake")),
+        )
+
+
+def probe(op: dsi.SideInputOperator) -> float:
+    """The fixed cost of a step without its Spark jobs: the run-start checks, planning the
+    next batch (``peek``: listing, Delta logs of main/side/buffer, state files), and
+    opening every table the batch commits to (as staging and committing do)."""
+    engine = op.spec.engine
+    started = time.perf_counter()
+    identity.check(op.spec, op.state)
+    op.peek()
+    for uri in op.spec.written_tables():
+        if engine.exists(uri):
+            engine.snapshot(uri)
+            engine.transaction_version(uri, op.operator_id)
+    return time.perf_counter() - started
+
+
+def probe_copies(copies: dict[int, dsi.SideInputOperator], repeats: int) -> dict[int, list[float]]:
+    """Probe each saved history depth in turn, ``repeats`` rounds (drift hits all alike)."""
+    times: dict[int, list[float]] = {depth: [] for depth in copies}
+    for _ in range(repeats):
+        for depth, op in copies.items():
+            times[depth].append(probe(op))
+    return times
+
+
+def relocate(root: Path) -> None:
+    """Make a copied working folder's operator state refer to the copy: ``operator.json``
+    records the main input's absolute location (nothing else in the state does; Delta
+    tables hold relative paths)."""
+    for identity_file in root.glob("lake/_sideinputs/*/operator.json"):
+        recorded = json.loads(identity_file.read_text())
+        old_root = os.path.dirname(recorded["main_input"]["uri"].rstrip("/"))
+        identity_file.write_text(identity_file.read_text().replace(old_root, str(root)))
+
+
+def probe_only(args: argparse.Namespace) -> int:
+    """Probe saved working folders in turn (no Spark: the probe plans without it)."""
+    folders = [Path(p) for p in args.probe]
+    operators = {}
+    for index, folder in enumerate(folders):
+        relocate(folder)
+        setup = Setup(folder, args, next_id=10**9 + index * 10**6)
+        setup.append()
+        operators[index] = setup.operator()
+    probed = probe_copies(operators, args.repeats)
+    base = statistics.median(probed[0])
+    print(f"fixed-cost probe, folders in turn, {args.repeats} rounds (shared machine: noisy):")
+    for index, times in probed.items():
+        print(
+            "  "
+            + summarize(f"{folders[index].name}:", times)
+            + f"  = {statistics.median(times) / base:.2f}x {folders[0].name}"
+        )
+    return 0
+
+
+def bucket_edges(batches: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) buckets: one around batch 10, then ``size``-wide buckets to the end."""
+    edges = [(5, 25)]
+    start = size
+    while start < batches:
+        edges.append((start, min(start + size, batches)))
+        start += size
+    return edges
+
+
+def summarize(label: str, values: list[float]) -> str:
+    if not values:
+        return f"{label} -"
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{label} {statistics.median(values) * 1e3:7.1f} ms [{q[0] * 1e3:.0f}-{q[2] * 1e3:.0f}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=5, help="rows per append")
+    parser.add_argument("--main", choices=("delta", "files"), default="delta")
+    parser.add_argument(
+        "--main-checkpoint-interval",
+        type=int,
+        default=10,
+        help="delta.checkpointInterval of the main table (the writer's choice: delta-spark's "
+        "default is 10, delta-rs's 100)",
+    )
+    parser.add_argument("--bucket", type=int, default=100, help="batches per reported bucket")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--work", default=None, help="working folder (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the working folder")
+    parser.add_argument(
+        "--save-at",
+        type=int,
+        action="append",
+        help="batches after which to save a copy of the lake, probed at the end "
+        "(default: 10, and the last batch)",
+    )
+    parser.add_argument("--repeats", type=int, default=15, help="probe rounds at the end")
+    parser.add_argument(
+        "--probe",
+        action="append",
+        help="only probe these working folders (copies of a run's folder, made while it ran "
+        "or kept with --keep), in turn, after one append each; the first is the baseline",
+    )
+    args = parser.parse_args()
+    if args.probe:
+        return probe_only(args)
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="dsi-batches-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-batches")
+    setup = Setup(work, args)
+    setup.append()
+    op = setup.operator()
+    meter = Meter()
+    instrument(meter)
+    save_at = set(args.save_at or [10])
+    copies: dict[int, Setup] = {}
+    walls: list[float] = []
+    books: list[float] = []
+    counts: list[dict[str, int]] = []
+    started = time.perf_counter()
+    try:
+        for index in range(args.batches):
+            if index:
+                setup.append()
+            meter.reset()
+            mark = time.perf_counter()
+            result = op.run(spark, trigger="available_now")
+            walls.append(time.perf_counter() - mark)
+            seconds, counted = meter.reset()
+            books.append(seconds)
+            counts.append(counted)
+            if len(result.batches) != 1 or result.batches[0].rows_in != args.rows:
+                print(f"batch {index}: unexpected result {result.batches}", file=sys.stderr)
+                return 1
+            if index + 1 in save_at:
+                saved = Setup(work.parent / f"{work.name}-at{index + 1}", args, setup.next_id)
+                shutil.rmtree(saved.root, ignore_errors=True)
+                shutil.copytree(work, saved.root)
+                relocate(saved.root)
+                copies[index + 1] = saved
+            if index % 50 == 0:
+                print(
+                    f"batch {index}: wall {walls[-1] * 1e3:.0f} ms, bookkeeping "
+                    f"{books[-1] * 1e3:.0f} ms ({time.perf_counter() - started:.0f} s so far)",
+                    flush=True,
+                )
+        copies[args.batches] = setup
+        for saved in copies.values():  # the probed step plans one new append
+            saved.append()
+        operators = {depth: saved.operator() for depth, saved in sorted(copies.items())}
+        meter.reset()
+        probed = probe_copies(operators, args.repeats)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+            for saved in copies.values():
+                shutil.rmtree(saved.root, ignore_errors=True)
+    print(f"\n{args.batches} batches of {args.rows} rows, main input {args.main}, {args.master}")
+    print("(shared machine: per-batch figures are noisy; medians and [quartiles] per bucket)\n")
+    edges = bucket_edges(len(walls), args.bucket)
+    keys = sorted({k for c in counts for k in c})
+    for start, end in edges:
+        bucket_counts = {k: statistics.median(c.get(k, 0) for c in counts[start:end]) for k in keys}
+        print(
+            f"batches {start:>5}-{end - 1:<5} "
+            + summarize("wall", walls[start:end])
+            + "  "
+            + summarize("bookkeeping", books[start:end])
+        )
+        print("      " + ", ".join(f"{k}={v:g}" for k, v in bucket_counts.items() if v))
+    first, last = edges[0], edges[-1]
+    for label, series in (("wall", walls), ("bookkeeping", books)):
+        ratio = statistics.median(series[last[0] : last[1]]) / statistics.median(
+            series[first[0] : first[1]]
+        )
+        print(f"{label}: batches {last[0]}-{last[1] - 1} / batches 5-24 = {ratio:.2f}x")
+    first_depth = min(probed)
+    base = statistics.median(probed[first_depth])
+    print(
+        f"\nfixed-cost probe (identity check + plan of the next batch + opening every written "
+        f"table; no Spark), the saved histories probed in turn, {args.repeats} rounds:"
+    )
+    for depth, times in sorted(probed.items()):
+        print(
+            "  after "
+            + summarize(f"{depth:>5} batches:", times)
+            + f"  = {statistics.median(times) / base:.2f}x the probe after {first_depth}"
+        )
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
