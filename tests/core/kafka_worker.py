@@ -63,7 +63,9 @@ def operator(root: str, bootstrap: str, topic: str) -> dsi.SideInputOperator:
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
         invalid=INVALID,
-        storage=dsi.DeltaStorage(root),
+        # The bridge: the kill points name its commit (the session has Delta configured,
+        # so engine="auto" would pick delta-spark and no kill would land).
+        storage=dsi.DeltaStorage(root, engine="delta-rs"),
     )
 
 
