@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 
 import pytest
 from pyspark.sql import functions as F
@@ -85,7 +86,9 @@ def test_pre_keyed_main_input_has_no_exchange_on_the_main_side(lake):
     main_path = ancestors_of_scan(plan, "Bucketed: true")
     join_at = next(i for i, name in enumerate(main_path) if "Join" in name)
     assert not [name for name in main_path[:join_at] if name.startswith("Exchange")]
-    assert plan.count("Exchange hashpartitioning") == 1  # the side input's
+    # One exchange, the side input's (a cached batch's plan text shows the adaptive plan
+    # and its initial plan, so the same exchange may be printed twice).
+    assert len(set(re.findall(r"Exchange hashpartitioning\(([^)]*)\)", plan))) == 1
     assert lake.rows("enriched") == sorted(
         [(i, i % 37, f"n{i % 37}") for i in range(400)], key=repr
     )
