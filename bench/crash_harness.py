@@ -283,6 +283,9 @@ def _worker_env(trial: Path, group: str) -> dict[str, str]:
         DSI_LAKE_ROOT=lake_of(trial).root,
         DSI_PROFILE_TIMEOUT_MINUTES=GROUP_TIMEOUTS[group],
         DSI_FX_START="2024-05-01-00:00",  # the scripts' FX hours (the demo starts yesterday)
+        # A killed worker's S3 lock lease must lapse before the rerun's JVM is up (the
+        # default 60 s lease made the rerun fail with OperatorBusyError).
+        DSI_LOCK_LEASE_SECONDS="5",
         DSI_SPARK_MASTER="local[2]",
         DSI_SPARK_UI="false",
         DSI_SPARK_DRIVER_MEMORY="1g",
