@@ -333,7 +333,8 @@ def test_sliding_window_records_routed_again_after_a_declaration_change_keep_the
     put(
         lake,
         "rates",
-        [(T0 - hours(1), 1.0), (T0, 1.0), (T0 + hours(2), 1.0)],
+        # the side windows holding each window's last instant, and a later row that closes them
+        [(T0, 1.0), (T0 + hours(1), 1.0), (T0 + hours(2), 1.0)],
         "rate_time timestamp, rate double",
     )
     lake.run(changed, Clock(NOW))

@@ -189,11 +189,14 @@ def test_a_recreated_topic_has_a_new_id_and_offsets_from_zero(kafka_broker):
 
 
 def test_retention_removes_old_offsets(kafka_broker):
+    """Records older than the topic's retention go; newer ones stay. The old records carry
+    an hour-old create time, so the check does not race the retention clock."""
     topic = kafka_broker.create_topic(
         kafka_broker.unique_topic("retention"),
-        config={"retention.ms": "1000", "segment.ms": "200"},
+        config={"retention.ms": "60000", "segment.ms": "200"},
     )
-    kafka_broker.produce(topic, [(None, f"old-{i}") for i in range(10)])
+    an_hour_ago = int((time.time() - 3600) * 1000)
+    kafka_broker.produce(topic, [(None, f"old-{i}") for i in range(10)], timestamp_ms=an_hour_ago)
     time.sleep(0.4)  # past segment.ms: the next record starts a new segment
     kafka_broker.produce(topic, [(None, f"new-{i}") for i in range(5)])
 
