@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
 from dagster_sideinputs.core.columns import NS_START, SIDE_NS, quoted
+from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace
 from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.core.sources import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.temporal import (
     as_of_sides,

@@ -32,9 +32,9 @@ from dagster_sideinputs.core.keyed import (
     drop_bucketed_scan,
     key_group,
 )
+from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.route import invalid_condition
-from dagster_sideinputs.core.sources import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (
     assign_global,

@@ -8,12 +8,12 @@ A source has two sides, used once each per batch:
   recreated under the same path, a landed file that changed after it was read);
 - the read stage asks :meth:`~MainSource.files` and :meth:`~MainSource.read` for the
   records of a pinned slice, identical on a replay.
+
+The protocol and its slice are :mod:`~dagster_sideinputs.core.main_source`.
 """
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
 from dagster_sideinputs.core.keyed import check_pre_keyed
+from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.plan import MainRange
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
@@ -36,31 +37,9 @@ _HIDDEN = (".", "_")
 _GLOB = re.compile(r"([\\*?\[\]{}])")
 
 
-@dataclass(frozen=True)
-class SourceSlice:
-    """A slice of the main input with what was learned while finding it."""
-
-    range: MainRange
-    files: tuple[DataFile, ...] = ()
-    snapshot: TableSnapshot | None = None
-
-
-class MainSource(Protocol):
-    def next_range(self, previous: MainRange | None) -> SourceSlice: ...
-
-    def files(self, main: MainRange) -> SourceSlice: ...
-
-    def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame: ...
-
-    def schema(self) -> T.StructType | None:
-        """The declared schema (landing folders); None when slices carry it (Delta)."""
-        ...
-
-    def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None: ...
-
-
 def source_for(spec: OperatorSpec) -> MainSource:
     if spec.main.is_kafka:
+        # Local: an operator without Kafka never loads the Kafka modules.
         from dagster_sideinputs.core.kafka_source import KafkaSource
 
         return KafkaSource(spec)

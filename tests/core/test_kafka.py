@@ -15,7 +15,8 @@ from pyspark.sql import functions as F
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.kafka_admin import KafkaMetadata, admin_config
 from dagster_sideinputs.core.kafka_input import REDACTED
-from dagster_sideinputs.core.kafka_source import KafkaSource, share_out
+from dagster_sideinputs.core.kafka_offsets import share_out
+from dagster_sideinputs.core.kafka_source import KafkaSource
 from dagster_sideinputs.core.plan import BatchPlan, MainRange, OffsetRange
 from dagster_sideinputs.delta.storage import DeltaRsEngine
 from tests.core.accounting import assert_accounted
