@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core import session
-from dagster_sideinputs.core.session import REQUIRED_CONFIGS, connect_endpoint
+from dagster_sideinputs.core import spark_connect
+from dagster_sideinputs.core.session import REQUIRED_CONFIGS
+from dagster_sideinputs.core.spark_connect import connect_endpoint
 from tests.cluster import (
     ConnectServer,
     assert_demo_matches_local_run,
@@ -49,7 +50,7 @@ def test_missing_connect_client_says_what_to_install(monkeypatch):
     def no_client(name: str) -> None:
         raise ImportError(f"No module named 'grpc' (importing {name})")
 
-    monkeypatch.setattr(session.importlib, "import_module", no_client)
+    monkeypatch.setattr(spark_connect.importlib, "import_module", no_client)
     with pytest.raises(dsi.SparkStartupError, match="needs the Spark Connect client") as info:
         dsi.build_spark_session(remote="sc://127.0.0.1:15002")
     assert 'pip install "pyspark[connect]==4.1.*"' in str(info.value.fix)

@@ -7,7 +7,8 @@ therefore downloads (about 750 MB for everything below: the AWS SDK bundle alone
 640 MB), and a start without Maven Central fails. :func:`fetch_packages` (run by
 ``make install``: ``python -m dagster_sideinputs.core.jars fetch``) resolves them
 once, so later starts read the cache only (the command lives in
-``dagster_sideinputs.core.jars``). See docs/JVM_PACKAGES.md.
+``dagster_sideinputs.core.jars``); :func:`resolve_session_packages` does it for a
+session about to start when something is missing. See docs/JVM_PACKAGES.md.
 
 The versions are the newest that Maven Central serves *with their dependencies* for
 pyspark 4.1.1 (pinned in pyproject.toml). Delta's own coordinate is not here: it follows
@@ -15,6 +16,7 @@ the ``delta-spark`` pip package (``dagster_sideinputs.delta.spark_setup``).
 """
 
 import dataclasses
+import logging
 import os
 import re
 import subprocess
@@ -22,8 +24,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 import pyspark
+
+from dagster_sideinputs.errors import SparkStartupError
+
+log = logging.getLogger("dagster_sideinputs")
 
 # Spark's Kafka source and sink; brings spark-token-provider-kafka-0-10 4.1.1 and
 # kafka-clients 3.9.1. 4.1.2 / 4.1.3 exist but need a token provider that is not served.
@@ -210,3 +217,76 @@ def fetch_packages(
     if proc.returncode != 0 or missing:
         return FetchResult(False, seconds, jars, _failure_reason(output, proc.returncode), output)
     return FetchResult(True, seconds, jars, "", output)
+
+
+DeltaMode = Literal["auto"] | bool
+
+_FETCH_FIX = (
+    "make Maven Central (https://repo1.maven.org/maven2) reachable and run "
+    "`python -m dagster_sideinputs.core.jars fetch` once (`make install` does), or name a "
+    "mirror in spark.jars.repositories / DEFAULT_ARTIFACT_REPOSITORY (docs/JVM_PACKAGES.md)"
+)
+
+
+def resolve_session_packages(
+    delta: DeltaMode, packages: list[str], settings: Mapping[str, str], *, trust_cache: bool = True
+) -> bool:
+    """Make sure a session's Maven packages are in the Ivy cache; whether to configure Delta.
+
+    Cached packages cost nothing here (a file check), so a start needs no network. Missing
+    ones are resolved in a separate spark-submit first: its output is captured, and a
+    failure becomes one clear message instead of a JVM that dies before PySpark's gateway
+    answers. With ``delta="auto"`` a Delta jar that cannot be had turns Delta off (one
+    warning); packages asked for by name, or ``delta=True``, fail the start instead.
+    ``trust_cache=False`` resolves even when every jar is there (after a start failed).
+
+    Raises:
+        SparkStartupError: packages that cannot be fetched, or Delta's with ``delta=True``.
+    """
+    want_delta = delta is True or delta == "auto"
+    if not want_delta and not packages:
+        return False
+    coordinates = list(packages)
+    if want_delta:
+        try:
+            # Our wrapper of delta-spark's pip package; core never imports `delta` itself.
+            from dagster_sideinputs.delta.spark_setup import delta_package
+
+            coordinates.insert(0, delta_package())
+        except ImportError as exc:
+            if delta is True:
+                raise SparkStartupError(
+                    f"delta=True needs the delta-spark pip package: {exc}.",
+                    fix='pip install "delta-spark==4.4.0"',
+                ) from exc
+            log.warning("Delta Lake for Spark is off: delta-spark is not importable (%s).", exc)
+            want_delta = False
+            coordinates = list(packages)
+    ivy = ivy_dir_of(settings)
+    repositories = settings.get("spark.jars.repositories")
+    if trust_cache and not missing_packages(coordinates, ivy):
+        return want_delta
+    result = fetch_packages(coordinates, ivy_dir=ivy, repositories=repositories)
+    if result.ok:
+        return want_delta
+    if delta == "auto" and want_delta:
+        if packages and missing_packages(packages, ivy):
+            rest = fetch_packages(packages, ivy_dir=ivy, repositories=repositories)
+            if not rest.ok:
+                raise SparkStartupError(
+                    f"Could not fetch the Spark packages {packages} into {ivy}: {rest.reason}.",
+                    fix=_FETCH_FIX,
+                )
+        log.warning(
+            "Delta Lake for Spark is off in this session: could not fetch %s into %s (%s); "
+            "Delta tables go through the delta-rs bridge. To turn it on, %s.",
+            coordinates[0],
+            ivy,
+            result.reason,
+            _FETCH_FIX,
+        )
+        return False
+    raise SparkStartupError(
+        f"Could not fetch the Spark packages {coordinates} into {ivy}: {result.reason}.",
+        fix=_FETCH_FIX,
+    )

@@ -17,16 +17,18 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.java_runtime import (
+    MIN_JAVA_MAJOR,
+    check_java,
+    find_java,
+    java_major_version,
+)
 from dagster_sideinputs.core.packages import KAFKA, OPTIONAL_PACKAGES, retrieved_jar
 from dagster_sideinputs.core.session import (
-    MIN_JAVA_MAJOR,
     REQUIRED_CONFIGS,
     _choose_worker_python,
     build_spark_session,
-    check_java,
     default_shuffle_partitions,
-    find_java,
-    java_major_version,
 )
 from dagster_sideinputs.delta.spark_setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
