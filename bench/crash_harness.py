@@ -354,32 +354,6 @@ plans it again) and ``after-first-table`` (one table committed: the rerun replay
 the kill points of the side-change trials."""
 
 
-def _arm_kill_point(trial: Path, spec: str) -> None:
-    """Wrap a library function, in this process only, to SIGKILL the process group on its
-    n-th call (the library itself is not changed)."""
-    import functools
-    import importlib
-
-    module_name, attribute, nth = spec.split(":")
-    owner: Any = importlib.import_module(module_name)
-    *path, name = attribute.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    original = getattr(owner, name)
-    calls = 0
-
-    @functools.wraps(original)
-    def killing(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == int(nth):
-            _event(trial, event="kill-point", where=spec)
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, killing)
-
-
 def worker(trial: Path, *, template: bool = False) -> None:
     """Run the pending actions of this process's group (or build the template's sources)."""
     _event(trial, event="launch")
@@ -392,8 +366,12 @@ def worker(trial: Path, *, template: bool = False) -> None:
     instance = dg.DagsterInstance.get()
     lake = Lake(os.environ["DSI_LAKE_ROOT"])
     started_spark = False
-    if os.environ.get("DSI_HARNESS_KILL_AT"):
-        _arm_kill_point(trial, os.environ["DSI_HARNESS_KILL_AT"])
+    kill_at = os.environ.get("DSI_HARNESS_KILL_AT")
+    if kill_at:
+        # Local like the imports above: the repository is on PYTHONPATH in workers only.
+        from tests.kill_points import arm_kill_point
+
+        arm_kill_point(kill_at, lambda: _event(trial, event="kill-point", where=kill_at))
 
     def spark() -> None:
         nonlocal started_spark

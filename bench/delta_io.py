@@ -148,6 +148,29 @@ def compare_storages(spark: SparkSession, work: Path, args: argparse.Namespace) 
     return figures
 
 
+# (name, numerator, denominator) of the throughput ratios printed after the figures.
+RATIOS = (
+    ("write native / bridge", "write_native", "write_bridge"),
+    ("partitioned write native / bridge", "write_native_partitioned", "write_bridge_partitioned"),
+    ("read native / bridge", "read_native", "read_bridge"),
+    ("partitioned read native / bridge", "read_native_partitioned", "read_bridge_partitioned"),
+    ("write native / plain parquet", "write_native", "write_plain_parquet"),
+    ("write bridge / plain parquet", "write_bridge", "write_plain_parquet"),
+    (
+        "partitioned write bridge / plain parquet",
+        "write_bridge_partitioned",
+        "write_plain_parquet_partitioned",
+    ),
+    ("read bridge / plain parquet", "read_bridge", "read_plain_parquet"),
+    (
+        "partitioned read bridge / plain parquet",
+        "read_bridge_partitioned",
+        "read_plain_parquet_partitioned",
+    ),
+    ("read python data source / plain parquet", "read_python_data_source", "read_plain_parquet"),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4_000_000)
@@ -255,23 +278,7 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    ratios = {
-        "write native / bridge": figures["write_native"] / figures["write_bridge"],
-        "partitioned write native / bridge": figures["write_native_partitioned"]
-        / figures["write_bridge_partitioned"],
-        "read native / bridge": figures["read_native"] / figures["read_bridge"],
-        "partitioned read native / bridge": figures["read_native_partitioned"]
-        / figures["read_bridge_partitioned"],
-        "write native / plain parquet": figures["write_native"] / figures["write_plain_parquet"],
-        "write bridge / plain parquet": figures["write_bridge"] / figures["write_plain_parquet"],
-        "partitioned write bridge / plain parquet": figures["write_bridge_partitioned"]
-        / figures["write_plain_parquet_partitioned"],
-        "read bridge / plain parquet": figures["read_bridge"] / figures["read_plain_parquet"],
-        "partitioned read bridge / plain parquet": figures["read_bridge_partitioned"]
-        / figures["read_plain_parquet_partitioned"],
-        "read python data source / plain parquet": figures["read_python_data_source"]
-        / figures["read_plain_parquet"],
-    }
+    ratios = {name: figures[top] / figures[bottom] for name, top, bottom in RATIOS}
     if args.s3:
         for action in ("write_plain_parquet", "write_bridge", "read_plain_parquet", "read_bridge"):
             ratios[f"{action}: s3 / local"] = figures[f"{action}@s3"] / figures[f"{action}@local"]

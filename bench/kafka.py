@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,23 +39,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from bench.operator import (
-    MAIN_COLUMNS,
     SUSPICIOUS,
     THRESHOLD,
     SparkRest,
     _load,
+    comparison,
+    emitted_counts,
+    enrich_batch_writer,
     enrich_frames,
-    free_port,
+    fraud_sides,
     interleaved,
+    measured_session,
     median_of,
-    paired_ratios,
+    output_counts,
+    print_counts,
     print_ratios,
     profiles,
+    rate,
+    run_available_now,
+    run_section,
     timed,
 )
 from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
@@ -131,16 +137,12 @@ def kafka_operator(
     wait = {"missing": "wait", "timeout": dt.timedelta(days=30), "on_timeout": "null"}
     return dsi.SideInputOperator(
         main=main,
-        side_inputs={
-            "profile": dsi.SideInput.map(
-                "customer_profiles",
-                key="customer_id",
-                distribution=distribution,  # type: ignore[arg-type]
-                path=profiles_uri,
-                **(wait if missing == "wait" else {}),  # type: ignore[arg-type]
-            ),
-            "rules": dsi.SideInput.singleton("fraud_rules", path=rules_uri),
-        },
+        side_inputs=fraud_sides(
+            profiles_uri,
+            rules_uri,
+            distribution=distribution,
+            **(wait if missing == "wait" else {}),
+        ),
         fn=enrich_frames,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
@@ -158,24 +160,6 @@ def streaming_job(
 ) -> int:
     """The hand-written job: Kafka -> from_json -> stream-static broadcast join in
     foreachBatch -> two parquet outputs, availableNow. Returns its micro-batches."""
-
-    def process(batch: DataFrame, batch_id: int) -> None:
-        # Re-read every micro-batch: the freshest reference data a stream-static join gets.
-        profile = spark.read.parquet(profiles_uri).select(
-            "customer_id", "name", "segment", "risk_score"
-        )
-        threshold = spark.read.parquet(rules_uri).first()["threshold"]  # type: ignore[index]
-        joined = (
-            batch.join(F.broadcast(profile), "customer_id", "left")
-            .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
-            .persist()
-        )
-        joined.write.mode("append").parquet(str(out / "enriched"))
-        joined.filter(F.col("amount") > F.lit(threshold)).write.mode("append").parquet(
-            str(out / "suspicious")
-        )
-        joined.unpersist()
-
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", broker.bootstrap_servers)
@@ -185,14 +169,8 @@ def streaming_job(
         .select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("v"))
         .select("v.*")
     )
-    query = (
-        records.writeStream.foreachBatch(process)
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(out / "checkpoint"))
-        .start()
-    )
-    query.awaitTermination()
-    return len(query.recentProgress)
+    process = enrich_batch_writer(spark, profiles_uri, rules_uri, out)
+    return run_available_now(records, process, out)
 
 
 def parquet_rows(spark: SparkSession, path: Path, where: str | None = None) -> int:
@@ -225,34 +203,20 @@ def bench_frames(ctx: dict[str, Any]) -> dict[str, Any]:
     operator(-1)  # warm up: JVM, Python workers, the broker's page cache
     baseline(-1)
     seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
-    op_counts = {(r.emitted("enriched"), r.emitted("suspicious")) for _, r in results["operator"]}
-    base_counts = {
-        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
-        for p in results["baseline"]
-    }
-    figures = {
-        "rows": args.rows,
-        "operator_rec_s": args.rows / seconds["operator"],
-        "baseline_rec_s": args.rows / seconds["baseline"],
-        "operator_s": seconds["operator"],
-        "baseline_s": seconds["baseline"],
-        "ratio": seconds["baseline"] / seconds["operator"],
-        "ratio_per_repeat": paired_ratios(),
-        "operator_counts": sorted(op_counts),
-        "baseline_counts": sorted(base_counts),
-        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
-    }
+    figures = comparison(
+        args.rows,
+        seconds,
+        {emitted_counts(r) for _, r in results["operator"]},
+        {output_counts(spark, p) for p in results["baseline"]},
+    )
     print(
         f"\n[frames] {args.rows} records in Kafka ({PARTITIONS} partitions), "
         f"{args.side_rows} profiles"
     )
-    print(f"  hand-written readStream(kafka) + foreachBatch   {_rate(figures, 'baseline')}")
-    print(f"  SideInputOperator, MainInput.kafka              {_rate(figures, 'operator')}")
+    print(f"  hand-written readStream(kafka) + foreachBatch   {rate(figures, 'baseline')}")
+    print(f"  SideInputOperator, MainInput.kafka              {rate(figures, 'operator')}")
     print_ratios(figures)
-    print(
-        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, hand-written "
-        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
-    )
+    print_counts(figures, "hand-written")
     return figures
 
 
@@ -471,10 +435,6 @@ def bench_murmur2(ctx: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "agree": agree}
 
 
-def _rate(figures: dict[str, Any], name: str) -> str:
-    return f"{figures[f'{name}_rec_s'] / 1e6:6.3f} M rec/s  ({figures[f'{name}_s']:6.2f} s)"
-
-
 SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "frames": bench_frames,
     "late": bench_late,
@@ -493,24 +453,7 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    spark = dsi.build_spark_session(
-        master=args.master,
-        log_level="ERROR",
-        driver_memory=args.driver_memory,
-        packages=[SPARK_KAFKA_PACKAGE],
-        configs={
-            "spark.ui.port": str(free_port()),
-            "spark.ui.retainedJobs": "100000",
-            "spark.ui.retainedStages": "100000",
-            "spark.sql.ui.retainedExecutions": "100000",
-        },
-    )
-    try:
-        rest: SparkRest | None = SparkRest(spark)
-        rest.mark()  # type: ignore[union-attr]
-    except Exception as exc:
-        print(f"Spark REST API unavailable ({exc}); no shuffle bytes")
-        rest = None
+    spark, rest = measured_session(args, packages=[SPARK_KAFKA_PACKAGE])
     work = Path(tempfile.mkdtemp(prefix="dsi-bench-kafka-"))
     figures: dict[str, Any] = {
         "rows": args.rows,
@@ -539,10 +482,7 @@ def main() -> None:
             for name, section in SECTIONS.items():
                 if args.only and name not in args.only:
                     continue
-                started = time.perf_counter()
-                figures[name] = section(ctx)
-                print(f"  ({name} took {time.perf_counter() - started:.0f} s; load now {_load()})")
-                sys.stdout.flush()
+                figures[name] = run_section(name, lambda: section(ctx))  # noqa: B023
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

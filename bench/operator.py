@@ -366,7 +366,102 @@ def parquet_rows(spark: SparkSession, path: Path) -> int:
     return spark.read.parquet(str(path)).count() if path.exists() else 0
 
 
+def output_counts(spark: SparkSession, out: Path) -> tuple[int, int]:
+    """The (enriched, suspicious) rows a hand-written job wrote under ``out``."""
+    return parquet_rows(spark, out / "enriched"), parquet_rows(spark, out / "suspicious")
+
+
+def emitted_counts(result: dsi.RunResult) -> tuple[int, int]:
+    """The (enriched, suspicious) rows an operator run emitted."""
+    return result.emitted("enriched"), result.emitted("suspicious")
+
+
+def comparison(
+    rows: int,
+    seconds: dict[str, float],
+    operator_counts: set[tuple[int, int]],
+    baseline_counts: set[tuple[int, int]],
+) -> dict[str, Any]:
+    """The figures of the operator against its baseline (the last ``interleaved`` call):
+    rates, seconds, the ratio overall and per repeat, and whether every run of both wrote
+    the same (enriched, suspicious) rows."""
+    return {
+        "rows": rows,
+        "operator_rec_s": rows / seconds["operator"],
+        "baseline_rec_s": rows / seconds["baseline"],
+        "operator_s": seconds["operator"],
+        "baseline_s": seconds["baseline"],
+        "ratio": seconds["baseline"] / seconds["operator"],
+        "ratio_per_repeat": paired_ratios(),
+        "operator_counts": sorted(operator_counts),
+        "baseline_counts": sorted(baseline_counts),
+        "counts_match": len(operator_counts) == 1 and operator_counts == baseline_counts,
+    }
+
+
+def measured_session(
+    args: argparse.Namespace, **options: Any
+) -> tuple[SparkSession, SparkRest | None]:
+    """A benchmark's session (``args.master``, ``args.driver_memory``, ``options``) whose
+    UI, on a free port, keeps every job for :class:`SparkRest`; and that REST client, or
+    None when the UI cannot be read (everything is still timed, without shuffle bytes)."""
+    spark = dsi.build_spark_session(
+        master=args.master,
+        log_level="ERROR",
+        driver_memory=args.driver_memory,
+        configs={
+            "spark.ui.port": str(free_port()),
+            "spark.ui.retainedJobs": "100000",
+            "spark.ui.retainedStages": "100000",
+            "spark.sql.ui.retainedExecutions": "100000",
+        },
+        **options,
+    )
+    try:
+        rest = SparkRest(spark)
+        rest.mark()
+    except Exception as exc:
+        print(f"Spark REST API unavailable ({exc}); no shuffle bytes or job timings")
+        return spark, None
+    return spark, rest
+
+
+def run_section(name: str, section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one section of a benchmark; then say how long it took and the load now."""
+    started = time.perf_counter()
+    figures = section()
+    print(
+        f"  ({name} section took {time.perf_counter() - started:.0f} s; load average now {_load()})"
+    )
+    sys.stdout.flush()
+    return figures
+
+
+def print_counts(figures: dict[str, Any], baseline: str = "baseline") -> None:
+    print(
+        f"  rows (enriched, suspicious): operator {figures['operator_counts']}, {baseline} "
+        f"{figures['baseline_counts']} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
+    )
+
+
 # --- 1. frames mode vs foreachBatch ---------------------------------------------------------
+
+
+def fraud_sides(
+    profiles_uri: str, rules_uri: str, *, distribution: str = "broadcast", **profile: Any
+) -> dict[str, dsi.SideInput]:
+    """The benchmarks' side inputs: customer profiles by ``customer_id`` (a map, with
+    ``profile``'s extra options) and the fraud rules (a singleton)."""
+    return {
+        "profile": dsi.SideInput.map(
+            "customer_profiles",
+            key="customer_id",
+            distribution=distribution,  # type: ignore[arg-type]
+            path=profiles_uri,
+            **profile,
+        ),
+        "rules": dsi.SideInput.singleton("fraud_rules", path=rules_uri),
+    }
 
 
 def frames_operator(
@@ -390,15 +485,9 @@ def frames_operator(
             if pre_keyed
             else None,
         ),
-        side_inputs={
-            "profile": dsi.SideInput.map(
-                "customer_profiles",
-                key="customer_id",
-                distribution="keyed" if keyed else "broadcast",
-                path=profiles_uri,
-            ),
-            "rules": dsi.SideInput.singleton("fraud_rules", path=rules_uri),
-        },
+        side_inputs=fraud_sides(
+            profiles_uri, rules_uri, distribution="keyed" if keyed else "broadcast"
+        ),
         fn=enrich_frames,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
@@ -406,16 +495,19 @@ def frames_operator(
     )
 
 
-def foreach_batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> int:
-    """The hand-written Structured Streaming job; returns its number of micro-batches."""
-    schema = spark.read.parquet(main_uri).schema
-    profiles_dir, rules_dir = lake.profiles(), lake.rules()
+def enrich_batch_writer(
+    spark: SparkSession, profiles_uri: str, rules_uri: str, out: Path
+) -> Callable[[DataFrame, int], None]:
+    """The hand-written jobs' ``foreachBatch`` function: each micro-batch broadcast-joined
+    with the profiles, written to ``out/enriched`` and, above the rules' threshold, to
+    ``out/suspicious`` (parquet)."""
 
     def process(batch: DataFrame, batch_id: int) -> None:
-        profile = spark.read.parquet(profiles_dir).select(
+        # Re-read every micro-batch: the freshest reference data a stream-static join gets.
+        profile = spark.read.parquet(profiles_uri).select(
             "customer_id", "name", "segment", "risk_score"
         )
-        threshold = spark.read.parquet(rules_dir).first()["threshold"]  # type: ignore[index]
+        threshold = spark.read.parquet(rules_uri).first()["threshold"]  # type: ignore[index]
         joined = (
             batch.join(F.broadcast(profile), "customer_id", "left")
             .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
@@ -427,16 +519,29 @@ def foreach_batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path)
         )
         joined.unpersist()
 
+    return process
+
+
+def run_available_now(
+    records: DataFrame, process: Callable[[DataFrame, int], None], out: Path
+) -> int:
+    """Run a stream through ``process`` to its current end (availableNow, checkpoint in
+    ``out``); returns its number of micro-batches."""
     query = (
-        spark.readStream.schema(schema)
-        .parquet(main_uri)
-        .writeStream.foreachBatch(process)
+        records.writeStream.foreachBatch(process)
         .trigger(availableNow=True)
         .option("checkpointLocation", str(out / "checkpoint"))
         .start()
     )
     query.awaitTermination()
     return len(query.recentProgress)
+
+
+def foreach_batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> int:
+    """The hand-written Structured Streaming job; returns its number of micro-batches."""
+    schema = spark.read.parquet(main_uri).schema
+    process = enrich_batch_writer(spark, lake.profiles(), lake.rules(), out)
+    return run_available_now(spark.readStream.schema(schema).parquet(main_uri), process, out)
 
 
 @dataclass
@@ -516,27 +621,13 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     per_table_times = list(TIMES.get("operator_per_table", []))
     native_times = list(TIMES.get("operator_native", []))
 
-    op_counts = {
-        (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
-    }
-    base_counts = {
-        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
-        for p in results["baseline"]
-    }
-    profile = profile_operator_run(lake, rest, lambda: operator(-2))
-    figures = {
-        "rows": args.rows,
-        "operator_rec_s": args.rows / seconds["operator"],
-        "baseline_rec_s": args.rows / seconds["baseline"],
-        "operator_s": seconds["operator"],
-        "baseline_s": seconds["baseline"],
-        "ratio": seconds["baseline"] / seconds["operator"],
-        "ratio_per_repeat": paired_ratios(),
-        "operator_counts": sorted(op_counts),
-        "baseline_counts": sorted(base_counts),
-        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
-        "profile": profile,
-    }
+    figures = comparison(
+        args.rows,
+        seconds,
+        {emitted_counts(r.result) for r in results["operator"]},
+        {output_counts(spark, p) for p in results["baseline"]},
+    )
+    figures["profile"] = profile_operator_run(lake, rest, lambda: operator(-2))
     if native_times:
         figures["operator_native_s"] = seconds["operator_native"]
         figures["operator_native_rec_s"] = args.rows / seconds["operator_native"]
@@ -561,16 +652,12 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             }
         )
     print(f"\n[frames] {args.rows} main rows, {args.side_rows} profiles, broadcast map + singleton")
-    print(
-        f"  baseline foreachBatch (readStream.parquet, availableNow) {_rate(figures, 'baseline')}"
-    )
-    print(
-        f"  SideInputOperator frames mode (delta-rs bridge)          {_rate(figures, 'operator')}"
-    )
+    print(f"  baseline foreachBatch (readStream.parquet, availableNow) {rate(figures, 'baseline')}")
+    print(f"  SideInputOperator frames mode (delta-rs bridge)          {rate(figures, 'operator')}")
     if native_times:
         print(
             f"  SideInputOperator frames mode (delta-spark, native)      "
-            f"{_rate(figures, 'operator_native')}"
+            f"{rate(figures, 'operator_native')}"
         )
         pairs = figures["native_over_bridge_per_repeat"]
         print(
@@ -587,15 +674,12 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"per repeat {' '.join(f'{r:.3f}' for r in pairs)} (median "
             f"{statistics.median(pairs):.3f}x); rows {figures['per_table_counts']}"
         )
-    print(
-        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, baseline "
-        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
-    )
-    print_profile(profile)
+    print_counts(figures)
+    print_profile(figures["profile"])
     return figures
 
 
-def _rate(figures: dict[str, Any], name: str) -> str:
+def rate(figures: dict[str, Any], name: str) -> str:
     return f"{figures[f'{name}_rec_s'] / 1e6:6.3f} M rec/s  ({figures[f'{name}_s']:6.2f} s)"
 
 
@@ -652,15 +736,7 @@ def print_profile(profile: dict[str, Any]) -> None:
 def rows_operator(main_uri: str, lake: Lake, root: Path) -> dsi.SideInputOperator:
     return dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id", path=main_uri),
-        side_inputs={
-            "profile": dsi.SideInput.map(
-                "customer_profiles",
-                key="customer_id",
-                distribution="broadcast",
-                path=lake.profiles(),
-            ),
-            "rules": dsi.SideInput.singleton("fraud_rules", path=lake.rules()),
-        },
+        side_inputs=fraud_sides(lake.profiles(), lake.rules()),
         fn=enrich_row,
         mode="rows",
         main_output=ROWS_MAIN,
@@ -724,37 +800,20 @@ def bench_rows(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     operator(-1)
     baseline(-1)
     seconds, results = interleaved({"operator": operator, "baseline": baseline}, args.repeats)
-    op_counts = {
-        (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results["operator"]
-    }
-    base_counts = {
-        (parquet_rows(spark, p / "enriched"), parquet_rows(spark, p / "suspicious"))
-        for p in results["baseline"]
-    }
-    profile = profile_operator_run(lake, rest, lambda: operator(-2))
-    figures = {
-        "rows": rows,
-        "operator_rec_s": rows / seconds["operator"],
-        "baseline_rec_s": rows / seconds["baseline"],
-        "operator_s": seconds["operator"],
-        "baseline_s": seconds["baseline"],
-        "ratio": seconds["baseline"] / seconds["operator"],
-        "ratio_per_repeat": paired_ratios(),
-        "operator_counts": sorted(op_counts),
-        "baseline_counts": sorted(base_counts),
-        "counts_match": len(op_counts) == 1 and op_counts == base_counts,
-        "profile": profile,
-    }
+    figures = comparison(
+        rows,
+        seconds,
+        {emitted_counts(r.result) for r in results["operator"]},
+        {output_counts(spark, p) for p in results["baseline"]},
+    )
+    figures["profile"] = profile_operator_run(lake, rest, lambda: operator(-2))
     fewer = f" (fewer than --rows={args.rows}: see --rows-mode-rows)" if rows < args.rows else ""
     print(f"\n[rows] {rows} main rows{fewer}, per-record Python function")
-    print(f"  baseline mapInPandas + broadcast dict per record {_rate(figures, 'baseline')}")
-    print(f"  SideInputOperator rows mode                      {_rate(figures, 'operator')}")
+    print(f"  baseline mapInPandas + broadcast dict per record {rate(figures, 'baseline')}")
+    print(f"  SideInputOperator rows mode                      {rate(figures, 'operator')}")
     print_ratios(figures)
-    print(
-        f"  rows (enriched, suspicious): operator {sorted(op_counts)}, baseline "
-        f"{sorted(base_counts)} -> {'match' if figures['counts_match'] else 'MISMATCH'}"
-    )
-    print_profile(profile)
+    print_counts(figures)
+    print_profile(figures["profile"])
     return figures
 
 
@@ -1159,26 +1218,11 @@ def main() -> None:
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     with_s3 = args.s3 or args.only == "s3"
 
-    spark = dsi.build_spark_session(
-        master=args.master,
-        log_level="ERROR",
+    spark, rest = measured_session(
+        args,
         delta="delta-spark" in args.engines,
-        driver_memory=args.driver_memory,
         packages=dsi.S3A_PACKAGES if with_s3 else (),
-        configs={
-            "spark.ui.port": str(free_port()),
-            "spark.ui.retainedJobs": "100000",
-            "spark.ui.retainedStages": "100000",
-            "spark.sql.ui.retainedExecutions": "100000",
-        },
     )
-    try:
-        rest: SparkRest | None = SparkRest(spark)
-        assert rest is not None
-        rest.mark()
-    except Exception as exc:  # the bench still times everything without the REST API
-        print(f"Spark REST API unavailable ({exc}); no shuffle bytes or job timings")
-        rest = None
     work = Path(tempfile.mkdtemp(prefix="dsi-bench-op-"))
     figures: dict[str, Any] = {
         "rows": args.rows,
@@ -1201,13 +1245,7 @@ def main() -> None:
                 args.only is None and (name not in OPTIONAL_SECTIONS or with_s3)
             )
             if wanted:
-                started = time.perf_counter()
-                figures[name] = section(lake, rest)
-                print(
-                    f"  ({name} section took {time.perf_counter() - started:.0f} s; "
-                    f"load average now {_load()})"
-                )
-                sys.stdout.flush()
+                figures[name] = run_section(name, lambda: section(lake, rest))  # noqa: B023
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

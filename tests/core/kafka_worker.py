@@ -9,18 +9,14 @@ anything: nothing after it runs, as when a machine dies.
 """
 
 import datetime as dt
-import functools
-import importlib
 import json
-import os
-import signal
 import sys
-from typing import Any
 
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
+from tests.kill_points import arm_kill_point
 
 TX = "tx_id long, customer_id long, amount double"
 SUSPICIOUS = dsi.OutputTag("suspicious")
@@ -69,31 +65,11 @@ def operator(root: str, bootstrap: str, topic: str) -> dsi.SideInputOperator:
     )
 
 
-def arm(spec: str) -> None:
-    module_name, attribute, nth = spec.split(":")
-    owner: Any = importlib.import_module(module_name)
-    *path, name = attribute.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    original = getattr(owner, name)
-    calls = 0
-
-    @functools.wraps(original)
-    def killing(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == int(nth):
-            print(f"killed at {spec}", flush=True)
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, killing)
-
-
 def main() -> int:
     root, bootstrap, topic = sys.argv[1:4]
     if len(sys.argv) > 4:
-        arm(sys.argv[4])
+        spec = sys.argv[4]
+        arm_kill_point(spec, lambda: print(f"killed at {spec}", flush=True))
     spark = dsi.build_spark_session(
         master="local[2]",
         ui_enabled=False,
