@@ -26,6 +26,7 @@ from dagster_sideinputs.core.columns import (
     quoted,
 )
 from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.invalid_records import invalid_condition
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     check_pre_keyed,
@@ -33,7 +34,6 @@ from dagster_sideinputs.core.keyed import (
     key_group,
 )
 from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.route import invalid_condition
 from dagster_sideinputs.core.sources import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (

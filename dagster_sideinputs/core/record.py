@@ -18,7 +18,8 @@ from pyspark.sql import DataFrame
 from dagster_sideinputs.core.buffer import after_batch
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import BatchMetrics
-from dagster_sideinputs.core.route import ROUTES, max_event_time
+from dagster_sideinputs.core.route import max_event_time
+from dagster_sideinputs.core.route_rules import ROUTES
 
 VACUUM_EVERY = 25
 log = logging.getLogger("dagster_sideinputs")
