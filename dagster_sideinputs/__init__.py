@@ -21,7 +21,8 @@ from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
 from dagster_sideinputs.core.packages import S3A_PACKAGES
 from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
-from dagster_sideinputs.core.rows import Record, RowContext
+from dagster_sideinputs.core.records import Record
+from dagster_sideinputs.core.rows import RowContext
 from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.core.side_inputs import AsOf, SideInput
 from dagster_sideinputs.core.windows import Window
