@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core import identity
+from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.buffer import BufferState, load_state
 from dagster_sideinputs.core.context import StageContext
 from dagster_sideinputs.core.declarations import MainInput
@@ -31,7 +32,7 @@ from dagster_sideinputs.core.readiness import ReadinessProvider
 from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
 from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.spec import OperatorSpec, build_spec
+from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.step import peek, step
 from dagster_sideinputs.delta.files import TableFiles
