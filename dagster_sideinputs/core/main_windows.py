@@ -4,6 +4,7 @@ statistics when they tell, else one small Spark job."""
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,14 +34,13 @@ Namespaces = dict[str, tuple[dt.datetime | None, dt.datetime | None]]
 """Namespace id -> its window (start, end); ``global`` -> (None, None)."""
 
 
+@dataclass(frozen=True)
 class MainWindows:
-    """Finds the main windows of one operator's batches."""
+    """Finds the main windows of one operator's batches (``spark`` None: peeking)."""
 
-    def __init__(self, spec: OperatorSpec, source: MainSource, spark: SparkSession | None) -> None:
-        self.spec = spec
-        self.source = source
-        self.spark = spark
-        self.engine = spec.engine
+    spec: OperatorSpec
+    source: MainSource
+    spark: SparkSession | None
 
     def namespaces(self, piece: SourceSlice, buffer: BufferState, *, reroute: bool) -> Namespaces:
         """The namespaces of the slice's new records and of the buffered records."""
@@ -94,7 +94,7 @@ class MainWindows:
         name = f"{self.spec.operator_id} buffer"
         return self._windows(
             snapshot.files,
-            lambda: self.engine.read_snapshot(self.spark, snapshot, name=name),  # type: ignore[arg-type]
+            lambda: self.spec.engine.read_snapshot(self.spark, snapshot, name=name),  # type: ignore[arg-type]
         )
 
     def _windows(

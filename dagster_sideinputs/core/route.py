@@ -10,7 +10,6 @@ buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core
 and :mod:`~dagster_sideinputs.core.invalid_records`.
 """
 
-import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from dagster_sideinputs.core.context import Batch, StageContext, Views
 from dagster_sideinputs.core.invalid_records import check_invalid
 from dagster_sideinputs.core.joins import Bucketing, JoinSpec, apply_join, build_join
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.record import explain
 from dagster_sideinputs.core.route_rules import lookup, with_routes
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
@@ -71,16 +71,10 @@ def route(context: StageContext, batch: Batch) -> Batch:
         context.on_cleanup(limited.unpersist)
         classified = limited
     # Planned now, while the batch's settings and temporary tables are in place.
-    physical_plan = _explain(classified) if context.explain else None
+    physical_plan = explain(classified) if context.explain else None
     return batch.but(
         views=views, classified=classified, counts=counts, physical_plan=physical_plan
     ).noted(*notes)
-
-
-def _explain(frame: DataFrame) -> str:
-    from dagster_sideinputs.core.record import explain
-
-    return explain(frame)
 
 
 # --- views --------------------------------------------------------------------------------
@@ -224,16 +218,6 @@ def counts_from_statistics(
     first_seen = as_utc(plan.now).replace(tzinfo=None)  # as Spark returns the timestamp
     released: dict[str, Any] = {ROUTE: "released", ORIGIN: "new", "n": total, "oldest": first_seen}
     return {("released", "new"): released}
-
-
-def max_event_time(counts: Counts) -> dt.datetime | None:
-    """Latest event time of the batch's valid records (invalid ones must not move time)."""
-    values = [
-        as_utc(v["max_time"])
-        for (route, _), v in counts.items()
-        if route != "invalid" and v.get("max_time") is not None
-    ]
-    return max(values) if values else None
 
 
 __all__ = ["route"]
