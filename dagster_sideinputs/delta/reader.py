@@ -178,9 +178,11 @@ def read_snapshot(
     files: Sequence[DataFile] | None = None,
     name: str | None = None,
     partition_filter: Mapping[str, Collection[Any]] | None = None,
+    verify: bool = True,
 ) -> DataFrame:
     """A DataFrame over one already-loaded table snapshot (over ``files`` of it, when
-    given), with the partitions outside ``partition_filter`` pruned."""
+    given), with the partitions outside ``partition_filter`` pruned; ``verify`` as for
+    :func:`read_files`."""
     chosen = select_partitions(snapshot.files if files is None else files, partition_filter)
     return read_files(
         spark,
@@ -189,6 +191,7 @@ def read_snapshot(
         partition_columns=snapshot.partition_columns,
         root=snapshot.uri,
         table=name or snapshot.uri,
+        verify=verify,
     )
 
 

@@ -331,19 +331,14 @@ class DeltaSparkEngine:
         name: str | None = None,
         commit_metadata: Mapping[str, Any] | None = None,
     ) -> WriteResult:
-        started = time.perf_counter()
-        uri = normalize_uri(uri)
-        label = name or uri
-        current = self._state(uri, name=label)
-        if holds(current, app_transaction):
-            return unchanged(uri, current.version, time.perf_counter() - started)
-        empty = self._spark(f"remove files from {label}").createDataFrame([], current.schema)
-        target = StagedWrite(uri, label, "append", [], None, None)
-        result = save(
-            empty, target, current, self._files(uri), remove_files=files,
-            app_transaction=app_transaction, commit_metadata=commit_metadata,
+        # The removals are an empty write's: the same commit as a batch's (one replaceWhere).
+        label = name or normalize_uri(uri)
+        schema = self._state(uri, name=label).schema  # raises when there is no table
+        empty = self._spark(f"remove files from {label}").createDataFrame([], schema)
+        return self.write(
+            empty, uri, remove_files=files, app_transaction=app_transaction, name=name,
+            commit_metadata=commit_metadata,
         )  # fmt: skip
-        return with_duration(result, time.perf_counter() - started)
 
     def append_rows(
         self,

@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import spark_uri
-from dagster_sideinputs.delta.reader import read_files, read_partition_groups
+from dagster_sideinputs.delta.reader import read_partition_groups, read_snapshot
 from dagster_sideinputs.delta.schema import quoted
 from dagster_sideinputs.delta.spark_log_state import LogState, physical_name, physical_type
 
@@ -47,15 +47,7 @@ def read_subset(
         names = [f.uri.rsplit("/", 1)[-1] for f in files]
         return read_delta(spark, snapshot, F.col("_metadata.file_name").isin(names))
     if not state.column_mapping:
-        return read_files(
-            spark,
-            files,
-            schema=snapshot.schema,
-            partition_columns=snapshot.partition_columns,
-            root=snapshot.uri,
-            table=label,
-            verify=False,
-        )
+        return read_snapshot(spark, snapshot, files=files, name=label, verify=False)
     # Column-mapped files store physical names: read by them, renamed to logical ones.
     stored = {
         f.name: T.StructField(physical_name(f), physical_type(f.dataType), True)
