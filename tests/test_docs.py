@@ -62,7 +62,7 @@ def _code_location_names() -> set[str]:
     from assets.definitions import defs
     from assets.enrichment import payments_enrichment
     from assets.payments import TransactionBatch
-    from dagster_sideinputs.dagster_layer.assets import declaration_of
+    from dagster_sideinputs.dagster_layer.declaration import declaration_of
 
     repository = defs.get_repository_def()
     graph = repository.asset_graph

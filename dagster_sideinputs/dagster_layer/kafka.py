@@ -16,7 +16,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.dagster_layer.assets import declaration_of
+from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.errors import DeclarationError, SideInputError
 
 log = logging.getLogger("dagster_sideinputs")

@@ -1,0 +1,123 @@
+"""The library's shape: small modules, layers apart, no import cycles, and a README that
+names every module. Read from the source with ``ast``; nothing is imported or started."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dagster_sideinputs"
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path) -> set[str]:
+    """Every module of the library that ``name`` imports, at module level or inside a
+    function. ``from pkg import x`` counts as importing ``pkg.x`` when that is a module."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                child = f"{origin}.{alias.name}"
+                found.add(child if child in MODULES else origin)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: imported_modules(name, path) for name, path in MODULES.items()}
+
+
+def test_no_module_of_the_library_is_over_400_lines():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Depth-first search for a cycle, function-local imports included (a local import
+    hides a cycle from the interpreter, not from a reader)."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            # A package's __init__ re-exporting its children is not a cycle with them.
+            if module.startswith(target + "."):
+                continue
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        ("dagster_sideinputs.core", ("dagster", "dagster_pyspark", "deltalake", "delta")),
+        ("dagster_sideinputs.dagster_layer", ("deltalake", "delta")),
+        ("dagster_sideinputs.delta", ("dagster", "dagster_sideinputs.dagster_layer")),
+    ],
+)
+def test_layers_import_only_what_they_may(layer, forbidden):
+    wrong = {}
+    for name, path in MODULES.items():
+        if not (name == layer or name.startswith(layer + ".")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            bad = [n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden)]
+            if bad:
+                wrong.setdefault(name, []).extend(bad)
+    assert wrong == {}
+
+
+def test_readme_development_section_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Development") :]
+    block = re.search(r"```\n(dagster_sideinputs/.*?)```", section, re.S)
+    assert block, "README's Development section lost its module list"
+    named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*\.py", block.group(1)))
+    missing = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and p.name not in named
+    )
+    assert missing == [], f"add one line per module to README's Development section: {missing}"
