@@ -10,7 +10,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from dagster_sideinputs.core.declarations import (
     DISTRIBUTIONS,
@@ -28,92 +28,50 @@ from dagster_sideinputs.core.declarations import (
     asset_path,
     check_choice,
 )
+from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.windows import Window, WindowMapping
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
-
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the annotations stay strings at run time
-    from typing import Unpack
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _FACTORY_OPTIONS: dict[str, set[str]] = {}
 
 
-class _ViewOptions(TypedDict, total=False):
-    """The options every view factory takes (documented on :class:`SideInput`)."""
+def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Unknown keyword arguments of a view factory become a DeclarationError saying which
+    views take them (Python's TypeError would not)."""
+    signature = inspect.signature(factory)
+    view = factory.__name__
+    _FACTORY_OPTIONS[view] = set(list(signature.parameters)[2:])
 
-    readiness: Readiness | None
-    window: Window | None
-    window_mapping: WindowMapping | None
-    grace: dt.timedelta | None
-    on_empty: OnEmpty
-    max_age: dt.timedelta | None
-    distribution: Distribution | None
-    forward_column: str | None
-    path: str | None
-
-
-class _SingletonOptions(_ViewOptions, total=False):
-    default: Any
-
-
-class _KeyedOptions(_ViewOptions, total=False):
-    """The options of the keyed views (map and multimap)."""
-
-    key_translator: KeyTranslator | None
-    missing: Missing
-    timeout: dt.timedelta | None
-    on_timeout: OnTimeout
-
-
-class _MapOptions(_KeyedOptions, total=False):
-    pick: str | None
-    as_of: "AsOf | str | None"
-
-
-def _checked_options(options: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """Unknown keyword arguments of a view factory (taking ``**options`` typed by the
-    TypedDict ``options``) become a DeclarationError saying which views take them
-    (Python's TypeError would not)."""
-
-    def decorate(factory: Callable[_P, _R]) -> Callable[_P, _R]:
-        signature = inspect.signature(factory)
-        view = factory.__name__
-        explicit = [n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY]
-        _FACTORY_OPTIONS[view] = {*explicit, *options.__optional_keys__}
-
-        @functools.wraps(factory)
-        def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            try:
-                signature.bind(*args, **kwargs)
-            except TypeError as exc:
+    @functools.wraps(factory)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            unknown = [k for k in kwargs if k not in signature.parameters]
+            if not unknown:
                 raise DeclarationError(f"SideInput.{view}(...): {exc}.") from None
-            unknown = [k for k in kwargs if k not in _FACTORY_OPTIONS[view]]
-            if unknown:
-                raise _unknown_option(view, unknown[0], args[1] if len(args) > 1 else "...")
-            return factory(*args, **kwargs)
+            name = unknown[0]
+            takers = sorted(v for v, options in _FACTORY_OPTIONS.items() if name in options)
+            where = f"SideInput.{view}({args[1] if len(args) > 1 else '...'!r})"
+            known = sorted(_FACTORY_OPTIONS[view])
+            raise DeclarationError(
+                f"{where}: {name}= "
+                + (
+                    f"only applies to {'keyed ' if takers == ['map', 'multimap'] else ''}"
+                    f"{' / '.join(takers)} views"
+                    if takers
+                    else "is not an option of any view"
+                )
+                + f" (options of {view} views: {known}).{did_you_mean(name, known)}",
+                fix=f"remove {name}=, or use SideInput.{takers[0]}(...)"
+                if takers
+                else f"use one of {known}",
+            ) from None
+        return factory(*args, **kwargs)
 
-        return checked
-
-    return decorate
-
-
-def _unknown_option(view: str, name: str, asset: object) -> DeclarationError:
-    takers = sorted(v for v, options in _FACTORY_OPTIONS.items() if name in options)
-    known = sorted(_FACTORY_OPTIONS[view])
-    return DeclarationError(
-        f"SideInput.{view}({asset!r}): {name}= "
-        + (
-            f"only applies to {'keyed ' if takers == ['map', 'multimap'] else ''}"
-            f"{' / '.join(takers)} views"
-            if takers
-            else "is not an option of any view"
-        )
-        + f" (options of {view} views: {known}).{did_you_mean(name, known)}",
-        fix=f"remove {name}=, or use SideInput.{takers[0]}(...)"
-        if takers
-        else f"use one of {known}",
-    )
+    return checked
 
 
 @dataclass(frozen=True)
@@ -307,8 +265,22 @@ class SideInput:
             )
 
     @classmethod
-    @_checked_options(_SingletonOptions)
-    def singleton(cls, asset: str, **options: "Unpack[_SingletonOptions]") -> "SideInput":
+    @_checked_options
+    def singleton(
+        cls,
+        asset: str,
+        *,
+        readiness: Readiness | None = None,
+        default: Any = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
         """One value (one row) per namespace; ``sides[name]`` is that row (or ``default``).
 
         Windowed: each record carries its window's row as a struct column named after
@@ -317,41 +289,139 @@ class SideInput:
         to ``unmatched`` with ``on_empty="unmatched"``); two rows are an error, checked
         before anything is written whether or not the function reads the value.
         """
-        return cls(asset=asset, view="singleton", **options)
+        return cls(
+            asset=asset, view="singleton", readiness=readiness, default=default, window=window,
+            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
+        )  # fmt: skip
 
     @classmethod
-    @_checked_options(_ViewOptions)
-    def list(cls, asset: str, **options: "Unpack[_ViewOptions]") -> "SideInput":
+    @_checked_options
+    def list(
+        cls,
+        asset: str,
+        *,
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
         """All rows as a bag; ``sides[name]`` is a DataFrame of them.
 
         Windowed: each record carries the rows of its own side window (the operator's
         window mapping) as an array column named after the side input, sorted; in rows
         mode ``ctx.side_input(name)`` is that list.
         """
-        return cls(asset=asset, view="list", **options)
+        return cls(
+            asset=asset, view="list", readiness=readiness, window=window,
+            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            distribution=distribution, forward_column=forward_column, path=path,
+        )  # fmt: skip
 
     @classmethod
-    @_checked_options(_MapOptions)
-    def map(cls, asset: str, *, key: str, **options: "Unpack[_MapOptions]") -> "SideInput":
+    @_checked_options
+    def map(
+        cls,
+        asset: str,
+        *,
+        key: str,
+        key_translator: KeyTranslator | None = None,
+        missing: Missing = "null",
+        timeout: dt.timedelta | None = None,
+        on_timeout: OnTimeout = "unmatched",
+        pick: str | None = None,
+        as_of: AsOf | str | None = None,
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
         """Key -> one row; joined to each main record as a struct column.
 
-        With ``as_of``, the row valid at the record's event time (see :class:`AsOf`; a
-        column name means ``AsOf.column(name)``). Windowed without a key relation: each
-        record carries its window's whole map (a map column key -> row).
+        With ``as_of``, the row valid at the record's event time (see :class:`AsOf`).
+        Windowed without a key relation: each record carries its window's whole map
+        (a map column key -> row).
         """
-        # A column name for as_of becomes AsOf.column(name) in __post_init__.
-        values: dict[str, Any] = dict(options)
-        return cls(asset=asset, view="map", key=key, **values)
+        return cls(
+            asset=asset, view="map", key=key, key_translator=key_translator, missing=missing,
+            timeout=timeout, on_timeout=on_timeout, pick=pick, readiness=readiness,
+            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            max_age=max_age, distribution=distribution, forward_column=forward_column,
+            path=path, as_of=AsOf.column(as_of) if isinstance(as_of, str) else as_of,
+        )  # fmt: skip
 
     @classmethod
-    @_checked_options(_KeyedOptions)
-    def multimap(cls, asset: str, *, key: str, **options: "Unpack[_KeyedOptions]") -> "SideInput":
+    @_checked_options
+    def multimap(
+        cls,
+        asset: str,
+        *,
+        key: str,
+        key_translator: KeyTranslator | None = None,
+        missing: Missing = "null",
+        timeout: dt.timedelta | None = None,
+        on_timeout: OnTimeout = "unmatched",
+        readiness: Readiness | None = None,
+        window: Window | None = None,
+        window_mapping: WindowMapping | None = None,
+        grace: dt.timedelta | None = None,
+        on_empty: OnEmpty = "release",
+        max_age: dt.timedelta | None = None,
+        distribution: Distribution | None = None,
+        forward_column: str | None = None,
+        path: str | None = None,
+    ) -> "SideInput":
         """Key -> all rows of that key; joined to each main record as an array column.
 
         Windowed without a key relation: each record carries its window's whole
         multimap (a map column key -> sorted array of rows).
         """
-        return cls(asset=asset, view="multimap", key=key, **options)
+        return cls(
+            asset=asset, view="multimap", key=key, key_translator=key_translator,
+            missing=missing, timeout=timeout, on_timeout=on_timeout, readiness=readiness,
+            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            max_age=max_age, distribution=distribution, forward_column=forward_column,
+            path=path,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """A readable one-line description (view, key, readiness, timeout, window)."""
+        parts = [f"{self.view} of {self.asset!r}"]
+        if self.key:
+            parts.append(f"keyed by {self.key!r}")
+        if self.readiness:
+            parts.append(f"ready when {self.readiness}")
+        if self.max_age is not None:
+            parts.append(f"fresh within {human_duration(self.max_age)}")
+        if self.missing == "wait":
+            parts.append(
+                f"waits up to {human_duration(self.timeout)} per key, then {self.on_timeout}"
+            )
+        elif self.missing == "unmatched":
+            parts.append("missing keys -> unmatched")
+        if self.window is not None:
+            parts.append(
+                f"per {human_duration(self.window.size)} window on {self.window.time_column!r}"
+            )
+        if self.as_of is not None:
+            parts.append(f"as of the record's time ({self.as_of!r})")
+        if self.grace is not None:
+            parts.append(f"final {human_duration(self.grace)} after its time")
+        if self.on_empty != "release":
+            parts.append("empty -> unmatched")
+        if self.distribution:
+            parts.append(f"{self.distribution} distribution")
+        return ", ".join(parts)
 
     def __repr__(self) -> str:
         extras = [f"key={self.key!r}"] if self.key else []
