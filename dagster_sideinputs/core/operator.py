@@ -12,9 +12,9 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 
@@ -22,10 +22,10 @@ from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.buffer import BufferState, load_state
 from dagster_sideinputs.core.context import StageContext
-from dagster_sideinputs.core.declarations import MainInput
+from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.lock import operator_lock
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
-from dagster_sideinputs.core.options import OperatorArgs, OperatorOptions, check_args
+from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.readiness import ReadinessProvider
@@ -35,13 +35,11 @@ from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.step import peek, step
+from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
-
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the annotation stays a string at run time
-    from typing import Unpack
 
 Trigger = Literal["available_now", "continuous"]
 log = logging.getLogger("dagster_sideinputs")
@@ -104,13 +102,31 @@ class SideInputOperator:
         main_output: str | OutputTag,
         storage: DeltaStorage,
         readiness: ReadinessProvider | None = None,
-        **options: "Unpack[OperatorArgs]",
+        side_outputs: Sequence[OutputTag] = (),
+        window: Window | None = None,
+        late: OutputTag | None = None,
+        unmatched: OutputTag | None = None,
+        overflow: OutputTag | None = None,
+        invalid: OutputTag | None = None,
+        buffer: BufferLimits | None = None,
+        mode: Mode = "frames",
+        operator_id: str | None = None,
+        schema_mode: Literal["merge"] | None = None,
+        max_versions_per_batch: int | None = None,
+        max_files_per_batch: int | None = None,
+        future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
+        cache: CachePolicy = "auto",
     ) -> None:
-        values = check_args("SideInputOperator", options)
         tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
         declared = OperatorOptions(
-            main=main, side_inputs=side_inputs, fn=fn, main_output=tag, **values
-        )
+            main=main, side_inputs=side_inputs, fn=fn, main_output=tag,
+            side_outputs=tuple(side_outputs), window=window, late=late, unmatched=unmatched,
+            overflow=overflow, invalid=invalid, buffer=buffer or BufferLimits(), mode=mode,
+            operator_id=operator_id, schema_mode=schema_mode,
+            max_versions_per_batch=max_versions_per_batch,
+            max_files_per_batch=max_files_per_batch, future_tolerance=future_tolerance,
+            cache=cache,
+        )  # fmt: skip
         self._bind(declared, storage, readiness)
 
     @classmethod

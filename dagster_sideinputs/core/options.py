@@ -7,55 +7,20 @@ route derives its options with ``dataclasses.replace``.
 """
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import Window
-from dagster_sideinputs.errors import DeclarationError, did_you_mean
+from dagster_sideinputs.errors import DeclarationError
 
 Mode = Literal["frames", "rows"]
 CachePolicy = Literal["auto", "always", "never"]
 SchemaModeOption = Literal["merge"]
-
-
-class OperatorArgs(TypedDict, total=False):
-    """The optional keyword arguments shared by ``SideInputOperator(...)`` and
-    ``@side_input_assets(...)`` (typed ``**options``), documented on
-    :class:`~dagster_sideinputs.SideInputOperator`; defaults are those of
-    :class:`OperatorOptions`."""
-
-    side_outputs: Sequence[OutputTag]
-    window: Window | None
-    late: OutputTag | None
-    unmatched: OutputTag | None
-    overflow: OutputTag | None
-    invalid: OutputTag | None
-    buffer: BufferLimits | None
-    mode: Mode
-    operator_id: str | None
-    schema_mode: SchemaModeOption | None
-    max_versions_per_batch: int | None
-    max_files_per_batch: int | None
-    future_tolerance: dt.timedelta | None
-    cache: CachePolicy
-
-
-def check_args(caller: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``caller``, refused (as Python would, with a suggestion)
-    when one is not an :class:`OperatorArgs` name."""
-    known = OperatorArgs.__optional_keys__
-    for name in args:
-        if name not in known:
-            raise TypeError(
-                f"{caller}() got an unexpected keyword argument {name!r}."
-                f"{did_you_mean(name, known)}"
-            )
-    return dict(args)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ operator: every available micro-batch (or, in continuous mode, micro-batches unt
 run is terminated), with readiness decided from the Dagster instance.
 """
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import MainInput, asset_path
-from dagster_sideinputs.core.options import OperatorArgs, OperatorOptions, check_args
+from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
+from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.dagster_layer.declaration import (
     CHECK_ACCOUNTED,
     KINDS,
@@ -27,9 +29,6 @@ from dagster_sideinputs.dagster_layer.declaration import (
 )
 from dagster_sideinputs.dagster_layer.describe import ROLE_TAG, input_metadata
 from dagster_sideinputs.dagster_layer.execution import execute
-
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the annotation stays a string at run time
-    from typing import Unpack
 
 __all__ = ["SideInputAssets", "declaration_of", "side_input_assets"]
 
@@ -95,7 +94,20 @@ def side_input_assets(
     io_manager_key: str = "io_manager",
     pool: str | None = None,
     tags: Mapping[str, str] | None = None,
-    **options: "Unpack[OperatorArgs]",
+    side_outputs: Sequence[OutputTag] = (),
+    window: Window | None = None,
+    late: OutputTag | None = None,
+    unmatched: OutputTag | None = None,
+    overflow: OutputTag | None = None,
+    invalid: OutputTag | None = None,
+    buffer: BufferLimits | None = None,
+    mode: Mode = "frames",
+    operator_id: str | None = None,
+    schema_mode: Literal["merge"] | None = None,
+    max_versions_per_batch: int | None = None,
+    max_files_per_batch: int | None = None,
+    future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
+    cache: CachePolicy = "auto",
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
     """Turn a side-input function into Dagster assets: one per output.
 
@@ -126,7 +138,6 @@ def side_input_assets(
             def enrich(main, sides):
                 return main
     """
-    values = check_args("side_input_assets", options)
     main_tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
 
     def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -134,7 +145,24 @@ def side_input_assets(
         decl = SideInputAssets(
             name=op_name,
             options=OperatorOptions(
-                main=main, side_inputs=side_inputs, fn=fn, main_output=main_tag, **values
+                main=main,
+                side_inputs=side_inputs,
+                fn=fn,
+                main_output=main_tag,
+                side_outputs=tuple(side_outputs),
+                window=window,
+                late=late,
+                unmatched=unmatched,
+                overflow=overflow,
+                invalid=invalid,
+                buffer=buffer or BufferLimits(),
+                mode=mode,
+                operator_id=operator_id,
+                schema_mode=schema_mode,
+                max_versions_per_batch=max_versions_per_batch,
+                max_files_per_batch=max_files_per_batch,
+                future_tolerance=future_tolerance,
+                cache=cache,
             ),
             spark_resource_key=spark_resource_key,
             io_manager_key=io_manager_key,
