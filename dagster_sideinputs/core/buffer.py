@@ -43,7 +43,7 @@ from dagster_sideinputs.core.columns import (
 from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import as_utc, shifted
+from dagster_sideinputs.core.windows import as_utc, shifted, utc_of
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.errors import BufferLimitExceededError
 
@@ -177,7 +177,7 @@ def _recheck_keys(
         times = [f.min_values.get(column) for f in buffer.files(slots)] if column else []
         if any(t is None for t in times):
             return True
-        earliest = min((_utc(t) for t in times), default=None)
+        earliest = min((utc_of(t) for t in times), default=None)
         if earliest is None:
             return False
         for bound in temporal:
@@ -188,14 +188,6 @@ def _recheck_keys(
             ):
                 return True
     return False
-
-
-def _utc(value: object) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        return as_utc(value)
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
-    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def _overflow_due(

@@ -27,13 +27,15 @@ from dagster_sideinputs.core.columns import (
     quoted,
 )
 from dagster_sideinputs.core.context import Batch, StageContext, Views
+from dagster_sideinputs.core.joins import duplicate_error
+from dagster_sideinputs.core.lookups import Lookup
 from dagster_sideinputs.core.outputs import OutputTag, SideInputs, normalize_outputs
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.route import side_windows
 from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
-from dagster_sideinputs.core.rows import Lookup, TaggedLayout, run_row_function
+from dagster_sideinputs.core.rows import run_row_function
 from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
-from dagster_sideinputs.core.views import duplicate_error
+from dagster_sideinputs.core.tagged_layout import TaggedLayout
 from dagster_sideinputs.core.windows import GLOBAL, namespace_id
 from dagster_sideinputs.delta.schema import same_type
 from dagster_sideinputs.errors import (

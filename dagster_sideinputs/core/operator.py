@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core import identity
-from dagster_sideinputs.core.batch import run_batch
+from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.buffer import BufferState, load_state
 from dagster_sideinputs.core.context import StageContext
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
@@ -28,19 +28,18 @@ from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.planner import Planner
 from dagster_sideinputs.core.readiness import ReadinessProvider
 from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
 from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.sources import source_for
-from dagster_sideinputs.core.spec import OperatorSpec, build_spec
+from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
+from dagster_sideinputs.core.step import peek, step
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.errors import DeclarationError, OperatorStateError
+from dagster_sideinputs.errors import DeclarationError
 
 Trigger = Literal["available_now", "continuous"]
 log = logging.getLogger("dagster_sideinputs")
@@ -102,6 +101,7 @@ class SideInputOperator:
         fn: Callable[..., Any],
         main_output: str | OutputTag,
         storage: DeltaStorage,
+        readiness: ReadinessProvider | None = None,
         side_outputs: Sequence[OutputTag] = (),
         window: Window | None = None,
         late: OutputTag | None = None,
@@ -111,15 +111,15 @@ class SideInputOperator:
         buffer: BufferLimits | None = None,
         mode: Mode = "frames",
         operator_id: str | None = None,
-        readiness: ReadinessProvider | None = None,
         schema_mode: Literal["merge"] | None = None,
         max_versions_per_batch: int | None = None,
         max_files_per_batch: int | None = None,
         future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
         cache: CachePolicy = "auto",
     ) -> None:
-        options = OperatorOptions(
-            main=main, side_inputs=side_inputs, fn=fn, main_output=main_output,  # type: ignore[arg-type]
+        tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
+        declared = OperatorOptions(
+            main=main, side_inputs=side_inputs, fn=fn, main_output=tag,
             side_outputs=tuple(side_outputs), window=window, late=late, unmatched=unmatched,
             overflow=overflow, invalid=invalid, buffer=buffer or BufferLimits(), mode=mode,
             operator_id=operator_id, schema_mode=schema_mode,
@@ -127,7 +127,7 @@ class SideInputOperator:
             max_files_per_batch=max_files_per_batch, future_tolerance=future_tolerance,
             cache=cache,
         )  # fmt: skip
-        self._bind(options, storage, readiness)
+        self._bind(declared, storage, readiness)
 
     @classmethod
     def from_options(
@@ -202,25 +202,7 @@ class SideInputOperator:
         Uses no Spark unless windows of new records cannot be told from statistics.
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
-        pending = self.recovery.pending()
-        batch_id = self.recovery.next_batch_id()
-        if pending is not None:
-            if isinstance(pending, BatchPlan) and self.recovery.committed_anywhere(
-                pending.batch_id, pending.tables
-            ):
-                return pending
-            # The next run sets the pending plan aside and plans its batch id again.
-            batch_id = self.state.last_planned()  # type: ignore[assignment]
-        verdict = identity.check(self.spec, self.state)
-        planner = Planner(self.spec, source_for(self.spec), spark=None)
-        planned = planner.plan(
-            batch_id=batch_id,
-            now=now or _utc_now(),
-            previous=self.recovery.previous(),
-            routing=verdict.routing,
-            reroute=verdict.reroute,
-        )
-        return None if planned is None else planned.plan
+        return peek(self.recovery, now or _utc_now())
 
     # --- running --------------------------------------------------------------------------
 
@@ -320,45 +302,20 @@ class SideInputOperator:
             self._context = StageContext(self.spec, spark, self.state)
         return self._context
 
-    # --- one step: replay, re-plan, or plan ------------------------------------------------
-
     def _step(
         self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
     ) -> BatchMetrics | None:
-        previous = self.recovery.previous()
-        pending = self.recovery.settle_pending(verdict.routing)
-        if pending is not None:
-            log.info("%s: replaying interrupted batch %s", self.operator_id, pending.batch_id)
-            return self._finish(run_batch(context, pending, replayed=True), pending)
-        planner = Planner(self.spec, context.source, context.spark)
-        planned = planner.plan(
-            batch_id=self.recovery.next_batch_id(),
-            now=now,
-            previous=previous,
-            routing=verdict.routing,
-            reroute=verdict.reroute,
-        )
-        if planned is None:
+        """One batch: replayed, re-planned or planned (:mod:`~dagster_sideinputs.core.step`)."""
+        done = step(context, self.recovery, now, verdict)
+        if done is None:
             return None
-        plan = planned.plan
-        log.info(
-            "%s: batch %s planned: main %s, side versions %s, releasing %s",
-            self.operator_id,
-            plan.batch_id,
-            plan.main.describe(),
-            dict(plan.side_versions),
-            list(plan.read_slots) or "nothing from the buffer",
-        )
-        if not self.state.create_plan(plan):
-            # Another process planned this batch between our check and our write.
-            raise OperatorStateError(
-                f"Operator {self.operator_id!r}: batch {plan.batch_id} was planned by another "
-                "run at the same time; two runs must not process one operator at once.",
-                fix="rerun (the other run's batch is then finished, or planned again); limit the "
-                "job's concurrency",
-            )
-        metrics = run_batch(context, plan, replayed=False, source=planned.source)
-        return self._finish(metrics, plan)
+        metrics, plan = done
+        self._read_input = not plan.main.is_empty
+        if plan.routing:
+            identity.confirm_routing(self.spec, self.state, plan.routing)
+        identity.record_buffer(self.spec, self.state)
+        log.info("%s: %s", self.operator_id, metrics.summary())
+        return metrics
 
     def reset(
         self,
@@ -390,14 +347,6 @@ class SideInputOperator:
         """
         with self._lock(wait_for_lock):
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
-
-    def _finish(self, metrics: BatchMetrics, plan: BatchPlan) -> BatchMetrics:
-        self._read_input = not plan.main.is_empty
-        if plan.routing:
-            identity.confirm_routing(self.spec, self.state, plan.routing)
-        identity.record_buffer(self.spec, self.state)
-        log.info("%s: %s", self.operator_id, metrics.summary())
-        return metrics
 
 
 def _idle(metrics: BatchMetrics) -> bool:

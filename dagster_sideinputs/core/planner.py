@@ -2,23 +2,24 @@
 
 The planner looks only at metadata (Delta logs, file listings, file statistics and the
 readiness provider) plus, when statistics cannot tell, one small Spark job for the
-event-time windows of new records. Its result, a
+event-time windows of new records (:mod:`~dagster_sideinputs.core.main_windows`). Its result, a
 :class:`~dagster_sideinputs.core.plan.BatchPlan`, is written down before the batch
 reads or writes any data.
 """
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
-from dagster_sideinputs.core.columns import NS_START, SIDE_NS, quoted
+from dagster_sideinputs.core.columns import SIDE_NS, quoted
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
+from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace
 from dagster_sideinputs.core.side_data import SideData
@@ -33,18 +34,12 @@ from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
-    assign_windows,
-    check_time_column,
-    is_window_start,
     map_to_side_window,
     namespace_id,
-    parse_namespace_id,
-    windows_between,
+    parse_stat_time,
 )
-from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
+from dagster_sideinputs.delta.engine import TableSnapshot
 from dagster_sideinputs.errors import SideInputDataError
-
-MAX_ENUMERATED_WINDOWS = 2000
 
 
 @dataclass(frozen=True)
@@ -63,19 +58,6 @@ class Previous:
     record: Mapping[str, Any] | None = None
 
 
-def parse_stat_time(value: Any) -> dt.datetime | None:
-    """A timestamp statistic or recorded time (typed, or an ISO string)."""
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return as_utc(value)
-    text = str(value).replace("Z", "+00:00").replace(" ", "T")
-    try:
-        return as_utc(dt.datetime.fromisoformat(text))
-    except ValueError:
-        return None
-
-
 class Planner:
     """Makes the plan of the next batch of one operator."""
 
@@ -84,6 +66,7 @@ class Planner:
         self.source = source
         self.spark = spark
         self.engine = spec.engine
+        self.windows = MainWindows(spec, source, spark)
 
     def plan(
         self,
@@ -100,7 +83,7 @@ class Planner:
         piece = self.source.next_range(last.main if last is not None else None)
         buffer = load_state(spec)
         side_snapshots = {b.name: self._side_snapshot(b, last) for b in spec.sides}
-        namespaces = self._namespaces(piece, buffer, reroute=reroute)
+        namespaces = self.windows.namespaces(piece, buffer, reroute=reroute)
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
         watermark = self._watermark(previous.record)
         plans = {
@@ -194,97 +177,6 @@ class Planner:
             for b in sides
         }
 
-    # --- namespaces ----------------------------------------------------------------------
-
-    def _namespaces(
-        self, piece: SourceSlice, buffer: BufferState, *, reroute: bool
-    ) -> dict[str, tuple[dt.datetime | None, dt.datetime | None]]:
-        spec = self.spec
-        namespaces: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
-        if spec.window is None:
-            if not piece.range.is_empty or buffer.slots():
-                namespaces[GLOBAL] = (None, None)
-            return namespaces
-        if not piece.range.is_empty:
-            for start, end in self.new_windows(piece):
-                namespaces[namespace_id(start)] = (start, end)
-        if reroute and buffer.slots():
-            # Buffered records routed again get the windows of their event times under
-            # the current declaration (read.py): decide those windows in this batch.
-            for start, end in self.buffered_windows(buffer):
-                namespaces[namespace_id(start)] = (start, end)
-        for ns in buffer.namespaces():
-            buffered = parse_namespace_id(ns)
-            if buffered is None:
-                if not reroute:  # left by an earlier, unwindowed declaration
-                    namespaces[GLOBAL] = (None, None)
-            elif not reroute or is_window_start(spec.window, buffered):
-                namespaces[ns] = (buffered, buffered + spec.window.size)
-        return namespaces
-
-    def new_windows(self, piece: SourceSlice) -> list[WindowSpan]:
-        """The windows new records fall in: from statistics when they suffice, else one job."""
-        window = self.spec.window
-        assert window is not None
-        assert window.time_column is not None
-        column = window.time_column
-        if self.spark is None and piece.range.kind == "kafka":
-            # Peeking (the sensor): Kafka keeps no statistics, and the offsets already say
-            # there is work; the batch itself finds the windows.
-            return []
-        schema = piece.snapshot.schema if piece.snapshot is not None else self.source.schema()
-        if schema is not None:  # a missing column must not reach Spark as a raw error
-            check_time_column(schema, column, where=f"Main input {self.spec.main.asset!r}")
-        return self._windows(
-            piece.files,
-            lambda: self.source.read(self.spark, piece),  # type: ignore[arg-type]
-        )
-
-    def buffered_windows(self, buffer: BufferState) -> list[WindowSpan]:
-        """The windows of the buffered records' event times under the current window."""
-        snapshot = buffer.snapshot
-        column = self.spec.window.time_column  # type: ignore[union-attr]
-        if snapshot is None or column not in snapshot.schema.fieldNames():
-            return []  # records without the column are invalid when routed again
-        name = f"{self.spec.operator_id} buffer"
-        return self._windows(
-            snapshot.files,
-            lambda: self.engine.read_snapshot(self.spark, snapshot, name=name),  # type: ignore[arg-type]
-        )
-
-    def _windows(
-        self, files: Sequence[DataFile], rows: Callable[[], DataFrame]
-    ) -> list[WindowSpan]:
-        """The windows of the records in ``files``: from their statistics when they tell,
-        else one Spark job over ``rows()``."""
-        window = self.spec.window
-        assert window is not None
-        assert window.time_column is not None
-        column = window.time_column
-        lows = [parse_stat_time(f.min_values.get(column)) for f in files]
-        highs = [parse_stat_time(f.max_values.get(column)) for f in files]
-        if files and None not in lows and None not in highs:
-            spans = windows_between(
-                window,
-                min(v for v in lows if v is not None),
-                max(v for v in highs if v is not None),
-                MAX_ENUMERATED_WINDOWS,
-            )
-            if spans is not None:
-                return spans
-        if self.spark is None:
-            raise SideInputDataError(
-                "Peeking at this batch needs Spark: the event-time windows of its records "
-                "are not in the file statistics.",
-                fix="run the operator instead of peeking",
-            )
-        framed = assign_windows(rows().select(quoted(column)), window, column)
-        starts = [
-            r[0]
-            for r in framed.select(NS_START).where(F.col(NS_START).isNotNull()).distinct().collect()
-        ]
-        return sorted((as_utc(s), as_utc(s) + window.size) for s in starts)
-
     # --- side inputs -----------------------------------------------------------------------
 
     def _side_snapshot(self, bound: BoundSide, last: BatchPlan | None) -> TableSnapshot | None:
@@ -301,7 +193,7 @@ class Planner:
 
     def _readiness(
         self,
-        namespaces: Mapping[str, tuple[dt.datetime | None, dt.datetime | None]],
+        namespaces: Namespaces,
         side_snapshots: Mapping[str, TableSnapshot | None],
         now: dt.datetime,
     ) -> tuple[dict[str, dict[str, Decision]], dict[str, dict[str, str]]]:

@@ -26,6 +26,7 @@ from dagster_sideinputs.core.columns import (
     quoted,
 )
 from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.invalid_records import invalid_condition
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     check_pre_keyed,
@@ -34,7 +35,6 @@ from dagster_sideinputs.core.keyed import (
 )
 from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.route import invalid_condition
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (
     assign_global,

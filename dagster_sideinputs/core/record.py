@@ -10,15 +10,17 @@ reading it costs one file, not one per batch ever run.
 """
 
 import contextlib
+import datetime as dt
 import io
 import logging
 
 from pyspark.sql import DataFrame
 
-from dagster_sideinputs.core.buffer import after_batch
+from dagster_sideinputs.core.buffer import Counts, after_batch
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import BatchMetrics
-from dagster_sideinputs.core.route import ROUTES, max_event_time
+from dagster_sideinputs.core.route_rules import ROUTES
+from dagster_sideinputs.core.windows import as_utc
 
 VACUUM_EVERY = 25
 log = logging.getLogger("dagster_sideinputs")
@@ -104,3 +106,13 @@ def explain(frame: DataFrame) -> str:
     with contextlib.redirect_stdout(buffer):
         frame.explain()
     return buffer.getvalue()
+
+
+def max_event_time(counts: Counts) -> dt.datetime | None:
+    """Latest event time of the batch's valid records (invalid ones must not move time)."""
+    values = [
+        as_utc(v["max_time"])
+        for (route, _), v in counts.items()
+        if route != "invalid" and v.get("max_time") is not None
+    ]
+    return max(values) if values else None

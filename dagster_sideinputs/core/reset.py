@@ -141,13 +141,14 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
             lost=(),
             anchor=False,
         )
+    if isinstance(main_from, int) and (spec.main.is_kafka or spec.main.is_files):
+        kind = "a Kafka topic" if spec.main.is_kafka else "a landing folder"
+        raise DeclarationError(
+            f"main_from={main_from} is a Delta version, but main input "
+            f"{spec.main.asset!r} is {kind}.",
+            fix="pass main_from='beginning', 'latest' or 'keep'",
+        )
     if spec.main.is_kafka:
-        if isinstance(main_from, int):
-            raise DeclarationError(
-                f"main_from={main_from} is a Delta version, but main input "
-                f"{spec.main.asset!r} is a Kafka topic.",
-                fix="pass main_from='beginning', 'latest' or 'keep'",
-            )
         if main_from == "latest":
             # Every partition's position at its log end, under the topics' current ids.
             now = source_for(spec).next_range(None).range
@@ -157,12 +158,6 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
             return replace(now, offsets=ends, lost=(), anchor=False)
         return MainRange("kafka")  # no position: every partition from its earliest offset
     if spec.main.is_files:
-        if isinstance(main_from, int):
-            raise DeclarationError(
-                f"main_from={main_from} is a Delta version, but main input "
-                f"{spec.main.asset!r} is a landing folder.",
-                fix="pass main_from='beginning', 'latest' or 'keep'",
-            )
         return MainRange("files")
     exists = spec.engine.exists(spec.main_uri)
     latest = spec.engine.snapshot(spec.main_uri, name=spec.main.asset) if exists else None

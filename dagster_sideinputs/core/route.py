@@ -6,58 +6,38 @@ is not ready), ``key_wait`` (waiting for the side row of its key), ``late``,
 ``unmatched``, ``overflow`` or ``invalid``. One Spark job counts the routes (or, when
 every record is plainly released, the new files' Delta statistics do); the counts are
 the batch's metrics, and they decide, before any write, whether invalid records or the
-buffer's limits stop the batch.
+buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core.route_rules`
+and :mod:`~dagster_sideinputs.core.invalid_records`.
 """
 
-import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from dagster_sideinputs.core.buffer import BUFFER_ROUTES, Counts, enforce_limits
-from dagster_sideinputs.core.columns import (
-    CORRUPT,
-    FIRST_SEEN,
-    KEY_GROUP,
-    NS_ID,
-    NS_START,
-    ORIGIN,
-    PRE_KEYED_MARK,
-    REASON,
-    ROUTE,
-    quoted,
-)
+from dagster_sideinputs.core.buffer import Counts, enforce_limits
+from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
 from dagster_sideinputs.core.context import Batch, StageContext, Views
-from dagster_sideinputs.core.metrics import human_duration
+from dagster_sideinputs.core.invalid_records import check_invalid
+from dagster_sideinputs.core.joins import Bucketing, JoinSpec, apply_join, build_join
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.record import explain
+from dagster_sideinputs.core.route_rules import lookup, with_routes
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.temporal import main_time_column, waits_for_horizon
-from dagster_sideinputs.core.views import (
-    Bucketing,
-    JoinSpec,
-    apply_join,
-    build_join,
-    empty_namespaces,
-)
+from dagster_sideinputs.core.temporal import main_time_column
+from dagster_sideinputs.core.views import empty_namespaces
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
     map_to_side_window,
     namespace_id_column,
-    shifted,
-    time_range,
 )
 from dagster_sideinputs.delta.engine import DataFile
-from dagster_sideinputs.errors import MainInputDataError, preview
-
-ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
 
 
 def route(context: StageContext, batch: Batch) -> Batch:
@@ -67,7 +47,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
-    classified = _with_routes(spec, records, plan, views.joins, views.empty)
+    classified = with_routes(spec, records, plan, views.joins, views.empty)
     notes: list[str] = []
     if _should_cache(context, views):
         classified = context.persist(classified)
@@ -91,16 +71,10 @@ def route(context: StageContext, batch: Batch) -> Batch:
         context.on_cleanup(limited.unpersist)
         classified = limited
     # Planned now, while the batch's settings and temporary tables are in place.
-    physical_plan = _explain(classified) if context.explain else None
+    physical_plan = explain(classified) if context.explain else None
     return batch.but(
         views=views, classified=classified, counts=counts, physical_plan=physical_plan
     ).noted(*notes)
-
-
-def _explain(frame: DataFrame) -> str:
-    from dagster_sideinputs.core.record import explain
-
-    return explain(frame)
 
 
 # --- views --------------------------------------------------------------------------------
@@ -118,16 +92,6 @@ def side_windows(bound: BoundSide, plan: BatchPlan) -> list[WindowSpan] | None:
             if p.ready and p.start is not None and p.end is not None
         }
     )
-
-
-def lookup(mapping: Mapping[str, str], key: Column) -> Column:
-    """``mapping[key]`` as a Spark expression over a small literal map."""
-    if not mapping:
-        return F.lit(None).cast("string")
-    pairs: list[Column] = []
-    for k, v in sorted(mapping.items()):
-        pairs.extend([F.lit(k), F.lit(v)])
-    return F.element_at(F.create_map(*pairs), key)
 
 
 def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> Views:
@@ -205,200 +169,6 @@ def _broadcast_threshold(spark: SparkSession) -> int:
     return int(match.group(1)) * unit
 
 
-# --- routes -------------------------------------------------------------------------------
-
-
-def not_ready_reason(plan: BatchPlan, ns: str) -> str:
-    waiting = []
-    for side, side_ns in plan.namespaces[ns].side_namespaces.items():
-        decision = plan.decisions.get(side, {}).get(side_ns)
-        if decision is not None and not decision.ready:
-            waiting.append(f"{side}: {decision.reason}")
-    return "waiting for " + "; ".join(waiting) if waiting else "waiting"
-
-
-def _with_routes(
-    spec: OperatorSpec,
-    df: DataFrame,
-    plan: BatchPlan,
-    joins: Mapping[str, JoinSpec],
-    empty: Mapping[str, Column],
-) -> DataFrame:
-    invalid, reason = _invalid(spec, df, plan)
-    lie, message = _pre_keyed_check(spec, df, plan)
-    route = F.when(lie, F.raise_error(message))
-    route = route.when(invalid, F.lit("invalid"))
-    late = plan.late_namespaces
-    if spec.options.late is not None and late:
-        route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
-    route = route.when(~F.col(NS_ID).isin(plan.ready_namespaces), F.lit("buffered"))
-    # Side inputs declaring on_empty="unmatched" whose namespace holds no rows.
-    empty_reasons = [F.when(condition, F.lit(name)) for name, condition in empty.items()]
-    for condition in empty.values():
-        route = route.when(condition, F.lit("unmatched"))
-    # As-of maps: records after the side data's horizon wait for it (or for its grace).
-    horizon_reason: Column = F.lit(None).cast("string")
-    time = main_time_column(spec)
-    for bound in spec.sides:
-        waiting = waits_for_horizon(bound, plan, F.col(quoted(time))) if time else None
-        if waiting is not None:
-            route = route.when(waiting[0], F.lit("key_wait"))
-            horizon_reason = F.coalesce(horizon_reason, F.when(waiting[0], waiting[1]))
-    missing_reasons = []
-    for bound in spec.sides:
-        join = joins.get(bound.name)
-        if join is None or bound.side.missing == "null":
-            continue
-        unmatched = ~F.col(join.matched)
-        missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
-        if bound.side.missing == "wait":
-            assert bound.side.timeout is not None
-            deadline = F.lit(shifted(plan.now, bound.side.timeout, back=True)).cast("timestamp")
-            timed_out = F.col(FIRST_SEEN) <= deadline
-            if bound.side.on_timeout == "unmatched":
-                route = route.when(unmatched & timed_out, F.lit("unmatched"))
-            route = route.when(unmatched & ~timed_out, F.lit("key_wait"))
-        else:
-            route = route.when(unmatched, F.lit("unmatched"))
-    route = route.otherwise(F.lit("released"))
-    not_ready = {ns: not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready}
-    missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
-    emptied = F.concat_ws(", ", *empty_reasons) if empty_reasons else F.lit("")
-    why = (
-        F.when(F.col(ROUTE) == "invalid", reason)
-        .when(F.col(ROUTE) == "buffered", lookup(not_ready, F.col(NS_ID)))
-        .when((F.col(ROUTE) == "key_wait") & horizon_reason.isNotNull(), horizon_reason)
-        .when(F.col(ROUTE) == "key_wait", F.concat(F.lit("waiting for the side row of: "), missing))
-        .when(
-            (F.col(ROUTE) == "unmatched") & (emptied != ""),
-            F.concat(F.lit("the side namespace holds no rows in: "), emptied),
-        )
-        .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
-    )
-    return df.withColumn(ROUTE, route).withColumn(REASON, why)
-
-
-def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
-    """(a row breaks the pre-keyed promise, the error text saying how)."""
-    key = spec.main.key
-    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
-        return _pre_keyed_lie(spec, df), _pre_keyed_message(spec)
-    from dagster_sideinputs.core.kafka_keyed import partition_count, violation
-
-    count = partition_count(plan.main)
-    if not count:
-        return F.lit(False), F.lit("")
-    # New records only (buffered ones were checked when they arrived), and not the
-    # invalid ones (a corrupt value or a null key has its own route).
-    checked = (F.col(ORIGIN) == "new") & F.col(quoted(key)).isNotNull()
-    if CORRUPT in df.columns:
-        checked = checked & F.col(CORRUPT).isNull()
-    condition, message = violation(key, df.schema[key].dataType, count)
-    return checked & condition, message
-
-
-def _pre_keyed_lie(spec: OperatorSpec, df: DataFrame) -> Column:
-    """A row whose declared key group is not its key's (checked on every route)."""
-    keyed = spec.main.pre_keyed
-    if keyed is None or keyed.column not in df.columns:
-        return F.lit(False)
-    return F.col(quoted(keyed.column)) != F.col(KEY_GROUP)
-
-
-def _pre_keyed_message(spec: OperatorSpec) -> Column:
-    keyed, key = spec.main.pre_keyed, spec.main.key
-    if keyed is None or key is None:
-        return F.lit("")
-    return F.concat(
-        F.lit(f"{PRE_KEYED_MARK}: a row of key "),
-        F.col(quoted(key)).cast("string"),
-        F.lit(" is in key group "),
-        F.col(quoted(keyed.column)).cast("string"),
-        F.lit(" but hashes to "),
-        F.col(KEY_GROUP).cast("string"),
-    )
-
-
-def _is_float(schema: T.StructType, name: str) -> bool:
-    return schema[name].dataType.typeName() in ("float", "double")
-
-
-def invalid_checks(
-    spec: OperatorSpec, schema: T.StructType, plan: BatchPlan
-) -> list[tuple[Column, str]]:
-    """What makes a record invalid, as (condition, reason) pairs over its main columns.
-
-    The read stage uses the same conditions to give an invalid record one row rather
-    than one per sliding window, so both must come from here.
-    """
-    names = schema.fieldNames()
-    checks: list[tuple[Column, str]] = []
-    if CORRUPT in names:
-        checks.append((F.col(CORRUPT).isNotNull(), "corrupt record"))
-    key = spec.main.key
-    if key is not None and key in names:
-        checks.append((F.col(quoted(key)).isNull(), f"null key {key!r}"))
-        if _is_float(schema, key):  # NaN equals no side key: invalid in frames and rows modes alike
-            checks.append((F.isnan(F.col(quoted(key))), f"NaN key {key!r}"))
-    event_time = spec.main.event_time
-    if (
-        spec.window is None
-        and event_time is not None
-        and event_time in names
-        and any(b.side.as_of for b in spec.sides)
-    ):
-        checks.append((F.col(quoted(event_time)).isNull(), f"null event time {event_time!r}"))
-    window = spec.window
-    if window is not None and window.time_column in names:
-        column = window.time_column
-        time = F.col(quoted(column)).cast("timestamp")
-        checks.append((time.isNull(), f"null event time {column!r}"))
-        low, high = time_range(window)
-        checks.append(
-            (
-                (time < F.lit(low).cast("timestamp")) | (time > F.lit(high).cast("timestamp")),
-                f"event time {column!r} outside {low.isoformat()} .. {high.isoformat()}, where "
-                f"its {human_duration(window.size)} windows would not fit in Spark's timestamps",
-            )
-        )
-        tolerance = spec.options.future_tolerance
-        if tolerance is not None:
-            limit = shifted(plan.now, tolerance)
-            checks.append(
-                (
-                    time > F.lit(limit).cast("timestamp"),
-                    f"event time {column!r} after {limit.isoformat()} (more than "
-                    f"{human_duration(tolerance)} ahead of the batch)",
-                )
-            )
-    return checks
-
-
-def invalid_condition(spec: OperatorSpec, schema: T.StructType, plan: BatchPlan) -> Column | None:
-    """Whether a record is invalid (None: no record can be)."""
-    checks = invalid_checks(spec, schema, plan)
-    if not checks:
-        return None
-    invalid = checks[0][0]
-    for condition, _ in checks[1:]:
-        invalid = invalid | condition
-    return invalid
-
-
-def _invalid(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
-    checks = invalid_checks(spec, df.schema, plan)
-    invalid = invalid_condition(spec, df.schema, plan)
-    if invalid is None:
-        return F.lit(False), F.lit(None).cast("string")
-    reason = F.concat_ws("; ", *[F.when(c, F.lit(text)) for c, text in checks])
-    if CORRUPT in df.columns:
-        reason = F.when(
-            F.col(CORRUPT).isNotNull(),
-            F.concat(F.lit("corrupt record: "), F.substring(F.col(CORRUPT), 1, 200)),
-        ).otherwise(reason)
-    return invalid, reason
-
-
 # --- counts -------------------------------------------------------------------------------
 
 
@@ -450,36 +220,4 @@ def counts_from_statistics(
     return {("released", "new"): released}
 
 
-def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> None:
-    invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")
-    if invalid and spec.options.invalid is None:
-        samples = [
-            r[0]
-            for r in classified.filter(F.col(ROUTE) == "invalid").select(REASON).limit(3).collect()
-        ]
-        raise MainInputDataError(
-            f"{invalid} record(s) of main input {spec.main.asset!r} cannot be processed: "
-            f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
-            fix=_invalid_fix(spec),
-        )
-
-
-def _invalid_fix(spec: OperatorSpec) -> str:
-    tag = 'declare invalid=dsi.OutputTag("...") to route such records to their own table'
-    if spec.main.is_files:  # a landed file not read yet can still be corrected
-        return f"fix the records at the source (the landed file), or {tag}"
-    # Correcting a Delta main input in place is a non-append change, which is refused.
-    return f"{tag} (a Delta main input is append-only: its records cannot be corrected in place)"
-
-
-def max_event_time(counts: Counts) -> dt.datetime | None:
-    """Latest event time of the batch's valid records (invalid ones must not move time)."""
-    values = [
-        as_utc(v["max_time"])
-        for (route, _), v in counts.items()
-        if route != "invalid" and v.get("max_time") is not None
-    ]
-    return max(values) if values else None
-
-
-__all__ = ["BUFFER_ROUTES", "ROUTES", "route"]
+__all__ = ["route"]

@@ -1,11 +1,11 @@
 """Row mode, driver side: the side values a row function sees, prepared once per batch.
 
 - Broadcast keyed views (maps / multimaps read whole on every task, whose records do not
-  wait for their key) become :class:`~dagster_sideinputs.core.rows.LookupTable`\\ s,
+  wait for their key) become :class:`~dagster_sideinputs.core.lookups.LookupTable`\\ s,
   looked up in Python per record: cheaper than Spark joining them and converting a
   struct per record. Built once per side version.
 - Windowed views handed per window (lists, maps and multimaps without a key relation)
-  become a :class:`~dagster_sideinputs.core.rows.LookupTable` by side window, looked up
+  become a :class:`~dagster_sideinputs.core.lookups.LookupTable` by side window, looked up
   with the side window each record reads (the operator's window mapping): a record
   does not carry its window's rows, and each window's rows become records once per
   worker. Built once per side version and set of windows.
@@ -23,9 +23,10 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS, quoted
 from dagster_sideinputs.core.context import StageContext, Views
+from dagster_sideinputs.core.lookups import Lookup, LookupTable
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.records import Record, side_record_type
 from dagster_sideinputs.core.route import side_windows
-from dagster_sideinputs.core.rows import Lookup, LookupTable, Record, side_record_type
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.views import orderable
 from dagster_sideinputs.core.windows import WindowSpan

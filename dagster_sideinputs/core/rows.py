@@ -9,93 +9,34 @@ batch and shipped with the function, so ``ctx.side_input(name)`` is a local look
 
 Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
 records come back as one flat DataFrame (a tag column and the union of the tags'
-fields, see :class:`TaggedLayout`), which the operator splits into its outputs
-(persisted first when there are several, so the Python function runs once per record).
+fields, see :mod:`~dagster_sideinputs.core.tagged_layout`), which the operator splits
+into its outputs (persisted first when there are several, so the Python function runs
+once per record). Records and their values: :mod:`~dagster_sideinputs.core.records`;
+side views looked up in Python: :mod:`~dagster_sideinputs.core.lookups`.
 """
 
-import contextlib
-import datetime as dt
-import gc
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Row
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from dagster_sideinputs.core.columns import ROW_ERROR_MARK
-from dagster_sideinputs.core.columns import TAG as TAG_COLUMN
+from dagster_sideinputs.core.lookups import Lookup
 from dagster_sideinputs.core.outputs import MAIN, OutputTag, undeclared_tag_error
-from dagster_sideinputs.core.spark_errors import encode
-from dagster_sideinputs.errors import (
-    DeclarationError,
-    FunctionError,
-    MissingSideColumnError,
-    SideInputError,
-    did_you_mean,
+from dagster_sideinputs.core.records import (
+    Record,
+    cyclic_gc_paused,
+    python_values,
+    record_values,
+    side_record_type,
 )
+from dagster_sideinputs.core.spark_errors import encode
+from dagster_sideinputs.core.tagged_layout import TaggedLayout
+from dagster_sideinputs.errors import DeclarationError, FunctionError, SideInputError, did_you_mean
 
 RowFunction = Callable[["Record", "RowContext"], Iterable[Any] | None]
-
-
-class Record(dict):
-    """One record: a dict that also allows attribute access (``record.amount``)."""
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-class SideRecord(Record):
-    """A side input's row as row functions see it. Reading a column it does not have
-    raises :class:`~dagster_sideinputs.errors.MissingSideColumnError` naming the side
-    input (also an ``AttributeError`` and a ``KeyError``); ``row.get(name)`` gives None.
-    One subclass per side input (:func:`side_record_type`) carries its name."""
-
-    __slots__ = ()
-    side_label: ClassVar[str] = "a side input"
-
-    def __getattr__(self, name: str) -> Any:
-        return self[name]  # a missing name goes through __missing__
-
-    def __missing__(self, key: Any) -> Any:
-        raise MissingSideColumnError(
-            f"The row function reads column {key!r} of {self.side_label}, whose row has no "
-            f"such column (columns: {list(self)}).",
-            fix=f"restore column {key!r} in the side asset, or read the columns it has "
-            "(row.get(name) gives None for a missing one)",
-        )
-
-
-_SIDE_RECORD_TYPES: dict[str, type[SideRecord]] = {}
-
-
-def side_record_type(label: str) -> type[SideRecord]:
-    """The :class:`SideRecord` subclass of one side input (built once per process)."""
-    kind = _SIDE_RECORD_TYPES.get(label)
-    if kind is None:
-        kind = type("SideRecord", (SideRecord,), {"__slots__": (), "side_label": label})
-        _SIDE_RECORD_TYPES[label] = kind
-    return kind
-
-
-def _wrap(value: Any, kind: type[Record] = Record) -> Any:
-    """Structs as records (the outermost as ``kind``), at any depth."""
-    if isinstance(value, dict):
-        return kind({k: _wrap(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return [_wrap(v, kind) for v in value]
-    return value
 
 
 class RowContext:
@@ -147,35 +88,6 @@ class RowContext:
         self.emitted[name].append(record)
 
 
-_UTC_NAMES = ("UTC", "+00:00", "Etc/UTC")
-
-
-def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
-    """The values of an Arrow column as Python objects, like ``to_pylist()``.
-
-    UTC timestamps (every Spark timestamp under the UTC session time zone) become
-    ``datetime`` objects with ``timezone.utc`` in pandas' compiled loop: about ten times
-    faster than Arrow's zone-aware conversion (0.47 against 4.7 us per value, measured).
-    """
-    kind = column.type
-    if pa.types.is_timestamp(kind) and kind.tz in _UTC_NAMES:
-        naive = pc.cast(column, pa.timestamp("us"), safe=False).to_numpy(zero_copy_only=False)
-        stamps = pd.DatetimeIndex(naive).tz_localize(dt.timezone.utc).to_pydatetime().tolist()
-        if column.null_count:
-            return [None if v is pd.NaT else v for v in stamps]
-        return stamps
-    return column.to_pylist()
-
-
-def record_values(column: pa.Array | pa.ChunkedArray, kind: type[Record] = Record) -> list[Any]:
-    """The values of an Arrow column as row functions see them: :func:`python_values`,
-    with structs as :class:`Record` (at any depth; the outermost as ``kind``)."""
-    values = python_values(column)
-    if pa.types.is_nested(column.type):
-        return [_wrap(v, kind) for v in values]
-    return values
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 200 else text[:200] + "..."
@@ -215,172 +127,6 @@ def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
     )
 
 
-class LookupTable:
-    """A side view shipped to the executors as one Arrow table (cheap to pickle), turned
-    into a dict of :class:`Record` once per Python worker and side version.
-
-    Keyed (``window`` None): key -> row (multimap: key -> rows). Per side window
-    (``window``: the table's side-namespace column): namespace -> rows (a list, when
-    ``key`` is None), -> {key: row} (a map) or -> {key: rows} (a multimap). Rows keep
-    the table's order.
-
-    Pickling a dict of records into every task's closure cost more than the per-record
-    work itself (about 0.6 s per task for 200k profiles); an Arrow table unpickles in
-    milliseconds, and Spark reuses Python workers across tasks and batches.
-    """
-
-    def __init__(
-        self,
-        data: pa.Table,
-        key: str | None,
-        *,
-        multimap: bool,
-        label: str = "a side input",
-        window: str | None = None,
-    ) -> None:
-        self.token = uuid.uuid4().hex
-        self.data = data
-        self.key = key
-        self.multimap = multimap
-        self.label = label
-        self.window = window
-
-    def __len__(self) -> int:
-        return self.data.num_rows
-
-    def resolve(self) -> dict[Any, Any]:
-        """The lookup dict (see the class docstring)."""
-        cached = _RESOLVED.get(self.token)
-        if cached is not None:
-            return cached
-        names = [name for name in self.data.column_names if name != self.window]
-        with _cyclic_gc_paused():  # records hold no cycles; collecting halves the build speed
-            columns = [record_values(self.data.column(name)) for name in names]
-            kind = side_record_type(self.label)
-            rows = [kind(zip(names, row)) for row in zip(*columns)]  # noqa: B905 (equal lengths)
-            if self.window is None:
-                table = self._keyed(rows)
-            else:
-                spans = python_values(self.data.column(self.window))
-                grouped: dict[Any, list[Record]] = {}
-                for span, row in zip(spans, rows):  # noqa: B905 (equal lengths)
-                    grouped.setdefault(span, []).append(row)
-                table = {
-                    span: members if self.key is None else self._keyed(members)
-                    for span, members in grouped.items()
-                }
-        while len(_RESOLVED) >= _RESOLVED_KEEP:
-            _RESOLVED.pop(next(iter(_RESOLVED)))
-        _RESOLVED[self.token] = table
-        return table
-
-    def _keyed(self, rows: Sequence[Record]) -> dict[Any, Any]:
-        key = self.key
-        assert key is not None
-        table: dict[Any, Any] = {}
-        if self.multimap:
-            for row in rows:
-                table.setdefault(row[key], []).append(row)
-            return table
-        return {row[key]: row for row in rows}
-
-
-@contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (reference counting still frees memory)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-_RESOLVED: dict[str, dict[Any, Any]] = {}
-"""Lookup tables already built in this (executor's Python worker) process, by token."""
-_RESOLVED_KEEP = 8
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """A keyed side input resolved in Python: ``table[record[column]]`` (or ``default``)."""
-
-    column: str
-    table: LookupTable
-    default: Any = None
-
-
-class TaggedLayout:
-    """How a row function's output for several tags travels as one flat DataFrame.
-
-    One tag column (the index of the record's tag), then the union of the tags' fields:
-    a field with the same name and type in several tags (a main and a side output
-    sharing a schema, typically) is one column. Flat columns cost Spark far less than
-    one struct per tag, both converting from Arrow and in the persisted result.
-    """
-
-    def __init__(self, tags: Sequence[OutputTag]) -> None:
-        missing = [tag for tag in tags if tag.schema is None]
-        if missing:
-            raise DeclarationError(
-                f"Row mode needs a schema for every output; missing for {missing}.",
-                fix='declare OutputTag("name", schema=T.StructType([...])) (and main_output= '
-                "an OutputTag with a schema)",
-            )
-        if len(tags) > 127:  # the tag column is a byte
-            raise DeclarationError(
-                f"Row mode supports at most 127 outputs; got {len(tags)}.",
-                fix="emit fewer tags (for example one tag with a column saying which kind)",
-            )
-        self.tags = list(tags)
-        columns: dict[tuple[str, T.DataType], str] = {}
-        self.columns: list[list[str]] = []  # per tag: its fields' columns, in field order
-        fields = [T.StructField(TAG_COLUMN, T.ByteType())]  # the index of the record's tag
-        for tag in self.tags:
-            assert tag.schema is not None
-            mine = []
-            for field in tag.schema.fields:
-                column = columns.get((field.name, field.dataType))
-                if column is None or column in mine:
-                    column = f"_dsi_c{len(fields) - 1}"
-                    columns.setdefault((field.name, field.dataType), column)
-                    fields.append(T.StructField(column, field.dataType, nullable=True))
-                mine.append(column)
-            self.columns.append(mine)
-        self.schema = T.StructType(fields)
-        self.arrow_schema = to_arrow_schema(self.schema)
-        self._record_types = [pa.struct(list(to_arrow_schema(t.schema))) for t in tags if t.schema]
-        # Per tag and flat column: which field of the tag's records fills it (None: nulls).
-        self._sources = [
-            [mine.index(f.name) if f.name in mine else None for f in self.schema.fields[1:]]
-            for mine in self.columns
-        ]
-        self._column_types = [self.arrow_schema.field(f.name).type for f in self.schema.fields[1:]]
-
-    def batch(self, index: int, records: list[dict[str, Any]]) -> pa.RecordBatch:
-        """One Arrow batch of records (dicts in the schema of ``tags[index]``)."""
-        fields = pa.array(records, type=self._record_types[index]).flatten()
-        size = len(records)
-        arrays = [pa.repeat(pa.scalar(index, pa.int8()), size)]
-        for source, kind in zip(self._sources[index], self._column_types, strict=True):
-            arrays.append(pa.nulls(size, kind) if source is None else fields[source])
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
-
-    def split(self, tagged: DataFrame) -> dict[OutputTag, DataFrame]:
-        """The per-tag DataFrames of a tagged result."""
-        return {
-            tag: tagged.filter(F.col(TAG_COLUMN) == index).select(
-                *[
-                    F.col(column).alias(field.name)
-                    for column, field in zip(columns, tag.schema.fields, strict=True)
-                ]
-            )
-            for index, (tag, columns) in enumerate(zip(self.tags, self.columns, strict=True))
-            if tag.schema is not None
-        }
-
-
 def run_row_function(
     released: DataFrame,
     fn: RowFunction,
@@ -389,7 +135,7 @@ def run_row_function(
     broadcast_values: Mapping[str, Any],
     joined_columns: Sequence[str],
     record_columns: Sequence[str],
-    lookups: Mapping[str, "Lookup"] | None = None,
+    lookups: Mapping[str, Lookup] | None = None,
     side_labels: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Apply a row function to every released record; returns the tagged DataFrame
@@ -468,7 +214,7 @@ def run_row_function(
         for batch in batches:
             # Records and side rows hold no cycles; with big lookup tables alive, the
             # collector's full passes cost about 15% of the Python time (measured).
-            with _cyclic_gc_paused():
+            with cyclic_gc_paused():
                 out = run(batch, ctx)
             yield from out
 

@@ -1,4 +1,4 @@
-"""Side inputs: :class:`SideInput`, its four view factories, and :class:`AsOf`.
+"""Side inputs: :class:`SideInput` and its four view factories (:class:`AsOf`: as_of.py).
 
 ``SideInput.singleton``, ``.list``, ``.map`` and ``.multimap`` take explicit, typed
 keyword arguments (completion and type checking on the main vocabulary); an option a
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+from dagster_sideinputs.core.as_of import AsOf
 from dagster_sideinputs.core.declarations import (
     DISTRIBUTIONS,
     MISSING,
@@ -28,7 +29,6 @@ from dagster_sideinputs.core.declarations import (
     asset_path,
     check_choice,
 )
-from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.windows import Window, WindowMapping
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
@@ -72,60 +72,6 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
         return factory(*args, **kwargs)
 
     return checked
-
-
-@dataclass(frozen=True)
-class AsOf:
-    """Where the validity of a temporal (as-of) map's rows comes from.
-
-    Each main record sees, for its key, the side row valid at its event time (Flink
-    SQL's ``FOR SYSTEM_TIME AS OF``, Kafka Streams' versioned stores). Build one with
-    :meth:`column` (validity in columns of the side table) or :meth:`history` (the side
-    table's own Delta history: the row as the table held it at that time). A column
-    name given directly to ``SideInput.map(..., as_of="valid_from")`` means
-    ``AsOf.column("valid_from")``.
-
-    Attributes:
-        valid_from: side column: when the row starts being valid (None: Delta history).
-        valid_to: side column: when it stops (exclusive); None: when the key's next row
-            starts.
-    """
-
-    valid_from: str | None = None
-    valid_to: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.valid_to is not None and self.valid_from is None:
-            raise DeclarationError(
-                "AsOf(valid_to=...) needs valid_from= too.",
-                fix='AsOf.column("valid_from", valid_to="valid_to")',
-            )
-        for name in (self.valid_from, self.valid_to):
-            if name is not None and (not isinstance(name, str) or not name):
-                raise DeclarationError(f"AsOf columns are column names, got {name!r}.")
-
-    @classmethod
-    def column(cls, valid_from: str, *, valid_to: str | None = None) -> "AsOf":
-        """Validity from the side table's columns: a row of key k is valid from its
-        ``valid_from`` until its ``valid_to`` (exclusive), or, without ``valid_to``,
-        until the next ``valid_from`` of key k."""
-        return cls(valid_from, valid_to)
-
-    @classmethod
-    def history(cls) -> "AsOf":
-        """Validity from the side table's Delta history: a record at time t sees the
-        table as the newest version committed at or before t held it."""
-        return cls()
-
-    @property
-    def is_history(self) -> bool:
-        return self.valid_from is None
-
-    def __repr__(self) -> str:
-        if self.is_history:
-            return "AsOf.history()"
-        extra = f", valid_to={self.valid_to!r}" if self.valid_to else ""
-        return f"AsOf.column({self.valid_from!r}{extra})"
 
 
 @dataclass(frozen=True)
@@ -393,35 +339,6 @@ class SideInput:
             max_age=max_age, distribution=distribution, forward_column=forward_column,
             path=path,
         )  # fmt: skip
-
-    def describe(self) -> str:
-        """A readable one-line description (view, key, readiness, timeout, window)."""
-        parts = [f"{self.view} of {self.asset!r}"]
-        if self.key:
-            parts.append(f"keyed by {self.key!r}")
-        if self.readiness:
-            parts.append(f"ready when {self.readiness}")
-        if self.max_age is not None:
-            parts.append(f"fresh within {human_duration(self.max_age)}")
-        if self.missing == "wait":
-            parts.append(
-                f"waits up to {human_duration(self.timeout)} per key, then {self.on_timeout}"
-            )
-        elif self.missing == "unmatched":
-            parts.append("missing keys -> unmatched")
-        if self.window is not None:
-            parts.append(
-                f"per {human_duration(self.window.size)} window on {self.window.time_column!r}"
-            )
-        if self.as_of is not None:
-            parts.append(f"as of the record's time ({self.as_of!r})")
-        if self.grace is not None:
-            parts.append(f"final {human_duration(self.grace)} after its time")
-        if self.on_empty != "release":
-            parts.append("empty -> unmatched")
-        if self.distribution:
-            parts.append(f"{self.distribution} distribution")
-        return ", ".join(parts)
 
     def __repr__(self) -> str:
         extras = [f"key={self.key!r}"] if self.key else []

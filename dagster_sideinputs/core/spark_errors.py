@@ -138,7 +138,7 @@ def translate(
     if DUPLICATE_MARK in text:
         name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
         if views is not None and name in views.joins:
-            from dagster_sideinputs.core.views import duplicate_error
+            from dagster_sideinputs.core.joins import duplicate_error
 
             data = views.data[name]
             return duplicate_error(data.bound, views.joins[name], data.version)

@@ -34,7 +34,7 @@ from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.windows import EPOCH, as_utc, check_time_column
+from dagster_sideinputs.core.windows import EPOCH, as_utc, check_time_column, utc_of
 from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
 from dagster_sideinputs.errors import DeclarationError, DuplicateKeyError, preview
 
@@ -67,16 +67,8 @@ def earliest_time(files: Iterable[DataFile], column: str | None) -> dt.datetime 
             if file.num_records == 0 or (file.num_records and file.null_count.get(column)):
                 continue  # empty, or only null times (invalid records)
             return None
-        values.append(_utc(low))
+        values.append(utc_of(low))
     return min(values) if values else None
-
-
-def _utc(value: Any) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        return as_utc(value)
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
-    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def plan_as_of(
@@ -150,7 +142,7 @@ def _column_horizon(
         h is not None or f.null_count.get(column) == f.num_records
         for h, f in zip(highs, files, strict=True)
     ):
-        known = [_utc(h) for h in highs if h is not None]
+        known = [utc_of(h) for h in highs if h is not None]
         return max(known) if known else None
     if spark is None:
         return None

@@ -166,6 +166,26 @@ def as_utc(value: dt.datetime | dt.date) -> dt.datetime:
     )
 
 
+def utc_of(value: object) -> dt.datetime:
+    """A datetime, a date or ISO-8601 text (a Delta statistic, a recorded time) as an
+    aware UTC datetime (:func:`as_utc`); other text raises ``ValueError``."""
+    if isinstance(value, dt.date):
+        return as_utc(value)
+    text = str(value).replace("Z", "+00:00").replace(" ", "T")
+    return as_utc(dt.datetime.fromisoformat(text))
+
+
+def parse_stat_time(value: object) -> dt.datetime | None:
+    """A timestamp statistic or recorded time (typed, or ISO text); None when absent or
+    not a time."""
+    if value is None:
+        return None
+    try:
+        return utc_of(value)
+    except ValueError:
+        return None
+
+
 def shifted(instant: dt.datetime, delta: dt.timedelta, *, back: bool = False) -> dt.datetime:
     """``instant + delta`` (``- delta`` when ``back``), saturating at the first and last
     representable instants: a huge timeout or age limit means "never", not an

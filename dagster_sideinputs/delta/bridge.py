@@ -29,7 +29,7 @@ from dagster_sideinputs.delta.engine import (
 )
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.log import added_files
-from dagster_sideinputs.delta.reader import read_changes, read_files, select_partitions
+from dagster_sideinputs.delta.reader import read_changes, read_snapshot
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.table import commit_timestamps, load_snapshot, open_table
 from dagster_sideinputs.delta.writer import (
@@ -106,14 +106,8 @@ class DeltaRsEngine:
         name: str | None = None,
     ) -> DataFrame:
         configure_spark(spark, snapshot.uri, self.storage_options)
-        chosen = select_partitions(snapshot.files if files is None else files, partition_filter)
-        return read_files(
-            spark,
-            chosen,
-            schema=snapshot.schema,
-            partition_columns=snapshot.partition_columns,
-            root=snapshot.uri,
-            table=name or snapshot.uri,
+        return read_snapshot(
+            spark, snapshot, files=files, name=name, partition_filter=partition_filter
         )
 
     def read_changes(

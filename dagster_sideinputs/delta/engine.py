@@ -20,6 +20,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from dagster_sideinputs.errors import DeltaTableError
+
 WriteMode = Literal["append", "overwrite"]
 SchemaMode = Literal["merge", "overwrite"]
 
@@ -143,6 +145,19 @@ class StagedWrite:
     num_bytes: int = 0
     seconds: float = 0.0
     handle: Any = None
+
+
+def refused_removals(
+    remove_files: Sequence[DataFile], mode: WriteMode, table_exists: bool, label: str
+) -> DeltaTableError | None:
+    """The error of a write removing files that :meth:`DeltaEngine.commit` refuses (files
+    are removed only by an append to an existing table), or None when it is allowed."""
+    if remove_files and (mode != "append" or not table_exists):
+        return DeltaTableError(
+            f"remove_files needs mode='append' on an existing table (table {label}).",
+            fix='pass mode="append"',
+        )
+    return None
 
 
 @runtime_checkable

@@ -7,10 +7,9 @@ Delta schema (never an inferred one) in table column order, with typed partition
 columns.
 """
 
-import contextlib
 import functools
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -22,11 +21,17 @@ from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.s3 import configure_spark
-from dagster_sideinputs.delta.schema import partition_string
+from dagster_sideinputs.delta.schema import partition_key, partition_string, quoted
+from dagster_sideinputs.delta.spark_session import session_setting
 from dagster_sideinputs.delta.table import load_snapshot
 from dagster_sideinputs.errors import CorruptDataFileError
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+# With more than 32 paths Spark launches a distributed job just to stat them (~0.4 s for
+# 60 files here, more than the scan itself); for local and shared filesystems the driver
+# does it in milliseconds, so reads of local files raise the threshold. Object stores keep
+# Spark's default.
+_LISTING_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 
 def _conforms(file: DataFile, partition_columns: Sequence[str]) -> bool:
@@ -99,60 +104,51 @@ def read_files(
     if not files:
         return spark.createDataFrame([], schema)
     uris = [spark_uri(file.uri) for file in files]
-    with _driver_side_listing(spark, local=is_local(root)):
+    with session_setting(spark, _LISTING_THRESHOLD, "100000" if is_local(root) else None):
         reader = spark.read.schema(schema)
         if not partition_columns:
             return reader.parquet(*uris)
         if all(_conforms(file, partition_columns) for file in files):
             # Spark derives the partition columns from the folder names, typed by `schema`.
             scan = reader.option("basePath", spark_uri(root)).parquet(*uris)
-            return scan.select(*[F.col(f"`{name}`") for name in schema.fieldNames()])
-        return _read_by_partition_groups(spark, files, schema, partition_columns)
+            return scan.select(*[F.col(quoted(name)) for name in schema.fieldNames()])
+        return read_partition_groups(spark, files, schema, partition_columns)
 
 
-_LISTING_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-
-
-@contextlib.contextmanager
-def _driver_side_listing(spark: SparkSession, *, local: bool) -> Iterator[None]:
-    """Resolve explicit file lists on the driver when they are local.
-
-    With more than 32 paths Spark launches a distributed job just to stat them
-    (~0.4 s for 60 files here, more than the scan itself); for local and shared
-    filesystems the driver does it in milliseconds. Object stores keep Spark's default.
-    """
-    if not local:
-        yield
-        return
-    previous = spark.conf.get(_LISTING_THRESHOLD, None)
-    spark.conf.set(_LISTING_THRESHOLD, "100000")
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(_LISTING_THRESHOLD)
-        else:
-            spark.conf.set(_LISTING_THRESHOLD, previous)
-
-
-def _read_by_partition_groups(
+def read_partition_groups(
     spark: SparkSession,
     files: Sequence[DataFile],
     schema: T.StructType,
     partition_columns: Sequence[str],
+    *,
+    stored: Mapping[str, T.StructField] | None = None,
 ) -> DataFrame:
-    """Slow path for layouts Spark cannot parse (foreign writers): one scan per partition."""
-    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
+    """One parquet scan per partition, the partition values added as typed literals: for
+    layouts Spark cannot parse (foreign writers) and for column-mapped tables.
+
+    Args:
+        stored: data column -> the field as the files store it (its physical name and
+            type under column mapping); read as stored, then cast to the table type and
+            named as the table names it. None: the files use the table's names and types.
+    """
+    data_fields = [f for f in schema.fields if f.name not in partition_columns]
+    in_files = [(stored or {}).get(f.name, f) for f in data_fields]
+    file_schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in in_files])
     groups: dict[tuple, list[str]] = {}
     for file in files:
-        key = tuple(partition_string(file.partition_values.get(c)) for c in partition_columns)
-        groups.setdefault(key, []).append(spark_uri(file.uri))
+        groups.setdefault(partition_key(file.partition_values, partition_columns), []).append(
+            spark_uri(file.uri)
+        )
     frames = []
     for key, uris in groups.items():
-        frame = spark.read.schema(data_schema).parquet(*uris)
+        scan = spark.read.schema(file_schema).parquet(*uris)
+        columns = {
+            f.name: F.col(quoted(source.name)).cast(f.dataType).alias(f.name)
+            for f, source in zip(data_fields, in_files, strict=True)
+        }
         for column, value in zip(partition_columns, key, strict=True):
-            frame = frame.withColumn(column, F.lit(value).cast(schema[column].dataType))
-        frames.append(frame.select(*schema.fieldNames()))
+            columns[column] = F.lit(value).cast(schema[column].dataType).alias(column)
+        frames.append(scan.select(*[columns[name] for name in schema.fieldNames()]))
     return functools.reduce(DataFrame.unionByName, frames)
 
 
@@ -179,18 +175,23 @@ def read_snapshot(
     spark: SparkSession,
     snapshot: TableSnapshot,
     *,
+    files: Sequence[DataFile] | None = None,
     name: str | None = None,
     partition_filter: Mapping[str, Collection[Any]] | None = None,
+    verify: bool = True,
 ) -> DataFrame:
-    """A DataFrame over one already-loaded table snapshot."""
-    files = select_partitions(snapshot.files, partition_filter)
+    """A DataFrame over one already-loaded table snapshot (over ``files`` of it, when
+    given), with the partitions outside ``partition_filter`` pruned; ``verify`` as for
+    :func:`read_files`."""
+    chosen = select_partitions(snapshot.files if files is None else files, partition_filter)
     return read_files(
         spark,
-        files,
+        chosen,
         schema=snapshot.schema,
         partition_columns=snapshot.partition_columns,
         root=snapshot.uri,
         table=name or snapshot.uri,
+        verify=verify,
     )
 
 
@@ -257,12 +258,4 @@ def read_changes(
         table=label,
         schema=snapshot.schema,
     )
-    frame = read_files(
-        spark,
-        files,
-        schema=snapshot.schema,
-        partition_columns=snapshot.partition_columns,
-        root=snapshot.uri,
-        table=label,
-    )
-    return frame, snapshot.version
+    return read_snapshot(spark, snapshot, files=files, name=label), snapshot.version

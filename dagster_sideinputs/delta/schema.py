@@ -5,7 +5,7 @@ conversion is exact both ways: no type guessing through Arrow.
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -123,6 +123,16 @@ def partition_string(value: Any) -> str | None:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return str(value)
+
+
+def quoted(column: str) -> str:
+    """A column name as Spark SQL and ``F.col`` read it literally (dots, spaces, backticks)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def partition_key(values: Mapping[str, Any], columns: Sequence[str]) -> tuple[str | None, ...]:
+    """A file's partition (its values of ``columns``, as logged), to group files by."""
+    return tuple(partition_string(values.get(c)) for c in columns)
 
 
 def _without_metadata(data_type: T.DataType) -> T.DataType:

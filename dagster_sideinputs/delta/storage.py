@@ -30,7 +30,8 @@ from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.engine import DeltaEngine
 from dagster_sideinputs.delta.files import check_root, join_uri, normalize_uri
 from dagster_sideinputs.delta.s3 import configure_spark, resolve_storage_options
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine, active_session
+from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark_session import active_session
 from dagster_sideinputs.delta.spark_setup import is_delta_configured
 from dagster_sideinputs.errors import DeclarationError
 

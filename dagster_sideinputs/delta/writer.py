@@ -42,6 +42,7 @@ from dagster_sideinputs.delta.engine import (
     StagedWrite,
     WriteMode,
     WriteResult,
+    refused_removals,
 )
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.s3 import configure_spark
@@ -55,7 +56,7 @@ from dagster_sideinputs.delta.staging import (
     check_partition,
 )
 from dagster_sideinputs.delta.table import load_snapshot, open_table
-from dagster_sideinputs.errors import DeltaTableError, NotADeltaTableError
+from dagster_sideinputs.errors import NotADeltaTableError
 
 __all__ = [
     "AppTransaction",
@@ -188,12 +189,10 @@ def commit_staged(
     started = time.perf_counter()
     handle: _BridgeStage = staged.handle
     uri, label, options = staged.uri, staged.name, handle.storage_options
-    if remove_files and (staged.mode != "append" or not handle.table_existed):
+    refused = refused_removals(remove_files, staged.mode, handle.table_existed, label)
+    if refused is not None:
         handle.staging.discard(published_too=False)
-        raise DeltaTableError(
-            f"remove_files needs mode='append' on an existing table (table {label}).",
-            fix='pass mode="append"',
-        )
+        raise refused
     exists = _is_table(uri, options)
     table = open_table(uri, storage_options=options, name=label) if exists else None
     if table is not None and already_committed(table, app_transaction):

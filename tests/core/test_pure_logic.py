@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.binding import build_spec, default_operator_id
 from dagster_sideinputs.core.buffer import (
     BufferState,
     is_keywait,
@@ -17,7 +18,7 @@ from dagster_sideinputs.core.buffer import (
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.plan import BatchPlan, MainRange, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision
-from dagster_sideinputs.core.spec import build_spec, default_operator_id, fingerprint
+from dagster_sideinputs.core.spec import fingerprint
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.windows import (
     GLOBAL,

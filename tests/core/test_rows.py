@@ -8,7 +8,8 @@ import pytest
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.rows import TaggedLayout, _cyclic_gc_paused, python_values
+from dagster_sideinputs.core.records import cyclic_gc_paused, python_values
+from dagster_sideinputs.core.tagged_layout import TaggedLayout
 from dagster_sideinputs.delta.reader import read_table
 
 
@@ -300,7 +301,7 @@ def test_struct_fields_of_main_records_are_records_too(lake):
 
 def test_a_paused_collector_comes_back_as_it_was_even_after_an_error():
     def fail_while_paused():
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             assert not gc.isenabled()
             raise RuntimeError("a row function failed")
 
@@ -310,7 +311,7 @@ def test_a_paused_collector_comes_back_as_it_was_even_after_an_error():
     assert gc.isenabled()
     gc.disable()
     try:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             pass
         assert not gc.isenabled()  # the caller had it off: it stays off
     finally:

@@ -1,0 +1,152 @@
+"""Route rules: the Spark expression giving each record of a batch its route
+(``released``, ``buffered``, ``key_wait``, ``late``, ``unmatched``, ``overflow`` or
+``invalid``) and the reason in words, and the check of a pre-keyed main input's promise."""
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from dagster_sideinputs.core.columns import (
+    CORRUPT,
+    FIRST_SEEN,
+    KEY_GROUP,
+    NS_ID,
+    ORIGIN,
+    PRE_KEYED_MARK,
+    REASON,
+    ROUTE,
+    quoted,
+)
+from dagster_sideinputs.core.invalid_records import invalid_reason
+from dagster_sideinputs.core.joins import JoinSpec
+from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.temporal import main_time_column, waits_for_horizon
+from dagster_sideinputs.core.windows import shifted
+
+ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
+
+
+def lookup(mapping: Mapping[str, str], key: Column) -> Column:
+    """``mapping[key]`` as a Spark expression over a small literal map."""
+    if not mapping:
+        return F.lit(None).cast("string")
+    pairs: list[Column] = []
+    for k, v in sorted(mapping.items()):
+        pairs.extend([F.lit(k), F.lit(v)])
+    return F.element_at(F.create_map(*pairs), key)
+
+
+def not_ready_reason(plan: BatchPlan, ns: str) -> str:
+    """Why a namespace is not ready: the side inputs it waits for, with their reasons."""
+    waiting = []
+    for side, side_ns in plan.namespaces[ns].side_namespaces.items():
+        decision = plan.decisions.get(side, {}).get(side_ns)
+        if decision is not None and not decision.ready:
+            waiting.append(f"{side}: {decision.reason}")
+    return "waiting for " + "; ".join(waiting) if waiting else "waiting"
+
+
+def with_routes(
+    spec: OperatorSpec,
+    df: DataFrame,
+    plan: BatchPlan,
+    joins: Mapping[str, JoinSpec],
+    empty: Mapping[str, Column],
+) -> DataFrame:
+    """The records with their route and reason columns (``empty``: per side input, the
+    records whose side namespace holds no rows, for ``on_empty="unmatched"``)."""
+    invalid, reason = invalid_reason(spec, df, plan)
+    lie, message = _pre_keyed_check(spec, df, plan)
+    route = F.when(lie, F.raise_error(message))
+    route = route.when(invalid, F.lit("invalid"))
+    late = plan.late_namespaces
+    if spec.options.late is not None and late:
+        route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
+    route = route.when(~F.col(NS_ID).isin(plan.ready_namespaces), F.lit("buffered"))
+    # Side inputs declaring on_empty="unmatched" whose namespace holds no rows.
+    empty_reasons = [F.when(condition, F.lit(name)) for name, condition in empty.items()]
+    for condition in empty.values():
+        route = route.when(condition, F.lit("unmatched"))
+    # As-of maps: records after the side data's horizon wait for it (or for its grace).
+    horizon_reason: Column = F.lit(None).cast("string")
+    time = main_time_column(spec)
+    for bound in spec.sides:
+        waiting = waits_for_horizon(bound, plan, F.col(quoted(time))) if time else None
+        if waiting is not None:
+            route = route.when(waiting[0], F.lit("key_wait"))
+            horizon_reason = F.coalesce(horizon_reason, F.when(waiting[0], waiting[1]))
+    missing_reasons = []
+    for bound in spec.sides:
+        join = joins.get(bound.name)
+        if join is None or bound.side.missing == "null":
+            continue
+        unmatched = ~F.col(join.matched)
+        missing_reasons.append(F.when(unmatched, F.lit(bound.name)))
+        if bound.side.missing == "wait":
+            assert bound.side.timeout is not None
+            deadline = F.lit(shifted(plan.now, bound.side.timeout, back=True)).cast("timestamp")
+            timed_out = F.col(FIRST_SEEN) <= deadline
+            if bound.side.on_timeout == "unmatched":
+                route = route.when(unmatched & timed_out, F.lit("unmatched"))
+            route = route.when(unmatched & ~timed_out, F.lit("key_wait"))
+        else:
+            route = route.when(unmatched, F.lit("unmatched"))
+    route = route.otherwise(F.lit("released"))
+    not_ready = {ns: not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready}
+    missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
+    emptied = F.concat_ws(", ", *empty_reasons) if empty_reasons else F.lit("")
+    why = (
+        F.when(F.col(ROUTE) == "invalid", reason)
+        .when(F.col(ROUTE) == "buffered", lookup(not_ready, F.col(NS_ID)))
+        .when((F.col(ROUTE) == "key_wait") & horizon_reason.isNotNull(), horizon_reason)
+        .when(F.col(ROUTE) == "key_wait", F.concat(F.lit("waiting for the side row of: "), missing))
+        .when(
+            (F.col(ROUTE) == "unmatched") & (emptied != ""),
+            F.concat(F.lit("the side namespace holds no rows in: "), emptied),
+        )
+        .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
+    )
+    return df.withColumn(ROUTE, route).withColumn(REASON, why)
+
+
+def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
+    """(a row breaks the pre-keyed promise, the error text saying how)."""
+    key = spec.main.key
+    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
+        return _pre_keyed_lie(spec, df), _pre_keyed_message(spec)
+    from dagster_sideinputs.core.kafka_keyed import partition_count, violation
+
+    count = partition_count(plan.main)
+    if not count:
+        return F.lit(False), F.lit("")
+    # New records only (buffered ones were checked when they arrived), and not the
+    # invalid ones (a corrupt value or a null key has its own route).
+    checked = (F.col(ORIGIN) == "new") & F.col(quoted(key)).isNotNull()
+    if CORRUPT in df.columns:
+        checked = checked & F.col(CORRUPT).isNull()
+    condition, message = violation(key, df.schema[key].dataType, count)
+    return checked & condition, message
+
+
+def _pre_keyed_lie(spec: OperatorSpec, df: DataFrame) -> Column:
+    """A row whose declared key group is not its key's (checked on every route)."""
+    keyed = spec.main.pre_keyed
+    if keyed is None or keyed.column not in df.columns:
+        return F.lit(False)
+    return F.col(quoted(keyed.column)) != F.col(KEY_GROUP)
+
+
+def _pre_keyed_message(spec: OperatorSpec) -> Column:
+    keyed, key = spec.main.pre_keyed, spec.main.key
+    if keyed is None or key is None:
+        return F.lit("")
+    return F.concat(
+        F.lit(f"{PRE_KEYED_MARK}: a row of key "),
+        F.col(quoted(key)).cast("string"),
+        F.lit(" is in key group "),
+        F.col(quoted(keyed.column)).cast("string"),
+        F.lit(" but hashes to "),
+        F.col(KEY_GROUP).cast("string"),
+    )

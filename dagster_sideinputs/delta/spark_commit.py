@@ -1,0 +1,198 @@
+"""Committing for the delta-spark engine: one ``format("delta")`` write per commit.
+
+- The write carries the batch's application transaction (``txnAppId`` / ``txnVersion``):
+  Delta skips it when the table already holds the transaction.
+- Files to remove (the buffer's released slots) must be whole partitions: the write
+  becomes ``overwrite`` + ``replaceWhere`` on them, with Delta's replaceWhere constraint
+  check off for that write only, so the rows of other partitions are appended in the
+  same single commit. Removals alone are the same write with no rows.
+- Each commit carries a unique token in ``userMetadata``, by which the engine finds the
+  version it made. A failed write is translated to the project's errors.
+"""
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
+from dagster_sideinputs.delta.files import spark_uri
+from dagster_sideinputs.delta.spark_log import READER
+from dagster_sideinputs.delta.spark_log_files import LogFiles, is_path_not_found
+from dagster_sideinputs.delta.spark_log_state import LogState
+from dagster_sideinputs.delta.spark_predicates import removal_predicate, replace_predicate
+from dagster_sideinputs.delta.spark_session import session_setting
+from dagster_sideinputs.delta.staging import allowed_values
+from dagster_sideinputs.errors import (
+    ConcurrentWriteError,
+    NotADeltaTableError,
+    SchemaMismatchError,
+)
+
+ENGINE_NAME = "delta-spark"
+CONSTRAINT_CHECK = "spark.databricks.delta.replaceWhere.constraintCheck.enabled"
+_TOKEN = "dsi.write"
+_CONCURRENT = (
+    "DELTA_CONCURRENT",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+)
+
+
+def holds(state: LogState, app_transaction: AppTransaction | None) -> bool:
+    """Whether the table at ``state`` already committed ``app_transaction`` (or later)."""
+    if app_transaction is None:
+        return False
+    committed = state.txns.get(app_transaction.app_id)
+    return committed is not None and committed >= app_transaction.version
+
+
+def unchanged(uri: str, version: int, seconds: float, *, skipped: bool = True) -> WriteResult:
+    """A write that committed nothing: skipped (the table holds its transaction) or empty."""
+    return WriteResult(uri, version, 0, 0, 0, skipped, seconds, ENGINE_NAME)
+
+
+def with_duration(result: WriteResult, seconds: float) -> WriteResult:
+    return dataclasses.replace(result, duration_s=seconds)
+
+
+def save(
+    frame: DataFrame,
+    target: StagedWrite,
+    current: LogState | None,
+    files: LogFiles,
+    *,
+    remove_files: Sequence[DataFile],
+    app_transaction: AppTransaction | None,
+    commit_metadata: Mapping[str, Any] | None,
+) -> WriteResult:
+    """One ``format("delta")`` write of ``frame``: the commit.
+
+    Args:
+        target: the table and how to write it (uri, name, mode, partitions, schema mode).
+        current: the table's latest state (None: no table yet).
+        files: the table's log files, to find the commit made.
+    """
+    uri, label, mode = target.uri, target.name, target.mode
+    replace_partition, schema_mode = target.replace_partition, target.schema_mode
+    token = uuid.uuid4().hex
+    writer = frame.write.format("delta").option(
+        "userMetadata",
+        json.dumps(
+            {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+            default=str,
+        ),
+    )
+    relax_constraint = False
+    if remove_files:
+        assert current is not None
+        predicate = removal_predicate(current, remove_files, label)
+        writer = writer.mode("overwrite")
+        if predicate is not None:
+            writer = writer.option("replaceWhere", predicate)
+            relax_constraint = True
+    elif mode == "overwrite":
+        writer = writer.mode("overwrite")
+        if replace_partition:
+            writer = writer.option("replaceWhere", replace_predicate(replace_partition))
+        elif schema_mode == "overwrite":
+            writer = writer.option("overwriteSchema", "true")
+    else:
+        writer = writer.mode("append")
+    if schema_mode == "merge":
+        writer = writer.option("mergeSchema", "true")
+    if target.partition_by:
+        writer = writer.partitionBy(*target.partition_by)
+    if app_transaction is not None:
+        writer = writer.option("txnAppId", app_transaction.app_id).option(
+            "txnVersion", str(app_transaction.version)
+        )
+    before = -1 if current is None else current.version
+    spark = frame.sparkSession
+    try:
+        with session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None):
+            writer.save(spark_uri(uri))
+    except Exception as exc:
+        raise _translated(exc, label, replace_partition) from exc
+    return _result_of(files, uri, label, before, token)
+
+
+def _result_of(files: LogFiles, uri: str, label: str, before: int, token: str) -> WriteResult:
+    """The commit this write made (found by its token), or a skip: Delta skips a write
+    whose application transaction the table already holds."""
+    latest = READER.latest_version(files)
+    if latest is None or latest <= before:
+        return unchanged(uri, before, 0.0)
+    versions = list(range(before + 1, latest + 1))
+    actions = READER.commits(files, versions, table=label)
+    for version in reversed(versions):
+        info: dict[str, Any] = next(
+            (a["commitInfo"] for a in actions[version] if "commitInfo" in a), {}
+        )
+        if token not in str(info.get("userMetadata") or ""):
+            continue
+        adds = [a["add"] for a in actions[version] if "add" in a]
+        metrics = info.get("operationMetrics") or {}
+        rows = metrics.get("numOutputRows")
+        if rows is None:
+            rows = sum(json.loads(a["stats"]).get("numRecords", 0) for a in adds if a.get("stats"))
+        return WriteResult(
+            uri=uri,
+            version=version,
+            num_rows=int(rows),
+            num_files=len(adds),
+            num_bytes=sum(int(a.get("size") or 0) for a in adds),
+            skipped=False,
+            duration_s=0.0,
+            engine=ENGINE_NAME,
+        )
+    return unchanged(uri, latest, 0.0)
+
+
+def _translated(
+    exc: Exception, label: str, replace_partition: Mapping[str, Any] | None
+) -> Exception:
+    """A failed delta-spark write as the project's error (the Spark error stays the cause)."""
+    text = str(exc)
+    if any(marker in text for marker in _CONCURRENT):
+        return ConcurrentWriteError(
+            f"Another writer committed a conflicting change to table {label} first: "
+            f"{_first_line(text)}. This write was not committed.",
+            fix="retry the write; for the operator, rerun the job (batches are idempotent)",
+        )
+    if "DELTA_REPLACE_WHERE_MISMATCH" in text and replace_partition:
+        shown = {c: sorted(v, key=str) for c, v in allowed_values(replace_partition).items()}
+        return SchemaMismatchError(
+            f"Overwriting partition(s) {shown} of table {label}, but the DataFrame also "
+            f"holds rows of other partitions ({_first_line(text)}). The table is unchanged.",
+            fix="filter the DataFrame to the partitions being replaced",
+        )
+    if "DELTA_NOT_NULL_CONSTRAINT_VIOLATED" in text or "DELTA_VIOLATE_CONSTRAINT" in text:
+        return SchemaMismatchError(
+            f"The data violates a constraint of table {label}: {_first_line(text)}. "
+            "The table is unchanged.",
+            fix="filter or fix the offending rows first",
+        )
+    if "DELTA_FAILED_TO_MERGE_FIELDS" in text or "DELTA_SCHEMA_" in text:
+        return SchemaMismatchError(
+            f"delta-spark refused the schema of the write to table {label}: "
+            f"{_first_line(text)}. The table is unchanged.",
+            fix='cast the columns to the table\'s types, or pass schema_mode="merge"',
+        )
+    if is_path_not_found(exc):
+        return NotADeltaTableError(f"Cannot write table {label}: {_first_line(text)}")
+    return exc
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line[:400]

@@ -1,0 +1,199 @@
+"""Where the delta-spark engine reads a table's ``_delta_log`` files from.
+
+Local and shared filesystems are read directly (no JVM, milliseconds). Any other
+location is read through the session's own readers (``binaryFile`` for the listing,
+``text`` for commits, ``parquet`` for checkpoints), so it needs no credentials but
+Spark's: no second set of storage credentials, unlike the delta-rs bridge.
+"""
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from dagster_sideinputs.delta.files import is_local, join_uri, normalize_uri, spark_uri
+from dagster_sideinputs.errors import TableNotFoundError
+
+LOG_DIR = "_delta_log"
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """A file of ``_delta_log``: its name, size and modification time."""
+
+    name: str
+    size: int
+    mtime_ms: int
+
+
+class LogFiles(Protocol):
+    """Read access to one table's ``_delta_log`` folder."""
+
+    root: str
+
+    def list_log(self) -> list[LogEntry] | None:
+        """The files of ``_delta_log`` (None: there is no such folder)."""
+        ...
+
+    def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """Parsed JSON lines of log files (raises FileNotFoundError for a missing one)."""
+        ...
+
+    def read_parquet(self, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """The ``columns`` (those present) of parquet log files, concatenated."""
+        ...
+
+    def holds_files(self) -> bool:
+        """Whether the table folder holds anything at all."""
+        ...
+
+
+def _concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Checkpoint parts (or checkpoint and sidecars) as one table; their schemas may
+    differ in the optional fields a writer left out."""
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _parse_lines(raw: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+class LocalLogFiles:
+    """A log on a local or shared filesystem, read with ``os`` and pyarrow."""
+
+    def __init__(self, root: str) -> None:
+        self.root = normalize_uri(root)
+        self._log = os.path.join(self.root, LOG_DIR)
+
+    def list_log(self) -> list[LogEntry] | None:
+        try:
+            with os.scandir(self._log) as entries:
+                found = []
+                for entry in entries:
+                    if entry.is_file():
+                        stat = entry.stat()
+                        found.append(LogEntry(entry.name, stat.st_size, int(stat.st_mtime * 1000)))
+                return found
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        result = {}
+        for name in names:
+            with open(os.path.join(self._log, name), encoding="utf-8") as handle:
+                result[name] = _parse_lines(handle.read())
+        return result
+
+    def read_parquet(self, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        tables = []
+        for name in names:
+            parquet = pq.ParquetFile(os.path.join(self._log, name))
+            present = [c for c in columns if c in parquet.schema_arrow.names]
+            tables.append(parquet.read(columns=present))
+        return _concat(tables)
+
+    def holds_files(self) -> bool:
+        return os.path.isdir(self.root) and any(os.scandir(self.root))
+
+
+class SparkLogFiles:
+    """A log anywhere Spark can read (object stores, HDFS), through the session's readers.
+
+    Every call is a small Spark job; the listing skips file contents.
+    """
+
+    def __init__(self, root: str, spark: SparkSession) -> None:
+        self.root = normalize_uri(root)
+        self.spark = spark
+        self._log = spark_uri(join_uri(self.root, LOG_DIR))
+
+    def _uri(self, name: str) -> str:
+        return f"{self._log}/{name}"
+
+    def list_log(self) -> list[LogEntry] | None:
+        try:
+            rows = (
+                self.spark.read.format("binaryFile")
+                .load(self._log)
+                .select("path", "length", "modificationTime")
+                .collect()
+            )
+        except Exception as exc:
+            if is_path_not_found(exc):
+                return None
+            raise
+        return [
+            LogEntry(
+                unquote(row.path.rsplit("/", 1)[-1]),
+                int(row.length),
+                int(row.modificationTime.timestamp() * 1000),
+            )
+            for row in rows
+        ]
+
+    def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        if not names:
+            return {}
+        try:
+            rows = (
+                self.spark.read.text([self._uri(n) for n in names], wholetext=True)
+                .select(F.col("_metadata.file_name").alias("name"), "value")
+                .collect()
+            )
+        except Exception as exc:
+            if is_path_not_found(exc):
+                raise FileNotFoundError(str(exc)) from exc
+            raise
+        found = {unquote(row.name): _parse_lines(row.value) for row in rows}
+        for name in names:
+            found.setdefault(name, [])  # an empty file has no row
+        return found
+
+    def read_parquet(self, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        frame = self.spark.read.option("mergeSchema", "true").parquet(
+            *[self._uri(n) for n in names]
+        )
+        present = [c for c in columns if c in frame.columns]
+        return frame.select(*present).toArrow()
+
+    def holds_files(self) -> bool:
+        try:
+            listing = self.spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+            return bool(listing.load(spark_uri(self.root)).select("path").limit(1).collect())
+        except Exception as exc:
+            if is_path_not_found(exc):
+                return False
+            raise
+
+
+def is_path_not_found(exc: BaseException) -> bool:
+    """Whether a Spark error (classic or Connect) says a path does not exist."""
+    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    try:
+        name = condition() if callable(condition) else None
+    except Exception:
+        name = None
+    return name == "PATH_NOT_FOUND" or "PATH_NOT_FOUND" in str(exc)
+
+
+def log_files(root: str, spark: SparkSession | None) -> LogFiles:
+    """Direct access for local paths; through Spark (which must be given) otherwise."""
+    if is_local(root):
+        return LocalLogFiles(root)
+    if spark is None:
+        raise TableNotFoundError(
+            f"The delta-spark engine reads the log of {root} through Spark, and no "
+            "SparkSession is bound to it.",
+            fix="bind the storage to the session first: storage = storage.bind(spark) "
+            "(the operator and the IO manager do this themselves)",
+        )
+    return SparkLogFiles(root, spark)
