@@ -26,7 +26,7 @@ from tests.servers.s3 import REGION, S3Server
 
 pytestmark = pytest.mark.slow
 
-SEEDS = (11, 12, 13)
+SEEDS = (11, 12)  # CI-sized: `make crash` runs 30 trials at every kill point
 S3_SEED = 21
 
 # Known fake credentials (moto accepts any): nothing the pipeline leaves may contain them.
@@ -100,7 +100,7 @@ def test_sigkill_at_random_points_then_rerun_loses_and_duplicates_nothing(prepar
     report = "\n".join(result.line() for result in results)
     print(report)  # where the kills landed (shown with -rP)
     assert all(result.ok for result in results), report
-    assert sum(len(result.kills) for result in results) >= 2, report
+    assert sum(len(result.kills) for result in results) >= 1, report
 
 
 def test_sigkill_after_files_moved_into_a_new_table_before_its_commit_then_rerun_recovers(prepared):
@@ -125,20 +125,16 @@ def test_on_s3_the_example_pipeline_gives_the_tables_of_a_local_run(prepared, pr
 
 
 @pytest.mark.s3
-def test_on_s3_sigkill_then_rerun_loses_and_duplicates_nothing(prepared_s3):
-    """One random kill, and one while a write moves its staged files into the table (on
-    S3 a move is a copy and a delete per file, so a kill can leave some moved)."""
+def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(prepared_s3):
+    """A kill while a write moves its staged files into the table: on S3 a move is a copy
+    and a delete per file, so the kill can leave some moved. (Random kills run on the
+    local lake above; they take the same code paths on S3 but the moves.)"""
     template, reference, root = prepared_s3
-    results = [
-        harness.run_trial(template, reference, S3_SEED, root / "trial-random", max_kills=1),
-        harness.run_targeted_trial(
-            template, reference, "before-publish-1", root / "trial-publish", number=2
-        ),
-    ]
-    report = "\n".join(result.line() for result in results)
-    print(report)
-    assert all(result.ok for result in results), report
-    assert all(result.kills for result in results), report
+    result = harness.run_targeted_trial(
+        template, reference, "before-publish-1", root / "trial-publish", number=1
+    )
+    assert result.ok, result.line()
+    assert result.kills, result.line()
 
 
 @pytest.mark.s3
@@ -183,13 +179,13 @@ def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s
 @pytest.mark.parametrize(
     ("kill_point", "script", "replanned"),
     [
-        # Both kills come after the plan's claim (made before the first commit): the
+        # The kill comes after the plan's claim (made before the first commit): the
         # batch is replayed with the side versions it planned with. A plan given up
-        # before its claim is planned again (tests/core/test_recovery.py).
-        ("before-create-enriched", "short-change-after", False),
+        # before its claim is planned again (tests/core/test_recovery.py); a kill
+        # before any table is tested above (files moved, before its commit).
         ("after-first-table", "short-change-after", False),
     ],
-    ids=["claimed-before-any-table", "replayed"],
+    ids=["replayed"],
 )
 def test_sigkill_then_a_side_input_changed_before_the_rerun_is_exact(
     template, kill_point, script, replanned

@@ -42,13 +42,20 @@ def profiles(config: Profiles, spark: dsi.SparkResource) -> DataFrame:
     )
 
 
-# Two minutes: long enough for the tests that need the rules fresh to run on a loaded
-# machine, short enough for the test that waits for them to go stale.
+# Long enough for the tests that need the rules fresh to run on a loaded machine.
 RULES_FRESH_FOR = dt.timedelta(minutes=2)
+# The stale test's own rules: a window it can wait out (it materializes them right
+# before the run that needs them fresh).
+QUICK_FRESH_FOR = dt.timedelta(minutes=1)  # Dagster's shortest fail_window
 
 
 @dg.asset(freshness_policy=dg.FreshnessPolicy.time_window(fail_window=RULES_FRESH_FOR))
 def rules(spark: dsi.SparkResource) -> DataFrame:
+    return spark.spark_session.createDataFrame([(100.0,)], "threshold double")
+
+
+@dg.asset(freshness_policy=dg.FreshnessPolicy.time_window(fail_window=QUICK_FRESH_FOR))
+def quick_rules(spark: dsi.SparkResource) -> DataFrame:
     return spark.spark_session.createDataFrame([(100.0,)], "threshold double")
 
 
@@ -100,9 +107,19 @@ def convert(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
     return main.select("tx_id", F.col("fx.rate").alias("rate"))
 
 
+@dsi.side_input_assets(
+    main=dsi.MainInput("tx", key="customer_id", event_time="ts"),
+    side_inputs={"rules": dsi.SideInput.singleton("quick_rules")},
+    main_output="enriched_quick",
+)
+def enrich_quick(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
+    return main.select("tx_id", "customer_id", "amount")
+
+
 enrich_checks = dsi.build_side_input_checks(enrich)
 enrich_job = dsi.build_side_input_job(enrich)
 replay_job = dsi.build_replay_job(enrich, UNMATCHED)
+quick_job = dsi.build_side_input_job(enrich_quick)
 sensor = dsi.build_side_input_sensor(enrich, job=enrich_job)
 
 
@@ -113,9 +130,9 @@ def env(tmp_path) -> Iterator[dict]:
         io = dsi.DeltaIOManager(root=str(tmp_path / "lake"), spark=spark)
         resources = {"spark": spark, "io_manager": io}
         defs = dg.Definitions(
-            assets=[tx, profiles, rules, fx, enrich, convert],
+            assets=[tx, profiles, rules, quick_rules, fx, enrich, enrich_quick, convert],
             asset_checks=[enrich_checks],
-            jobs=[enrich_job, replay_job],
+            jobs=[enrich_job, replay_job, quick_job],
             sensors=[sensor],
             resources=resources,
         )
@@ -340,20 +357,22 @@ def test_buffer_and_readiness_checks_run_on_their_own(env):
 
 @pytest.mark.slow
 def test_records_wait_while_a_side_input_is_stale_and_go_after_it_is_rematerialized(env):
-    materialize(env, [profiles, rules])
+    job = "enrich_quick_job"
     materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
-    run(env)
-    time.sleep(RULES_FRESH_FOR.total_seconds() + 2)  # the rules' freshness window passes
+    materialize(env, [quick_rules])
+    run(env, job)
+    assert rows(env, "enriched_quick", "tx_id") == [(1,)]
+    time.sleep(QUICK_FRESH_FOR.total_seconds() + 2)  # the rules' freshness window passes
     materialize(env, [tx], run_config=batch_config((2, 11, 6.0, 5)))
-    stale = run(env)
-    assert rows(env, "enriched", "tx_id") == [(1,)]
+    stale = run(env, job)
+    assert rows(env, "enriched_quick", "tx_id") == [(1,)]
     assert materialized(stale) == set()  # everything waited: no table changed
-    meta = observed(stale)["enriched"]
+    meta = observed(stale)["enriched_quick"]
     assert (meta["new_records"], meta["buffered"], meta["buffered_rows"]) == (1, 1, 1)
     assert "stale: materialized" in meta["readiness"]
-    materialize(env, [rules])
-    run(env)
-    assert rows(env, "enriched", "tx_id") == [(1,), (2,)]
+    materialize(env, [quick_rules])
+    run(env, job)
+    assert rows(env, "enriched_quick", "tx_id") == [(1,), (2,)]
 
 
 def test_windowed_side_input_releases_hour_by_hour_as_partitions_materialize(env, spark):
