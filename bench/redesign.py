@@ -72,7 +72,8 @@ def run_once(tree: Path, section: str, args: argparse.Namespace, out: Path) -> d
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{tree} {section} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    figures = json.loads(out.read_text())
+    return figures.get(section, figures)  # one object per section (both trees)
 
 
 def check_imports_its_own_tree(tree: Path) -> None:
