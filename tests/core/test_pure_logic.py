@@ -2,6 +2,7 @@
 round trips, options and limits, state files. These run in milliseconds."""
 
 import datetime as dt
+import inspect
 import pickle
 
 import pytest
@@ -304,3 +305,30 @@ def test_an_output_that_is_also_the_main_input_is_refused(tmp_path):
 def test_names_special_to_spark_paths_are_refused_up_front(tmp_path, name):
     with pytest.raises(dsi.DeclarationError, match="glob patterns"):
         build_spec(options(main_output=name), dsi.DeltaStorage(str(tmp_path)))
+
+
+# --- the public vocabulary: explicit keyword arguments ----------------------------------------
+
+
+def keywords(function) -> list[str]:
+    parameters = inspect.signature(function).parameters.values()
+    assert all(p.kind is not p.VAR_KEYWORD for p in parameters), f"{function} takes **kwargs"
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+
+
+def test_operator_and_side_input_assets_declare_the_same_operator_keywords():
+    """Both public entry points list every option (help(), completion, type checks), and
+    both build the one OperatorOptions value from them: none is missing on either side."""
+    fields = set(OperatorOptions.__dataclass_fields__)
+    operator = set(keywords(dsi.SideInputOperator))
+    assets = set(keywords(dsi.side_input_assets))
+    assert fields <= operator, fields - operator
+    assert fields - {"fn"} <= assets, fields - {"fn"} - assets
+    assert operator - fields == {"storage", "readiness"}
+
+
+@pytest.mark.parametrize("view", ["singleton", "list", "map", "multimap"])
+def test_side_input_factories_take_explicit_keywords(view):
+    options = keywords(getattr(dsi.SideInput, view))
+    assert {"readiness", "window", "max_age", "distribution"} <= set(options)
+    assert ("key" in options) == (view in ("map", "multimap"))
