@@ -14,7 +14,6 @@ enrichment_continuous_job = dsi.build_side_input_job(
     payments_enrichment,
     name="payments_enrichment_continuous_job",
     trigger="continuous",
-    interval_seconds=15,
 )
 replay_unmatched_job = dsi.build_replay_job(
     payments_enrichment, UNMATCHED, name="replay_unmatched_transactions_job"

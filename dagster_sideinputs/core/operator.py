@@ -42,6 +42,11 @@ from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
 Trigger = Literal["available_now", "continuous"]
+
+POLL_INTERVAL = dt.timedelta(seconds=1)
+"""The continuous trigger's default polling interval. A poll that finds nothing costs no
+Spark job (a listing and a few small reads), so a short interval keeps latency low: an
+append waits half an interval on average, then one batch (README, Performance)."""
 log = logging.getLogger("dagster_sideinputs")
 
 
@@ -211,7 +216,7 @@ class SideInputOperator:
         spark: SparkSession,
         *,
         trigger: Trigger = "available_now",
-        interval: dt.timedelta = dt.timedelta(seconds=10),
+        interval: dt.timedelta = POLL_INTERVAL,
         max_batches: int | None = None,
         stop: threading.Event | None = None,
         on_batch: Callable[[BatchMetrics], None] | None = None,
@@ -225,7 +230,8 @@ class SideInputOperator:
             spark: the session (the operator never creates one).
             trigger: ``available_now`` processes everything there is, then returns;
                 ``continuous`` keeps polling every ``interval`` until ``stop`` is set.
-            interval: polling interval of the continuous trigger.
+            interval: polling interval of the continuous trigger, from one poll's start to
+                the next (a batch that takes longer is followed by the next poll at once).
             max_batches: stop after this many batches.
             stop: set it (from another thread or a signal handler) to stop after the
                 current batch.
@@ -357,4 +363,4 @@ def _idle(metrics: BatchMetrics) -> bool:
     return metrics.rows_in == 0 and moved == 0 and rebuffered == metrics.released_from_buffer
 
 
-__all__ = ["SideInputOperator", "Trigger"]
+__all__ = ["POLL_INTERVAL", "SideInputOperator", "Trigger"]

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import MainInput, asset_path
-from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.operator import POLL_INTERVAL, SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.side_inputs import SideInput
@@ -36,7 +36,9 @@ RUN_CONFIG = {
         "continuous: keep processing micro-batches until the run is terminated.",
     ),
     "interval_seconds": dg.Field(
-        float, default_value=10.0, description="Polling interval of the continuous trigger."
+        float,
+        default_value=POLL_INTERVAL.total_seconds(),
+        description="Polling interval of the continuous trigger (seconds).",
     ),
     "max_batches": dg.Field(
         int, is_required=False, description="Stop after this many micro-batches."

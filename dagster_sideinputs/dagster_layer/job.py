@@ -5,6 +5,7 @@ from typing import Any, TypeAlias
 
 import dagster as dg
 
+from dagster_sideinputs.core.operator import POLL_INTERVAL
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 
@@ -21,7 +22,7 @@ def build_side_input_job(
     *,
     name: str | None = None,
     trigger: str = "available_now",
-    interval_seconds: float = 10.0,
+    interval_seconds: float = POLL_INTERVAL.total_seconds(),
     description: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> AssetJob:
