@@ -4,17 +4,18 @@ Everything goes through what a Spark Connect client can do: DataFrame reads and 
 in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replaceWhere``,
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
 readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
-logs are read directly). No py4j, no ``delta.tables.DeltaTable`` (its Connect plugin is
-not available), no delta-rs: the session's storage credentials are the only ones.
+logs are read directly). No ``delta.tables.DeltaTable`` (its Connect plugin is not
+available), no delta-rs: the session's storage credentials are the only ones. Except
+in classic sessions, where a staged append to an existing table goes through delta-spark's
+own transaction over py4j (``spark_txn``: files written once, committed later).
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
-live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_read``
-(reading). docs/DECISIONS.md has the reasoning.
+live in ``spark_stage``, ``spark_commit``, ``spark_txn`` and ``spark_read``.
+docs/DECISIONS.md has the reasoning.
 """
 
 import datetime as dt
 import time
-import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +44,7 @@ from dagster_sideinputs.delta.spark_commit import (
     ENGINE_NAME,
     holds,
     save,
-    translated,
     unchanged,
-    user_metadata,
     with_duration,
 )
 from dagster_sideinputs.delta.spark_log import READER
@@ -55,28 +54,16 @@ from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
 from dagster_sideinputs.delta.spark_read import read_delta, read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
-from dagster_sideinputs.delta.spark_stage import SparkStage, materialize_and_check, plan_rows
-from dagster_sideinputs.delta.spark_txn import (
-    StagedFiles,
-    commit_files,
-    delete_staged,
-    stage_files,
-    transaction_session,
+from dagster_sideinputs.delta.spark_stage import (
+    SparkStage,
+    keeps_table,
+    materialize_and_check,
+    plan_rows,
 )
-from dagster_sideinputs.errors import ConcurrentWriteError, DeltaTableError
+from dagster_sideinputs.delta.spark_txn import commit_staged, delete_staged, stage_append
+from dagster_sideinputs.errors import DeltaTableError
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
-
-
-def _same_table(
-    current: TableSnapshot | None, schema: T.StructType, partitions: Sequence[str]
-) -> bool:
-    """Whether a write planned against ``current`` keeps its schema and partitioning."""
-    return (
-        current is not None
-        and schema == current.schema
-        and list(partitions) == list(current.partition_columns)
-    )
 
 
 @dataclass(frozen=True)
@@ -248,22 +235,13 @@ class DeltaSparkEngine:
             df, uri, label, current, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,
         )  # fmt: skip
-        if mode == "append" and _same_table(current, schema, partitions):
-            assert current is not None
-            staged = self._stage_files(projected, uri, label, current.version)
-            if staged is not None:
-                rows = staged.num_rows
-                return StagedWrite(
-                    uri=uri,
-                    name=label,
-                    mode=mode,
-                    partition_by=partitions,
-                    replace_partition=replace_partition,
-                    schema_mode=schema_mode,
-                    num_rows=projected.count() if rows is None else rows,
-                    seconds=time.perf_counter() - started,
-                    handle=SparkStage(projected, schema, True, persisted=False, files=staged),
-                )
+        appended = mode == "append" and keeps_table(current, schema, partitions)
+        if appended and (files := stage_append(projected, uri, label, current)) is not None:
+            return StagedWrite(
+                uri, label, mode, partitions, replace_partition, schema_mode,
+                num_rows=files.count_rows(projected), seconds=time.perf_counter() - started,
+                handle=SparkStage(projected, schema, True, persisted=False, files=files),
+            )  # fmt: skip
         frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             rows = materialize_and_check(
@@ -283,20 +261,6 @@ class DeltaSparkEngine:
             seconds=time.perf_counter() - started,
             handle=SparkStage(frame, schema, current is not None, persisted=True),
         )
-
-    @staticmethod
-    def _stage_files(frame: DataFrame, uri: str, label: str, version: int) -> StagedFiles | None:
-        """The data files of an append written once by a delta-spark transaction (classic
-        sessions), or None: a Connect session, or the table moved on since planning."""
-        if transaction_session(frame.sparkSession) is None:
-            return None
-        try:
-            return stage_files(frame, uri, version)
-        except Exception as exc:
-            error = translated(exc, label, None)
-            if error is exc:
-                raise
-            raise error from exc
 
     def discard(self, staged: StagedWrite) -> None:
         handle: SparkStage = staged.handle
@@ -330,9 +294,11 @@ class DeltaSparkEngine:
             if skip_empty_commit and current and not staged.num_rows and not remove_files:
                 return unchanged(uri, current.version, staged.seconds, skipped=False)
             if handle.files is not None:
-                result = self._commit_files(
-                    staged, current, remove_files, app_transaction, commit_metadata
-                )
+                files, handle.files = handle.files, None  # tried: never deleted after
+                result = commit_staged(
+                    files, staged, current, remove_files=remove_files,
+                    app_transaction=app_transaction, commit_metadata=commit_metadata,
+                )  # fmt: skip
                 return with_duration(result, staged.seconds + time.perf_counter() - started)
             result = save(
                 handle.frame, staged, current, self._files(uri), remove_files=remove_files,
@@ -341,38 +307,6 @@ class DeltaSparkEngine:
         finally:
             self.discard(staged)
         return with_duration(result, staged.seconds + time.perf_counter() - started)
-
-    @staticmethod
-    def _commit_files(
-        staged: StagedWrite,
-        current: LogState | None,
-        remove_files: Sequence[DataFile],
-        app_transaction: AppTransaction | None,
-        commit_metadata: Mapping[str, Any] | None,
-    ) -> WriteResult:
-        """Commit the files a delta-spark transaction staged. Once the commit is tried its
-        files are never deleted: a failure may come after the log entry was written."""
-        handle: SparkStage = staged.handle
-        files, handle.files = handle.files, None
-        assert files is not None
-        if current is None:
-            raise ConcurrentWriteError(
-                f"Table {staged.name} was deleted after this write was staged. This write "
-                "was not committed.",
-                fix="retry the write; for the operator, rerun the job (batches are idempotent)",
-            )
-        try:
-            return commit_files(
-                handle.frame.sparkSession, files, staged, current,
-                remove_files=remove_files, app_transaction=app_transaction,
-                user_metadata=user_metadata(uuid.uuid4().hex, commit_metadata),
-                num_rows=staged.num_rows or 0,
-            )  # fmt: skip
-        except Exception as exc:
-            error = translated(exc, staged.name, None)
-            if error is exc:
-                raise
-            raise error from exc
 
     def write(
         self,

@@ -62,6 +62,13 @@ def plan_rows(
     return projected, schema, partitions
 
 
+def keeps_table(current: TableSnapshot | None, schema: T.StructType, partitions: list[str]) -> bool:
+    """Whether a write planned against ``current`` keeps its schema and partitioning."""
+    if current is None:
+        return False
+    return schema == current.schema and partitions == list(current.partition_columns)
+
+
 def refuse_foreign_folder(uri: str, label: str) -> None:
     """A folder holding files but no Delta log is someone's data: never write into it."""
     if not is_local(uri):

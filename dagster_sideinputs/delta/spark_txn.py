@@ -14,7 +14,8 @@ keeps its DataFrame-writer path. Every py4j access to Delta classes lives here.
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -23,8 +24,15 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors.exceptions.captured import convert_exception
 from pyspark.sql import DataFrame, SparkSession
 
-from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
+from dagster_sideinputs.delta.engine import (
+    AppTransaction,
+    DataFile,
+    StagedWrite,
+    TableSnapshot,
+    WriteResult,
+)
 from dagster_sideinputs.delta.files import spark_uri
+from dagster_sideinputs.delta.spark_commit import ENGINE_NAME, translated, user_metadata
 from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import removal_predicate
 from dagster_sideinputs.errors import ConcurrentWriteError
@@ -48,13 +56,15 @@ class StagedFiles:
     read_version: int
     root: str
 
-    @property
-    def num_rows(self) -> int | None:
-        """Rows written, from delta-spark's statistics (None: statistics are off)."""
+    def count_rows(self, frame: DataFrame) -> int:
+        """Rows written, from delta-spark's statistics (``frame`` counted again when
+        statistics are off)."""
         counts = [
             json.loads(a["stats"]).get("numRecords") if a.get("stats") else None for a in self.adds
         ]
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
+        if any(c is None for c in counts):
+            return frame.count()
+        return sum(int(c or 0) for c in counts)
 
 
 def transaction_session(spark: SparkSession) -> Any | None:
@@ -120,6 +130,52 @@ def stage_files(frame: DataFrame, uri: str, read_version: int) -> StagedFiles | 
         raise _raised(exc) from exc
     adds = [json.loads(a.json()).get("add") for a in _items(actions)]
     return StagedFiles(txn, actions, [a for a in adds if a], read_version, spark_uri(uri))
+
+
+def stage_append(
+    frame: DataFrame, uri: str, label: str, current: TableSnapshot | None
+) -> StagedFiles | None:
+    """The data files of an append written once by a delta-spark transaction, or None:
+    a Connect session, or the table moved on since the write was planned."""
+    if current is None or transaction_session(frame.sparkSession) is None:
+        return None
+    try:
+        return stage_files(frame, uri, current.version)
+    except Exception as exc:
+        error = translated(exc, label, None)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def commit_staged(
+    files: StagedFiles,
+    staged: StagedWrite,
+    current: LogState | None,
+    *,
+    remove_files: Sequence[DataFile],
+    app_transaction: AppTransaction | None,
+    commit_metadata: Mapping[str, Any] | None,
+) -> WriteResult:
+    """Commit the files a delta-spark transaction staged (errors as the project's)."""
+    if current is None:
+        raise ConcurrentWriteError(
+            f"Table {staged.name} was deleted after this write was staged. This write "
+            "was not committed.",
+            fix="retry the write; for the operator, rerun the job (batches are idempotent)",
+        )
+    try:
+        return commit_files(
+            staged.handle.frame.sparkSession, files, staged, current,
+            remove_files=remove_files, app_transaction=app_transaction,
+            user_metadata=user_metadata(uuid.uuid4().hex, commit_metadata),
+            num_rows=staged.num_rows or 0,
+        )  # fmt: skip
+    except Exception as exc:
+        error = translated(exc, staged.name, None)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def delete_staged(spark: SparkSession, staged: StagedFiles) -> None:
@@ -190,7 +246,7 @@ def commit_files(
         num_bytes=sum(int(a.get("size") or 0) for a in staged.adds),
         skipped=False,
         duration_s=0.0,
-        engine="delta-spark",
+        engine=ENGINE_NAME,
     )
 
 
