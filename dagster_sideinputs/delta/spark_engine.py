@@ -236,11 +236,11 @@ class DeltaSparkEngine:
             replace_partition=replace_partition, schema_mode=schema_mode,
         )  # fmt: skip
         appended = mode == "append" and keeps_table(current, schema, partitions)
-        if appended and (files := stage_append(projected, uri, label, current)) is not None:
+        if appended and (files := stage_append(projected, uri, label, current, partitions)):
             return StagedWrite(
                 uri, label, mode, partitions, replace_partition, schema_mode,
                 num_rows=files.count_rows(projected), seconds=time.perf_counter() - started,
-                handle=SparkStage(projected, schema, True, persisted=False, files=files),
+                handle=SparkStage(projected, schema, current is not None, False, files),
             )  # fmt: skip
         frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -289,8 +289,9 @@ class DeltaSparkEngine:
             if current is not None and holds(current, app_transaction):
                 return unchanged(uri, current.version, 0.0)
             if current is not None and not handle.table_existed:
-                # Created by another writer since staging: the data must fit its schema.
+                # Created by another writer since staging: fit its schema, write again.
                 plan_append(handle.schema, current.schema, table=label, merge=False)
+                self.discard(staged)
             if skip_empty_commit and current and not staged.num_rows and not remove_files:
                 return unchanged(uri, current.version, staged.seconds, skipped=False)
             if handle.files is not None:

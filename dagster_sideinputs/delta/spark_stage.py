@@ -65,7 +65,7 @@ def plan_rows(
 def keeps_table(current: TableSnapshot | None, schema: T.StructType, partitions: list[str]) -> bool:
     """Whether a write planned against ``current`` keeps its schema and partitioning."""
     if current is None:
-        return False
+        return True  # a new table: its schema and partitioning are the write's
     return schema == current.schema and partitions == list(current.partition_columns)
 
 

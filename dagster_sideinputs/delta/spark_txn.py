@@ -71,9 +71,10 @@ def transaction_session(spark: SparkSession) -> Any | None:
     """The JVM session of a classic SparkSession, None for a Spark Connect one."""
     try:
         jsession = getattr(spark, "_jsparkSession", None)
+        jvm = getattr(spark, "_jvm", None)
     except Exception:  # Connect sessions refuse JVM attributes
         return None
-    return jsession if getattr(spark, "_jvm", None) is not None else None
+    return jsession if jvm is not None else None
 
 
 class _Java:
@@ -115,32 +116,60 @@ def _raised(exc: Py4JJavaError) -> Exception:
     return convert_exception(exc.java_exception)
 
 
-def stage_files(frame: DataFrame, uri: str, read_version: int) -> StagedFiles | None:
+def stage_files(
+    frame: DataFrame, uri: str, read_version: int, partition_by: Sequence[str]
+) -> StagedFiles | None:
     """Write ``frame`` (projected to the table's schema) as data files of the table at
     ``uri`` in a new transaction, or None when the table is no longer at ``read_version``
-    (it changed since the write was planned: the caller takes its other path)."""
+    (-1: no table yet; it changed since the write was planned: the caller takes its
+    other path). A new table is written as delta-spark's DataFrame writer creates one
+    (``WriteIntoDelta``: the same metadata and protocol), only not committed."""
     java = _Java(frame.sparkSession)
     try:
         log = java.cls(f"{_DELTA}.DeltaLog").forTable(java.session, java.path(spark_uri(uri)))
         txn = log.startTransaction()
         if txn.readVersion() != read_version:
             return None
-        actions = txn.writeFiles(frame._jdf)
+        if read_version >= 0:
+            actions = txn.writeFiles(frame._jdf)
+        else:
+            actions = _create(java, log, txn, frame, partition_by)
     except Py4JJavaError as exc:
         raise _raised(exc) from exc
     adds = [json.loads(a.json()).get("add") for a in _items(actions)]
     return StagedFiles(txn, actions, [a for a in adds if a], read_version, spark_uri(uri))
 
 
+def _create(java: _Java, log: Any, txn: Any, frame: DataFrame, partition_by: Sequence[str]) -> Any:
+    write = java.cls(f"{_DELTA}.commands.WriteIntoDelta")
+    empty = getattr(java.cls("scala.collection.immutable.Map$"), "MODULE$").empty()
+    command = write(
+        log,
+        java.jvm.org.apache.spark.sql.SaveMode.Append,
+        java.cls(f"{_DELTA}.DeltaOptions")(empty, java.session.sessionState().conf()),
+        java.seq(list(partition_by)),
+        empty,
+        frame._jdf,
+        java.option(None),
+        java.option(None),
+        getattr(write, "apply$default$9")(),
+    )
+    return command.write(txn, java.session, java.option(None), False)
+
+
 def stage_append(
-    frame: DataFrame, uri: str, label: str, current: TableSnapshot | None
+    frame: DataFrame,
+    uri: str,
+    label: str,
+    current: TableSnapshot | None,
+    partition_by: Sequence[str],
 ) -> StagedFiles | None:
     """The data files of an append written once by a delta-spark transaction, or None:
     a Connect session, or the table moved on since the write was planned."""
-    if current is None or transaction_session(frame.sparkSession) is None:
+    if transaction_session(frame.sparkSession) is None:
         return None
     try:
-        return stage_files(frame, uri, current.version)
+        return stage_files(frame, uri, -1 if current is None else current.version, partition_by)
     except Exception as exc:
         error = translated(exc, label, None)
         if error is exc:
@@ -158,7 +187,7 @@ def commit_staged(
     commit_metadata: Mapping[str, Any] | None,
 ) -> WriteResult:
     """Commit the files a delta-spark transaction staged (errors as the project's)."""
-    if current is None:
+    if current is None and files.read_version >= 0:
         raise ConcurrentWriteError(
             f"Table {staged.name} was deleted after this write was staged. This write "
             "was not committed.",
@@ -194,7 +223,7 @@ def commit_files(
     spark: SparkSession,
     staged: StagedFiles,
     target: StagedWrite,
-    current: LogState,
+    current: LogState | None,
     *,
     remove_files: Sequence[DataFile],
     app_transaction: AppTransaction | None,
@@ -213,6 +242,7 @@ def commit_files(
     now = int(time.time() * 1000)
     try:
         if remove_files:
+            assert current is not None  # removals need an existing table (refused_removals)
             actions.extend(_removals(java, txn, current, remove_files, target.name, now))
         if app_transaction is not None:
             txn.txnVersion(app_transaction.app_id)

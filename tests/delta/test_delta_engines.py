@@ -383,3 +383,31 @@ def test_a_staged_append_of_nulls_to_a_not_null_column_is_refused_naming_it(spar
 
     assert engine.snapshot(uri).version == 0
     assert not engine.snapshot(uri).files
+
+
+def test_a_staged_creation_writes_its_files_once_and_creates_the_table_as_a_write_does(
+    spark, tmp_path
+):
+    engine = DeltaSparkEngine(spark)
+    data = spark.createDataFrame([(1, "a"), (2, "b")], "id long, slot string")
+    written_uri, staged_uri = str(tmp_path / "written"), str(tmp_path / "staged")
+    engine.write(data, written_uri, partition_by=["slot"])
+
+    staged = engine.stage(data, staged_uri, partition_by=["slot"])
+    files = parquet_files(staged_uri)
+    assert files
+    assert not engine.exists(staged_uri)
+    result = engine.commit(staged, app_transaction=AppTransaction("op", 1))
+
+    assert (result.version, result.num_rows) == (0, 2)
+    [created] = commits(staged_uri)
+    assert {a["add"]["path"] for a in created if "add" in a} <= files
+    [reference] = commits(written_uri)
+    for kind in ("metaData", "protocol"):
+        [ours] = [a[kind] for a in created if kind in a]
+        [theirs] = [a[kind] for a in reference if kind in a]
+        drop = ("id", "createdTime")
+        assert {k: v for k, v in ours.items() if k not in drop} == {
+            k: v for k, v in theirs.items() if k not in drop
+        }
+    assert sorted_rows(spark.read.format("delta").load(staged_uri)) == [(1, "a"), (2, "b")]
