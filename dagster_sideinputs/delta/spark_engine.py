@@ -5,9 +5,9 @@ in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replac
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
 readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
 logs are read directly). No ``delta.tables.DeltaTable`` (its Connect plugin is not
-available), no delta-rs: the session's storage credentials are the only ones. Except
-in classic sessions, where a staged append to an existing table goes through delta-spark's
-own transaction over py4j (``spark_txn``: files written once, committed later).
+available), no delta-rs: the session's storage credentials are the only ones. Except in
+classic sessions: a staged append (keeping or creating the table) uses delta-spark's own
+transaction over py4j (``spark_txn``: files written once, committed later).
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
 live in ``spark_stage``, ``spark_commit``, ``spark_txn`` and ``spark_read``.

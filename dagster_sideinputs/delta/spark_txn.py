@@ -1,6 +1,7 @@
 """Appends through delta-spark's own transaction, for classic (py4j) sessions only.
 
-Staging writes the data files once, by ``OptimisticTransaction.writeFiles``: delta-spark
+Staging writes the data files once, by ``OptimisticTransaction.writeFiles`` (a new table:
+``WriteIntoDelta.write``, the DataFrame writer's own steps before its commit): delta-spark
 normalizes the rows to the table's schema, enforces its constraints (NOT NULL) and
 collects its statistics in the same job, and nothing is committed. Committing is
 ``txn.commit`` of the returned files, the removed files, the batch's ``SetTransaction``,
