@@ -303,3 +303,111 @@ def test_plain_deltalake_reads_what_delta_spark_wrote_with_removals(spark, tmp_p
     rows = deltalake.DeltaTable(uri).to_pyarrow_table().to_pydict()
     assert rows == {"id": [2], "slot": ["b"]}
     assert engine.read_rows(uri).equals(pa.table({"id": [2], "slot": ["b"]}))
+
+
+# --- staged appends (classic sessions: one delta-spark transaction) -------------------------
+
+
+def parquet_files(path: str | Path) -> set[str]:
+    root = Path(path)
+    return {
+        str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts
+    }
+
+
+def test_a_staged_append_writes_its_files_once_and_commits_them_with_removals(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "buffer")
+    engine.write(
+        spark.createDataFrame([(1, "a"), (2, "b")], "id long, slot string"),
+        uri,
+        partition_by=["slot"],
+    )
+    before = parquet_files(uri)
+    slot_a = [f for f in engine.snapshot(uri).files if f.partition_values["slot"] == "a"]
+    staged = engine.stage(
+        spark.createDataFrame([(3, "b"), (4, "c")], "id long, slot string"),
+        uri,
+        schema_mode="merge",
+    )
+    written = parquet_files(uri) - before
+    assert written
+    assert staged.num_rows == 2
+    assert engine.snapshot(uri).version == 0
+
+    result = engine.commit(
+        staged,
+        app_transaction=AppTransaction("op", 7),
+        remove_files=slot_a,
+        commit_metadata={"dsi.batch": 7},
+    )
+
+    assert (result.version, result.num_rows, result.num_files) == (1, 2, len(written))
+    commit = commits(uri)[1]
+    [info] = [a["commitInfo"] for a in commit if "commitInfo" in a]
+    assert info["operation"] == "WRITE"
+    assert info["engineInfo"].startswith("Apache-Spark/")
+    assert json.loads(info["userMetadata"])["dsi.batch"] == 7
+    assert {a["add"]["path"] for a in commit if "add" in a} == written  # no second write
+    assert [a["remove"]["path"] for a in commit if "remove" in a] == [f.path for f in slot_a]
+    assert [a["txn"]["version"] for a in commit if "txn" in a] == [7]
+    assert parquet_files(uri) - before == written
+    assert sorted_rows(spark.read.format("delta").load(uri)) == [(2, "b"), (3, "b"), (4, "c")]
+
+
+def test_a_discarded_or_replayed_staged_append_deletes_its_files(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    data = spark.createDataFrame([(1, 10, 1.0)], TX)
+    engine.write(data, uri, app_transaction=AppTransaction("app", 1))
+    discarded, replayed = engine.stage(data, uri), engine.stage(data, uri)
+    staged = [a["path"] for s in (discarded, replayed) for a in s.handle.files.adds]
+    assert len(staged) == 2
+    assert all((Path(uri) / p).exists() for p in staged)
+
+    engine.discard(discarded)
+    result = engine.commit(replayed, app_transaction=AppTransaction("app", 1))
+
+    assert result.skipped
+    assert engine.snapshot(uri).version == 0
+    assert not any((Path(uri) / p).exists() for p in staged)
+
+
+def test_a_staged_append_of_nulls_to_a_not_null_column_is_refused_naming_it(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    spark.sql(f"CREATE TABLE {sql_table(uri)} (id long NOT NULL, name string) USING delta")
+
+    with pytest.raises(dsi.SchemaMismatchError, match="id"):
+        engine.stage(spark.createDataFrame([(None, "x")], "id long, name string"), uri)
+
+    assert engine.snapshot(uri).version == 0
+    assert not engine.snapshot(uri).files
+
+
+def test_a_staged_creation_writes_its_files_once_and_creates_the_table_as_a_write_does(
+    spark, tmp_path
+):
+    engine = DeltaSparkEngine(spark)
+    data = spark.createDataFrame([(1, "a"), (2, "b")], "id long, slot string")
+    written_uri, staged_uri = str(tmp_path / "written"), str(tmp_path / "staged")
+    engine.write(data, written_uri, partition_by=["slot"])
+
+    staged = engine.stage(data, staged_uri, partition_by=["slot"])
+    files = parquet_files(staged_uri)
+    assert files
+    assert not engine.exists(staged_uri)
+    result = engine.commit(staged, app_transaction=AppTransaction("op", 1))
+
+    assert (result.version, result.num_rows) == (0, 2)
+    [created] = commits(staged_uri)
+    assert {a["add"]["path"] for a in created if "add" in a} <= files
+    [reference] = commits(written_uri)
+    for kind in ("metaData", "protocol"):
+        [ours] = [a[kind] for a in created if kind in a]
+        [theirs] = [a[kind] for a in reference if kind in a]
+        drop = ("id", "createdTime")
+        assert {k: v for k, v in ours.items() if k not in drop} == {
+            k: v for k, v in theirs.items() if k not in drop
+        }
+    assert sorted_rows(spark.read.format("delta").load(staged_uri)) == [(1, "a"), (2, "b")]
