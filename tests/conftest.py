@@ -1,8 +1,9 @@
 """Shared fixtures: one SparkSession for the whole test session, fresh lakes per test.
 
-Storage cases: a test marked ``each_storage`` runs once per :data:`STORAGE_CASES` entry,
-its ``lake`` on the local filesystem or on the S3 test server (and the Spark session
-reaches the latter through s3a with the lake's own settings).
+Storage cases: a test marked ``each_storage`` runs once per storage case it asks for
+(:data:`STORAGE_CASES`), its ``lake`` on the local filesystem or on the S3 test server
+(the Spark session reaches the latter through s3a with the lake's own settings), under
+the delta-rs bridge, and with ``each_storage(native=True)`` also on S3 under delta-spark.
 """
 
 import os
@@ -88,18 +89,46 @@ class StorageCase:
     """Where a test's lake lives, and which Delta engine serves it."""
 
     store: str  # "local" (a temporary folder) or "s3" (a fresh prefix on the S3 test server)
-    engine: str = "bridge"  # the delta-rs bridge (DeltaRsEngine)
+    engine: str = "bridge"  # "bridge": the delta-rs bridge; "native": delta-spark
 
     @property
     def id(self) -> str:
         return f"{self.store}-{self.engine}"
 
+    @property
+    def native(self) -> bool:
+        return self.engine == "native"
 
-STORAGE_CASES: tuple[StorageCase, ...] = (StorageCase("local"), StorageCase("s3"))
-"""Every storage an ``each_storage`` test runs on. The Delta engine is a second, separate
-parameter: modules that set ``DELTA_ENGINES`` (tests/core/conftest.py) run each case under
-the bridge and under delta-spark, except their ``each_storage`` tests, whose storage cases
-run under the bridge only (delta-spark on S3 is not covered yet)."""
+
+STORAGE_CASES: tuple[StorageCase, ...] = (
+    StorageCase("local"),
+    StorageCase("s3"),
+    StorageCase("s3", "native"),
+)
+"""Every storage case. An ``each_storage`` test runs on the bridge cases, its lake on the
+local filesystem and on the S3 test server (``local-bridge``, ``s3-bridge``);
+``each_storage(native=True)`` also runs it on S3 under delta-spark (``s3-native``): the
+representative subset that CI time allows (README, "Object storage", lists it).
+
+Under ``s3-native`` the lake is ``DeltaStorage(engine="delta-spark")`` with the S3 server's
+endpoint and credentials given once, as storage options: Spark reaches the bucket through
+s3a with them (set per bucket on the session by ``DeltaStorage.bind``), and the operator's
+state (plans, claims, commit records, the lock's lease) goes through the same options with
+the store's conditional writes (obstore), as under the bridge.
+
+Local delta-spark is covered by the modules that set ``DELTA_ENGINES``
+(tests/core/conftest.py): their tests that are not ``each_storage`` run under both
+engines; an ``each_storage`` test runs under its storage case's engine."""
+
+
+def storage_cases(marker: pytest.Mark) -> tuple[StorageCase, ...]:
+    """The storage cases of an ``each_storage`` marker (see :data:`STORAGE_CASES`)."""
+    unknown = set(marker.kwargs) - {"native"}
+    if unknown:
+        raise pytest.UsageError(f"each_storage: unknown arguments {sorted(unknown)}")
+    if marker.kwargs.get("native"):
+        return STORAGE_CASES
+    return tuple(case for case in STORAGE_CASES if not case.native)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -108,11 +137,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if "storage_case" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: each_storage without a lake")
-    cases = STORAGE_CASES
-    if marker.kwargs.get("heavy"):
-        # Heavy cases (worker processes, lock leases) run once per store, with the default
-        # engine: what they test is the store and the lock, and CI time stays small.
-        cases = tuple(case for case in STORAGE_CASES if case.engine == STORAGE_CASES[0].engine)
+    cases = storage_cases(marker)
     metafunc.parametrize("storage_case", cases, ids=[case.id for case in cases], indirect=True)
 
 
@@ -126,21 +151,22 @@ def storage_case(request: pytest.FixtureRequest) -> StorageCase:
 def lake_storage(
     request: pytest.FixtureRequest, storage_case: StorageCase, tmp_path
 ) -> DeltaStorage:
-    """An empty storage root for Delta tables, where the storage case says.
+    """An empty storage root for Delta tables, where the storage case says, under its
+    engine (bridge cases: the tests' default engine, see ``DSI_DELTA_ENGINE`` above;
+    ``s3-native``: delta-spark).
 
-    On S3 the options are passed explicitly (the other form, ``AWS_*`` environment
-    variables, is what tests/dagster_layer use).
+    On S3 the options are passed explicitly, once (the other form, ``AWS_*`` environment
+    variables, is what tests/dagster_layer use); delta-spark gets them as s3a settings.
     """
-    if storage_case.engine != "bridge":
-        raise NotImplementedError(f"engine {storage_case.engine!r}")
+    engine = "delta-spark" if storage_case.native else None
     if storage_case.store == "s3":
         server: S3Server = request.getfixturevalue("s3_server")
         return DeltaStorage(
-            root=server.fresh_prefix("lake"), storage_options=server.storage_options
+            root=server.fresh_prefix("lake"), storage_options=server.storage_options, engine=engine
         )
     root = tmp_path / "lake"
     root.mkdir()
-    return DeltaStorage(root=str(root))
+    return DeltaStorage(root=str(root), engine=engine)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.engine import DeltaEngine
+from tests.conftest import StorageCase
 
 ENGINES = {"rs": "delta-rs", "spark": "delta-spark"}
 """Test ids of the two Delta engines -> ``DeltaStorage(engine=...)``."""
@@ -97,31 +98,34 @@ class Lake:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Modules that set ``DELTA_ENGINES = ("rs", "spark")`` run each test using the
-    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``); ``each_storage`` tests
-    run their storage cases under the bridge only."""
+    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``); an ``each_storage`` test
+    runs under its storage case's engine instead (tests/conftest.py STORAGE_CASES)."""
     engines = getattr(metafunc.module, "DELTA_ENGINES", None)
     if engines and "delta_engine" in metafunc.fixturenames:
         if metafunc.definition.get_closest_marker("each_storage") is not None:
-            # Storage cases (local, S3) run under the bridge: delta-spark on S3 commits
-            # through Delta's S3 log store, which this suite does not cover yet.
-            engines = ("rs",)
+            return
         metafunc.parametrize("delta_engine", list(engines), scope="function")
 
 
 @pytest.fixture
-def delta_engine() -> str:
-    """The engine of modules that do not ask for both: the bridge, as before."""
-    return "rs"
+def delta_engine(storage_case: StorageCase) -> str:
+    """The engine of tests whose module does not ask for both: the storage case's
+    (``s3-native``: delta-spark), else the bridge, as before."""
+    return "spark" if storage_case.native else "rs"
 
 
 @pytest.fixture
-def lake(spark, lake_storage: dsi.DeltaStorage, delta_engine: str) -> Lake:
+def lake(
+    spark, lake_storage: dsi.DeltaStorage, delta_engine: str, storage_case: StorageCase
+) -> Lake:
     """A lake where the storage case says (tests/conftest.py: local unless ``each_storage``),
-    under the module's engine (``DELTA_ENGINES``; the bridge otherwise)."""
+    under the module's engine (``DELTA_ENGINES``), else the storage case's."""
     storage = dsi.DeltaStorage(
         lake_storage.root, lake_storage.storage_options, engine=ENGINES[delta_engine]
     )
-    return Lake(spark, storage)
+    made = Lake(spark, storage)
+    assert made.engine_id == "spark" or not storage_case.native, "s3-native without delta-spark"
+    return made
 
 
 def passthrough(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:

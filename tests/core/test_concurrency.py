@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 # The lock's two implementations (flock locally, a lease on S3) are tested where they
 # differ: refusing a second run, and taking over from a killed one. Waiting for the lock
 # is the same loop on both, tested locally.
-each_storage = pytest.mark.each_storage(heavy=True)
+each_storage = pytest.mark.each_storage
 
 
 class Worker:

@@ -199,7 +199,7 @@ def test_duplicate_output_names_are_refused(lake):
         )
 
 
-@pytest.mark.each_storage
+@pytest.mark.each_storage(native=True)
 def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
     from dagster_sideinputs.core.lock import operator_lock
 

@@ -36,7 +36,10 @@ def root(request, storage_case, tmp_path, monkeypatch) -> str:
     """The lake root: a local folder, or (``each_storage`` tests) an ``s3a://`` prefix on
     the S3 test server configured the deployment way, by the ``AWS_*`` environment
     variables alone (the IO manager gets no storage options; delta-rs in ``rows`` reads
-    the same variables)."""
+    the same variables). Under ``s3-native`` the IO manager's engine is delta-spark (by
+    ``DSI_DELTA_ENGINE``, as a deployment would choose it)."""
+    if storage_case.native:
+        monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")
     if storage_case.store == "s3":
         server = request.getfixturevalue("s3_server")
         for name, value in server.storage_options.items():
@@ -132,14 +135,16 @@ def test_hourly_partitioned_asset_materialized_twice_holds_its_partition_once(
     ]
 
 
-@pytest.mark.each_storage
-def test_partitioned_asset_rewrites_only_its_partition(resources, instance, root):
+@pytest.mark.each_storage(native=True)
+def test_partitioned_asset_rewrites_only_its_partition(resources, instance, root, storage_case):
     uri = os.path.join(root, "hourly_events")
     run([hourly_events], resources, instance, partition_key=HOUR_0)
     run([hourly_events], resources, instance, partition_key=HOUR_1)
     untouched = partition_files(uri, HOUR_0)
     assert untouched
-    run([hourly_events], resources, instance, partition_key=HOUR_1)
+    result = run([hourly_events], resources, instance, partition_key=HOUR_1)
+    if storage_case.native:
+        assert materialization_metadata(result, "hourly_events")["delta_engine"] == "delta-spark"
     assert partition_files(uri, HOUR_0) == untouched
     assert sorted((r["partition"], r["id"]) for r in rows(uri)) == [
         (HOUR_0, 1),
