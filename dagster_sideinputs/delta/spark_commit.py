@@ -61,14 +61,6 @@ def unchanged(uri: str, version: int, seconds: float, *, skipped: bool = True) -
     return WriteResult(uri, version, 0, 0, 0, skipped, seconds, ENGINE_NAME)
 
 
-def user_metadata(token: str, commit_metadata: Mapping[str, Any] | None) -> str:
-    """The ``userMetadata`` of a commit: its token, the writer, the caller's metadata."""
-    return json.dumps(
-        {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-        default=str,
-    )
-
-
 def with_duration(result: WriteResult, seconds: float) -> WriteResult:
     return dataclasses.replace(result, duration_s=seconds)
 
@@ -94,7 +86,11 @@ def save(
     replace_partition, schema_mode = target.replace_partition, target.schema_mode
     token = uuid.uuid4().hex
     writer = frame.write.format("delta").option(
-        "userMetadata", user_metadata(token, commit_metadata)
+        "userMetadata",
+        json.dumps(
+            {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+            default=str,
+        ),
     )
     relax_constraint = False
     if remove_files:
@@ -126,7 +122,7 @@ def save(
         with session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None):
             writer.save(spark_uri(uri))
     except Exception as exc:
-        raise translated(exc, label, replace_partition) from exc
+        raise _translated(exc, label, replace_partition) from exc
     return _result_of(files, uri, label, before, token)
 
 
@@ -162,7 +158,7 @@ def _result_of(files: LogFiles, uri: str, label: str, before: int, token: str) -
     return unchanged(uri, latest, 0.0)
 
 
-def translated(
+def _translated(
     exc: Exception, label: str, replace_partition: Mapping[str, Any] | None
 ) -> Exception:
     """A failed delta-spark write as the project's error (the Spark error stays the cause)."""

@@ -4,14 +4,12 @@ Everything goes through what a Spark Connect client can do: DataFrame reads and 
 in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replaceWhere``,
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
 readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
-logs are read directly). No ``delta.tables.DeltaTable`` (its Connect plugin is not
-available), no delta-rs: the session's storage credentials are the only ones. Except in
-classic sessions: a staged append (keeping or creating the table) uses delta-spark's own
-transaction over py4j (``spark_txn``: files written once, committed later).
+logs are read directly). No py4j, no ``delta.tables.DeltaTable`` (its Connect plugin is
+not available), no delta-rs: the session's storage credentials are the only ones.
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
-live in ``spark_stage``, ``spark_commit``, ``spark_txn`` and ``spark_read``.
-docs/DECISIONS.md has the reasoning.
+live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_read``
+(reading). docs/DECISIONS.md has the reasoning.
 """
 
 import datetime as dt
@@ -54,13 +52,7 @@ from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
 from dagster_sideinputs.delta.spark_read import read_delta, read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
-from dagster_sideinputs.delta.spark_stage import (
-    SparkStage,
-    keeps_table,
-    materialize_and_check,
-    plan_rows,
-)
-from dagster_sideinputs.delta.spark_txn import commit_staged, delete_staged, stage_append
+from dagster_sideinputs.delta.spark_stage import SparkStage, materialize_and_check, plan_rows
 from dagster_sideinputs.errors import DeltaTableError
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -235,13 +227,6 @@ class DeltaSparkEngine:
             df, uri, label, current, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,
         )  # fmt: skip
-        appended = mode == "append" and keeps_table(current, schema, partitions)
-        if appended and (files := stage_append(projected, uri, label, current, partitions)):
-            return StagedWrite(
-                uri, label, mode, partitions, replace_partition, schema_mode,
-                num_rows=files.count_rows(projected), seconds=time.perf_counter() - started,
-                handle=SparkStage(projected, schema, current is not None, False, files),
-            )  # fmt: skip
         frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             rows = materialize_and_check(
@@ -266,9 +251,6 @@ class DeltaSparkEngine:
         handle: SparkStage = staged.handle
         if handle.persisted:
             handle.frame.unpersist()
-        if handle.files is not None:
-            files, handle.files = handle.files, None
-            delete_staged(handle.frame.sparkSession, files)
 
     def commit(
         self,
@@ -289,18 +271,10 @@ class DeltaSparkEngine:
             if current is not None and holds(current, app_transaction):
                 return unchanged(uri, current.version, 0.0)
             if current is not None and not handle.table_existed:
-                # Created by another writer since staging: fit its schema, write again.
+                # Created by another writer since staging: the data must fit its schema.
                 plan_append(handle.schema, current.schema, table=label, merge=False)
-                self.discard(staged)
             if skip_empty_commit and current and not staged.num_rows and not remove_files:
                 return unchanged(uri, current.version, staged.seconds, skipped=False)
-            if handle.files is not None:
-                files, handle.files = handle.files, None  # tried: never deleted after
-                result = commit_staged(
-                    files, staged, current, remove_files=remove_files,
-                    app_transaction=app_transaction, commit_metadata=commit_metadata,
-                )  # fmt: skip
-                return with_duration(result, staged.seconds + time.perf_counter() - started)
             result = save(
                 handle.frame, staged, current, self._files(uri), remove_files=remove_files,
                 app_transaction=app_transaction, commit_metadata=commit_metadata,

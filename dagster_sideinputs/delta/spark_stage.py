@@ -18,7 +18,6 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.engine import SchemaMode, TableSnapshot, WriteMode
 from dagster_sideinputs.delta.files import is_local
 from dagster_sideinputs.delta.schema import plan_write_schema, quoted
-from dagster_sideinputs.delta.spark_txn import StagedFiles
 from dagster_sideinputs.delta.staging import allowed_values
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
@@ -31,7 +30,6 @@ class SparkStage:
     schema: T.StructType
     table_existed: bool
     persisted: bool
-    files: StagedFiles | None = None  # written by an open delta-spark transaction
 
 
 def plan_rows(
@@ -60,13 +58,6 @@ def plan_rows(
         replace_partition=replace_partition,
     )
     return projected, schema, partitions
-
-
-def keeps_table(current: TableSnapshot | None, schema: T.StructType, partitions: list[str]) -> bool:
-    """Whether a write planned against ``current`` keeps its schema and partitioning."""
-    if current is None:
-        return True  # a new table: its schema and partitioning are the write's
-    return schema == current.schema and partitions == list(current.partition_columns)
 
 
 def refuse_foreign_folder(uri: str, label: str) -> None:
