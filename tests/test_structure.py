@@ -121,3 +121,18 @@ def test_readme_development_section_names_every_module():
         if p.name != "__init__.py" and p.name not in named
     )
     assert missing == [], f"add one line per module to README's Development section: {missing}"
+
+
+def test_the_continuous_polling_default_is_one_constant_everywhere():
+    """The operator, the job builder and the job's run config default to POLL_INTERVAL
+    (1 s: bench/latency.py measures the latency it gives)."""
+    import inspect
+
+    from dagster_sideinputs.core.operator import POLL_INTERVAL, SideInputOperator
+    from dagster_sideinputs.dagster_layer.declaration import RUN_CONFIG
+    from dagster_sideinputs.dagster_layer.job import build_side_input_job
+
+    assert POLL_INTERVAL.total_seconds() == 1.0
+    assert inspect.signature(SideInputOperator.run).parameters["interval"].default == POLL_INTERVAL
+    job_default = inspect.signature(build_side_input_job).parameters["interval_seconds"].default
+    assert job_default == RUN_CONFIG["interval_seconds"].default_value == 1.0
