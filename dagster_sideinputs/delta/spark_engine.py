@@ -4,8 +4,9 @@ Everything goes through what a Spark Connect client can do: DataFrame reads and 
 in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replaceWhere``,
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
 readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
-logs are read directly). No py4j, no ``delta.tables.DeltaTable`` (its Connect plugin is
-not available), no delta-rs: the session's storage credentials are the only ones.
+logs are read directly, and logs on an object store with the lake's storage options
+are read with ``obstore`` and those options). No py4j, no ``delta.tables.DeltaTable``
+(its Connect plugin is not available), no delta-rs: one set of storage credentials.
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
 live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_read``
@@ -15,7 +16,7 @@ live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_rea
 import datetime as dt
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -64,14 +65,20 @@ class DeltaSparkEngine:
 
     Attributes:
         session: the SparkSession for the operations that take none (removals, small
-            bookkeeping tables, vacuum, and logs outside the local filesystem). When
-            None, the active session is used. Not pickled: an unpickled engine is unbound.
+            bookkeeping tables, vacuum, and logs on object stores without storage
+            options). When None, the active session is used. Not pickled: an unpickled
+            engine is unbound.
+        storage_options: the lake's object store options (``DeltaStorage`` passes its
+            own): the ``_delta_log`` of a table on an object store is then read with
+            ``obstore`` (milliseconds) instead of Spark jobs. Empty: through Spark, with
+            the session's credentials only. Data is always read and written by Spark.
     """
 
     session: SparkSession | None = None
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
 
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return (DeltaSparkEngine, ())
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (DeltaSparkEngine, (None, dict(self.storage_options)))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DeltaSparkEngine)
@@ -88,7 +95,7 @@ class DeltaSparkEngine:
 
     def bound(self, spark: SparkSession) -> "DeltaSparkEngine":
         """This engine, using ``spark`` for the operations that take no session."""
-        return self if self.session is spark else DeltaSparkEngine(spark)
+        return self if self.session is spark else DeltaSparkEngine(spark, self.storage_options)
 
     def _spark(self, what: str) -> SparkSession:
         if self.session is not None:
@@ -104,7 +111,9 @@ class DeltaSparkEngine:
 
     def _files(self, uri: str) -> LogFiles:
         root = normalize_uri(uri)
-        return log_files(root, None if is_local(root) else self._spark(f"read the log of {root}"))
+        if is_local(root) or self.storage_options:
+            return log_files(root, None, self.storage_options)
+        return log_files(root, self._spark(f"read the log of {root}"))
 
     def _state(self, uri: str, version: int | None = None, *, name: str | None = None) -> LogState:
         return READER.state(self._files(uri), version, table=name or normalize_uri(uri))

@@ -1,24 +1,31 @@
 """Where the delta-spark engine reads a table's ``_delta_log`` files from.
 
-Local and shared filesystems are read directly (no JVM, milliseconds). Any other
-location is read through the session's own readers (``binaryFile`` for the listing,
-``text`` for commits, ``parquet`` for checkpoints), so it needs no credentials but
-Spark's: no second set of storage credentials, unlike the delta-rs bridge.
+Local and shared filesystems are read directly (no JVM, milliseconds). An object store
+whose storage options the lake was given (``DeltaStorage(storage_options=...)`` or the
+``AWS_*`` variables: the one configuration Spark's s3a settings are made from) is read
+with ``obstore`` and those options: a listing and a GET per file, milliseconds too. Any
+other location is read through the session's own readers (``binaryFile`` for the
+listing, ``text`` for commits, ``parquet`` for checkpoints), so it needs no credentials
+but Spark's; each read is then a small Spark job.
 """
 
+import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
+from obstore.exceptions import NotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.delta.files import is_local, join_uri, normalize_uri, spark_uri
+from dagster_sideinputs.delta.object_store import open_object_store
 from dagster_sideinputs.errors import TableNotFoundError
 
 LOG_DIR = "_delta_log"
@@ -105,6 +112,49 @@ class LocalLogFiles:
         return os.path.isdir(self.root) and any(os.scandir(self.root))
 
 
+class ObjectStoreLogFiles:
+    """A log on an object store, read with ``obstore`` and the lake's storage options."""
+
+    def __init__(self, root: str, storage_options: Mapping[str, str]) -> None:
+        self.root = normalize_uri(root)
+        self._store = open_object_store(self.root, storage_options)
+
+    def list_log(self) -> list[LogEntry] | None:
+        listed = obstore.list_with_delimiter(self._store, LOG_DIR)
+        found = [
+            LogEntry(
+                meta["path"].rsplit("/", 1)[-1],
+                int(meta["size"]),
+                int(meta["last_modified"].timestamp() * 1000),
+            )
+            for meta in listed["objects"]
+        ]
+        if not found and not listed["common_prefixes"]:
+            return None  # an object store has no empty folders: no log at all
+        return found
+
+    def _get(self, name: str) -> bytes:
+        try:
+            return bytes(obstore.get(self._store, f"{LOG_DIR}/{name}").bytes())
+        except NotFoundError as exc:
+            raise FileNotFoundError(f"{self.root}/{LOG_DIR}/{name}") from exc
+
+    def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        return {name: _parse_lines(self._get(name).decode("utf-8")) for name in names}
+
+    def read_parquet(self, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        tables = []
+        for name in names:
+            parquet = pq.ParquetFile(io.BytesIO(self._get(name)))
+            present = [c for c in columns if c in parquet.schema_arrow.names]
+            tables.append(parquet.read(columns=present))
+        return _concat(tables)
+
+    def holds_files(self) -> bool:
+        listed = obstore.list_with_delimiter(self._store)
+        return bool(listed["objects"] or listed["common_prefixes"])
+
+
 class SparkLogFiles:
     """A log anywhere Spark can read (object stores, HDFS), through the session's readers.
 
@@ -185,10 +235,15 @@ def is_path_not_found(exc: BaseException) -> bool:
     return name == "PATH_NOT_FOUND" or "PATH_NOT_FOUND" in str(exc)
 
 
-def log_files(root: str, spark: SparkSession | None) -> LogFiles:
-    """Direct access for local paths; through Spark (which must be given) otherwise."""
+def log_files(
+    root: str, spark: SparkSession | None, storage_options: Mapping[str, str] | None = None
+) -> LogFiles:
+    """Direct access for local paths, obstore for object stores with storage options;
+    through Spark (which must be given) otherwise."""
     if is_local(root):
         return LocalLogFiles(root)
+    if storage_options:
+        return ObjectStoreLogFiles(root, storage_options)
     if spark is None:
         raise TableNotFoundError(
             f"The delta-spark engine reads the log of {root} through Spark, and no "

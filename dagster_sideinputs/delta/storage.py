@@ -158,10 +158,10 @@ class DeltaStorage:
                     "4.1_2.13:<version> and the two settings), or use engine='auto'",
                 )
             _log_once("delta-spark", "asked for: engine='delta-spark'")
-            return DeltaSparkEngine(spark)
+            return DeltaSparkEngine(spark, dict(self.storage_options))
         if configured:
             _log_once("delta-spark", "the Spark session has Delta Lake configured")
-            return DeltaSparkEngine(spark)
+            return DeltaSparkEngine(spark, dict(self.storage_options))
         _log_once(
             "delta-rs bridge",
             "no Spark session with Delta Lake (its SQL extension and catalog)"

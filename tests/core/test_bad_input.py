@@ -410,7 +410,7 @@ def test_timestamps_without_zone_are_read_as_utc(ready):
 # --- the function and concurrent writers ---------------------------------------------------------
 
 
-@pytest.mark.each_storage
+@pytest.mark.each_storage(native=True)
 def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
     calls = {"n": 0}
 

@@ -530,7 +530,7 @@ def test_sliding_main_windows_process_a_record_once_per_window(lake):
 # --- side outputs ----------------------------------------------------------------------------
 
 
-@pytest.mark.each_storage
+@pytest.mark.each_storage(native=True)
 def test_several_side_outputs_with_different_schemas(lake):
     big = dsi.OutputTag("big")
     counts = dsi.OutputTag("counts")
