@@ -341,6 +341,8 @@ KILL_POINTS = {
     "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
     "before-commit-8": "dagster_sideinputs.delta.writer:commit_files:8",
     "before-commit-record-2": "dagster_sideinputs.core.state:OperatorState.commit:2",
+    # delta-spark's Delta commits (DeltaSparkEngine: one `save` per table write).
+    "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:save:2",
 }
 """Exact kill points (``--kill-at``): ``module:attribute:n`` kills the worker's process
 group with SIGKILL when ``attribute`` is called for the n-th time in that worker, before
@@ -351,7 +353,9 @@ rerun refused); in the first job, calls 1-5 create
 the four output tables and the buffer (batch 0), call 8 is batch 1's buffer write.
 ``before-create-enriched`` (batch 0 planned and staged, no table committed: the rerun
 plans it again) and ``after-first-table`` (one table committed: the rerun replays it) are
-the kill points of the side-change trials."""
+the kill points of the side-change trials. ``after-first-table-spark`` is
+``after-first-table`` under delta-spark (its commits are ``spark_engine.save``; the
+bridge's kill points are never reached there)."""
 
 
 def worker(trial: Path, *, template: bool = False) -> None:

@@ -138,6 +138,31 @@ def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(
 
 
 @pytest.mark.s3
+def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exact(
+    prepared_s3, monkeypatch
+):
+    """The same pipeline on S3 with delta-spark as the workers' engine (Spark commits
+    through s3a, the operator's plans, claims and lock on the same store): killed after
+    batch 0's first table commit, rerun, equal to the reference run. The template and the
+    reference are the bridge's (engine-neutral tables), so only this trial is added."""
+    template, reference, root = prepared_s3
+    monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")  # the workers inherit it
+    path = root / "trial-spark"
+    result = harness.run_targeted_trial(
+        template, reference, "after-first-table-spark", path, number=2
+    )
+    assert result.ok, result.line()
+    assert result.kills, result.line()
+    engines = {
+        action["commitInfo"].get("engineInfo", "")
+        for action in harness.lake_of(path).log_actions("enriched_transactions")
+        if "commitInfo" in action
+    }
+    assert engines
+    assert all("Delta-Lake/" in engine for engine in engines), engines
+
+
+@pytest.mark.s3
 def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s3_server):
     """After the reference run with known fake credentials: no trace of them in the
     workers' output (Spark, py4j, Dagster logs), the Dagster instance (runs, event logs
