@@ -105,6 +105,7 @@ def test_delta_source_is_read_by_the_executors_python_workers(client_report):
     assert check(client_report, "delta_source") == {"batch": 200, "stream": 200}
 
 
+@pytest.mark.extended  # the Connect and Kafka demo tests compare the same local run
 def test_payments_pipeline_on_the_cluster_writes_what_a_local_run_writes(
     cluster, tmp_path, tmp_path_factory
 ):

@@ -169,6 +169,7 @@ def test_delta_auto_against_a_server_without_delta_connects_without_it(server, t
 
 
 @needs_server
+@pytest.mark.extended  # the operator over Connect: the client_report tests above
 def test_payments_pipeline_over_connect_writes_what_a_local_run_writes(
     server, tmp_path, tmp_path_factory
 ):

@@ -153,6 +153,7 @@ def test_sigkill_mid_batch_again_and_again_then_rerun_gives_the_reference_output
     assert snapshot(spark, tmp_path, topic) == reference
 
 
+@pytest.mark.extended  # the kill points above cover each step of a batch
 def test_sigkill_at_a_random_moment_then_rerun_gives_the_reference_outputs(
     spark, kafka_broker, tmp_path, reference
 ):
