@@ -143,8 +143,10 @@ def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exa
 ):
     """The same pipeline on S3 with delta-spark as the workers' engine (Spark commits
     through s3a, the operator's plans, claims and lock on the same store): killed after
-    batch 0's first table commit, rerun, equal to the reference run. The template and the
-    reference are the bridge's (engine-neutral tables), so only this trial is added."""
+    batch 0's first table commit, rerun, equal to the reference run, and no trace of the
+    fake credentials (delta-spark had them as s3a settings) in its output, Dagster
+    instance or lake. The template and the reference are the bridge's (engine-neutral
+    tables), so only this trial is added."""
     template, reference, root = prepared_s3
     monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")  # the workers inherit it
     path = root / "trial-spark"
@@ -160,6 +162,35 @@ def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exa
     }
     assert engines
     assert all("Delta-Lake/" in engine for engine in engines), engines
+    # delta-spark got the store's keys as s3a settings: none of them was left behind.
+    found, searched, objects = secrets_left(path)
+    assert not found, found
+    assert searched["local"] > 0
+    assert searched["s3"] == len(objects) > 0
+
+
+def secrets_left(trial: Path, *more: Path) -> tuple[list[str], dict[str, int], list[str]]:
+    """Where the fake credentials occur in a trial's folders (worker output, Dagster
+    instance) and in every object of its lake: (findings, files searched per place, the
+    lake's objects)."""
+    searched: dict[str, int] = {}
+    found: list[str] = []
+
+    def search(where: str, data: bytes) -> None:
+        searched[where.split(":", 1)[0]] = searched.get(where.split(":", 1)[0], 0) + 1
+        found.extend(f"{where} holds {s[:12]}..." for s in SECRETS if s.encode() in data)
+
+    for folder in (trial, *more):
+        for directory, _, names in os.walk(folder):
+            for name in names:
+                path = Path(directory, name)
+                search(f"local:{path}", path.read_bytes())
+    lake = harness.lake_of(trial)
+    files = lake.files()
+    objects = [entry.path for entry in lake.entries()]
+    for path in objects:
+        search(f"s3:{path}", files.read_bytes(path))
+    return found, searched, objects
 
 
 @pytest.mark.s3
@@ -170,25 +201,9 @@ def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s
     records, operator.json, the lock, Delta logs and their commit metadata, data)."""
     template, _, root = prepared_s3
     reference = root / "reference"
-    searched: dict[str, int] = {}
-    found: list[str] = []
-
-    def search(where: str, data: bytes) -> None:
-        searched[where.split(":", 1)[0]] = searched.get(where.split(":", 1)[0], 0) + 1
-        found.extend(f"{where} holds {s[:12]}..." for s in SECRETS if s.encode() in data)
-
-    for folder in (reference, template.path):
-        for directory, _, names in os.walk(folder):
-            for name in names:
-                path = Path(directory, name)
-                search(f"local:{path}", path.read_bytes())
-    lake = harness.lake_of(reference)
-    files = lake.files()
-    for entry in lake.entries():
-        search(f"s3:{entry.path}", files.read_bytes(entry.path))
+    found, searched, objects = secrets_left(reference, template.path)
     assert not found, found
     # The search covered what it claims to: outputs, Dagster's storage, the lake's state.
-    objects = [e.path for e in lake.entries()]
     assert any(p.endswith("/_delta_log/00000000000000000000.json") for p in objects)
     assert any("/plans/" in p for p in objects)
     assert any("/commits/" in p for p in objects)
