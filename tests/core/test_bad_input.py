@@ -16,8 +16,8 @@ import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
-# The delta-rs bridge (delta-spark runs the committing cases of test_bad_input_halfway.py,
-# the semantics and crash-safety suites, and tests/delta/test_delta_engines.py).
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
 TX = "tx_id long, customer_id long, amount double"
 TXT = "tx_id long, customer_id long, amount double, ts timestamp"
 PROFILES = "customer_id long, name string"

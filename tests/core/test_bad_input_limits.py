@@ -32,8 +32,8 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Clock, Lake
 
-# The delta-rs bridge (delta-spark runs the committing cases of test_bad_input_halfway.py,
-# the semantics and crash-safety suites, and tests/delta/test_delta_engines.py).
+DELTA_ENGINES = ("rs", "spark")
+"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
 
 
 def waiting(
