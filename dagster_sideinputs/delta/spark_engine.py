@@ -111,9 +111,9 @@ class DeltaSparkEngine:
 
     def _files(self, uri: str) -> LogFiles:
         root = normalize_uri(uri)
-        if is_local(root) or self.storage_options:
-            return log_files(root, None, self.storage_options)
-        return log_files(root, self._spark(f"read the log of {root}"))
+        direct = is_local(root) or bool(self.storage_options)
+        spark = None if direct else self._spark(f"read the log of {root}")
+        return log_files(root, spark, self.storage_options)
 
     def _state(self, uri: str, version: int | None = None, *, name: str | None = None) -> LogState:
         return READER.state(self._files(uri), version, table=name or normalize_uri(uri))

@@ -9,6 +9,7 @@ listing, ``text`` for commits, ``parquet`` for checkpoints), so it needs no cred
 but Spark's; each read is then a small Spark job.
 """
 
+import functools
 import io
 import json
 import os
@@ -112,12 +113,18 @@ class LocalLogFiles:
         return os.path.isdir(self.root) and any(os.scandir(self.root))
 
 
+@functools.lru_cache(maxsize=128)
+def _store(root: str, options: tuple[tuple[str, str], ...]) -> Any:
+    """One obstore client per table root and options: a step reads the same logs often."""
+    return open_object_store(root, dict(options))
+
+
 class ObjectStoreLogFiles:
     """A log on an object store, read with ``obstore`` and the lake's storage options."""
 
     def __init__(self, root: str, storage_options: Mapping[str, str]) -> None:
         self.root = normalize_uri(root)
-        self._store = open_object_store(self.root, storage_options)
+        self._store = _store(self.root, tuple(sorted(storage_options.items())))
 
     def list_log(self) -> list[LogEntry] | None:
         listed = obstore.list_with_delimiter(self._store, LOG_DIR)

@@ -7,6 +7,7 @@ reads parquet, reads the files of tables delta-rs wrote, and meets special chara
 paths and partition values.
 """
 
+import pickle
 from typing import Any
 
 import pyarrow as pa
@@ -192,5 +193,9 @@ def test_the_native_engine_reads_s3_logs_with_the_lakes_options_else_through_spa
     ).bind(spark)
     assert isinstance(with_options.delta._files(uri), ObjectStoreLogFiles)  # type: ignore[attr-defined]
     assert "secret" not in repr(with_options.delta).lower()
+    # An engine sent to another process (pickled) keeps reading logs the same way.
+    copied = pickle.loads(pickle.dumps(with_options.delta))
+    assert copied.storage_options == s3_server.storage_options
+    assert isinstance(copied._files(uri), ObjectStoreLogFiles)
     bare = DeltaSparkEngine(spark)
     assert isinstance(bare._files(uri), SparkLogFiles)
