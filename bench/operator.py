@@ -544,6 +544,18 @@ def foreach_batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path)
     return run_available_now(spark.readStream.schema(schema).parquet(main_uri), process, out)
 
 
+def batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
+    """The hand-written *batch* job a Dagster asset author writes: read the main input,
+    broadcast-join, persist, write both outputs (the same ``process`` as the stream's)."""
+    process = enrich_batch_writer(spark, lake.profiles(), lake.rules(), out)
+    process(spark.read.parquet(main_uri), 0)
+
+
+def scan_write_job(spark: SparkSession, main_uri: str, out: Path) -> None:
+    """The limit: the main input's records read and written once, no join, no second output."""
+    spark.read.parquet(main_uri).write.parquet(str(out / "copy"))
+
+
 @dataclass
 class OperatorRun:
     result: dsi.RunResult
@@ -606,8 +618,20 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         foreach_batch_job(spark, lake, main_uri, out)
         return out
 
+    def batch(i: int) -> Path:
+        out = lake.fresh_root("frames_batch")
+        batch_job(spark, lake, main_uri, out)
+        return out
+
+    def scan_write(i: int) -> Path:
+        out = lake.fresh_root("frames_scan_write")
+        scan_write_job(spark, main_uri, out)
+        return out
+
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)
+    batch(-1)
+    scan_write(-1)
     native = "delta-spark" in args.engines
     if native:
         operator_native(-1)
@@ -617,6 +641,8 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     if args.per_table_writes:  # right after the operator: the pair shares its conditions
         actions["operator_per_table"] = operator_per_table
     actions["baseline"] = baseline
+    actions["batch"] = batch
+    actions["scan_write"] = scan_write
     seconds, results = interleaved(actions, args.repeats)
     per_table_times = list(TIMES.get("operator_per_table", []))
     native_times = list(TIMES.get("operator_native", []))
@@ -627,6 +653,13 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         {emitted_counts(r.result) for r in results["operator"]},
         {output_counts(spark, p) for p in results["baseline"]},
     )
+    for name in ("batch", "scan_write"):
+        pairs = [b / o for o, b in zip(TIMES["operator"], TIMES[name], strict=True)]
+        figures[f"{name}_s"] = seconds[name]
+        figures[f"{name}_rec_s"] = args.rows / seconds[name]
+        figures[f"over_{name}"] = seconds[name] / seconds["operator"]
+        figures[f"over_{name}_per_repeat"] = pairs
+    figures["batch_counts"] = sorted({output_counts(spark, p) for p in results["batch"]})
     figures["profile"] = profile_operator_run(lake, rest, lambda: operator(-2))
     if native_times:
         figures["operator_native_s"] = seconds["operator_native"]
@@ -666,6 +699,15 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"{statistics.median(pairs):.2f}); rows {figures['native_counts']}"
         )
     print_ratios(figures)
+    print(f"  baseline batch job (read, join, persist, write both)   {rate(figures, 'batch')}")
+    print(f"  limit scan->write (read, write once, no join)          {rate(figures, 'scan_write')}")
+    for name, goal in (("batch", 1.3), ("scan_write", 0.6)):
+        pairs = figures[f"over_{name}_per_repeat"]
+        print(
+            f"  operator / {name:<10} {figures[f'over_{name}']:5.2f}x (goal >= {goal}); per repeat "
+            f"{' '.join(f'{r:.2f}' for r in pairs)}"
+        )
+    print(f"  rows of the batch job {figures['batch_counts']}")
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
         print(
