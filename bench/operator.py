@@ -8,7 +8,13 @@ Sections (``--only`` runs one):
   key, a singleton threshold, a main output and a ``suspicious`` side output), against
   the Structured Streaming ``foreachBatch`` job an engineer would write by hand
   (``readStream.parquet`` over the Delta table's folder, ``availableNow``, broadcast
-  join, persist, two parquet appends).
+  join, persist, two parquet appends), the same as a *batch* job (what a Dagster asset
+  author writes), and the limit: a plain scan->write of the main records.
+- ``landing``: the frames-mode operator over a landing folder of parquet files
+  (``MainInput.files``) against the same operator over the same records in a Delta table,
+  and against Spark Declarative Pipelines (``pyspark.pipelines``, a stream-static join
+  into two tables) processing the same landing folder, started by the benchmark
+  (``bench/sdp/``).
 - ``rows``: the operator in rows mode (``fn(record, ctx)``) against ``mapInPandas`` with a
   broadcast dict looked up per record, both emitting the same two outputs.
 - ``buffer``: the cost of one batch that releases B buffered rows of a windowed
@@ -35,6 +41,7 @@ import re
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -474,10 +481,12 @@ def frames_operator(
     engine: str = "delta-rs",
     storage: dsi.DeltaStorage | None = None,
     sides: tuple[str, str] | None = None,
+    main: dsi.MainInput | None = None,
 ) -> dsi.SideInputOperator:
     profiles_uri, rules_uri = sides or (lake.profiles(), lake.rules())
     return dsi.SideInputOperator(
-        main=dsi.MainInput(
+        main=main
+        or dsi.MainInput(
             "transactions",
             key="customer_id",
             path=main_uri,
@@ -718,6 +727,136 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         )
     print_counts(figures)
     print_profile(figures["profile"])
+    return figures
+
+
+# --- landing folders: the operator over landed parquet vs over Delta vs SDP ---------------------
+
+MAIN_DDL = "tx_id long, customer_id long, amount double, currency string, ts timestamp"
+LANDED_FILES = 8
+
+
+def land_parquet(lake: Lake, main_uri: str) -> Path:
+    """The main table's records as ``LANDED_FILES`` parquet files in a landing folder."""
+    folder = lake.work / "data" / "landing"
+    if not folder.exists():
+        records = lake.spark.read.parquet(main_uri).select(*MAIN_COLUMNS)
+        records.repartition(LANDED_FILES).write.parquet(str(folder))
+    return folder
+
+
+def sdp_runs(lake: Lake, folder: Path, runs: int) -> list[dict[str, Any]]:
+    """``runs`` runs of ``bench/sdp/pipeline.py`` over ``folder``, in one SDP process
+    (``spark-class org.apache.spark.deploy.SparkPipelines``, as ``spark-pipelines`` starts
+    it, with a Spark Connect server on ``local[*]``), each into fresh tables; each run's
+    seconds and (enriched, suspicious) counts."""
+    here = Path(__file__).parent / "sdp"
+    work = lake.work / "sdp"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "transformations").mkdir(parents=True)
+    shutil.copy(here / "pipeline.py", work / "transformations" / "pipeline.py")
+    (work / "spark-pipeline.yml").write_text(
+        "name: bench\n"
+        f"storage: file://{work}/storage\n"
+        "libraries:\n  - glob:\n      include: transformations/**\n"
+    )
+    env = {
+        **os.environ,
+        "SDP_LANDING": str(folder),
+        "SDP_PROFILES": lake.profiles(),
+        "SDP_THRESHOLD": str(THRESHOLD),
+        "SDP_SCHEMA": MAIN_DDL,
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    spark_class = str(Path(sys.executable).parent / "spark-class")
+    command = [
+        spark_class,
+        "org.apache.spark.deploy.SparkPipelines",
+        str(here / "run_timed.py"),
+        str(work),
+        str(runs),
+    ]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
+    found = [
+        json.loads(line.split(" ", 1)[1])
+        for line in done.stdout.splitlines()
+        if line.startswith("SDP-RUN ")
+    ]
+    if done.returncode != 0 or len(found) != runs:
+        raise RuntimeError(
+            f"SDP failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return found
+
+
+def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
+    spark, args = lake.spark, lake.args
+    main_uri = lake.main_table(args.rows)
+    folder = land_parquet(lake, main_uri)
+    landed = dsi.MainInput.files(str(folder), format="parquet", schema=MAIN_DDL, key="customer_id")
+
+    def operator_landing(i: int) -> OperatorRun:
+        root = lake.fresh_root("landing_op")
+        op = frames_operator(main_uri, lake, root, main=landed)
+        return OperatorRun(op.run(spark, trigger="available_now"), root)
+
+    def operator_delta(i: int) -> OperatorRun:
+        root = lake.fresh_root("landing_delta_op")
+        op = frames_operator(main_uri, lake, root)
+        return OperatorRun(op.run(spark, trigger="available_now"), root)
+
+    operator_landing(-1)
+    operator_delta(-1)
+    seconds, results = interleaved(
+        {"landing": operator_landing, "delta": operator_delta}, args.repeats
+    )
+    landing_times = list(TIMES["landing"])
+    delta_times = list(TIMES["delta"])
+    profile = profile_operator_run(lake, rest, lambda: operator_landing(-2))
+    sdp = sdp_runs(lake, folder, args.repeats + 1)[1:]  # the first run warms the server up
+    sdp_times = [run["seconds"] for run in sdp]
+    sdp_s = statistics.median(sdp_times)
+    counts = {
+        name: sorted({emitted_counts(r.result) for r in results[name]})
+        for name in ("landing", "delta")
+    }
+    counts["sdp"] = sorted({tuple(run["counts"]) for run in sdp})
+    figures = {
+        "landing_s": seconds["landing"],
+        "delta_s": seconds["delta"],
+        "sdp_s": sdp_s,
+        "landing_times": landing_times,
+        "delta_times": delta_times,
+        "sdp_times": sdp_times,
+        "delta_over_landing_time": seconds["delta"] / seconds["landing"],
+        "sdp_over_landing_time": sdp_s / seconds["landing"],
+        "counts": counts,
+        "profile": profile,
+    }
+    print(
+        f"\n[landing] {args.rows} main records in {LANDED_FILES} landed parquet files, "
+        f"{args.side_rows} profiles, broadcast map + singleton, two outputs"
+    )
+    spread = lambda times: f"{min(times):.2f}-{max(times):.2f}"  # noqa: E731
+    print(
+        f"  operator, landing folder  {args.rows / seconds['landing'] / 1e6:6.3f} M rec/s "
+        f"(median {seconds['landing']:.2f} s, spread {spread(landing_times)})"
+    )
+    print(
+        f"  operator, Delta table     {args.rows / seconds['delta'] / 1e6:6.3f} M rec/s "
+        f"(median {seconds['delta']:.2f} s, spread {spread(delta_times)})"
+    )
+    print(
+        f"  SDP, landing folder       {args.rows / sdp_s / 1e6:6.3f} M rec/s "
+        f"(median {sdp_s:.2f} s, spread {spread(sdp_times)}; its own process, run after the "
+        "operator's repeats, start of run to completion)"
+    )
+    print(
+        f"  speed landing / Delta {figures['delta_over_landing_time']:.2f}x (goal >= 1.0); "
+        f"landing / SDP {figures['sdp_over_landing_time']:.2f}x (goal >= 1.0)"
+    )
+    print(f"  rows (enriched, suspicious): {counts}")
+    print_profile(profile)
     return figures
 
 
@@ -1216,6 +1355,7 @@ def _load() -> str:
 
 SECTIONS: dict[str, Callable[[Lake, SparkRest | None], dict[str, Any]]] = {
     "frames": bench_frames,
+    "landing": bench_landing,
     "rows": bench_rows,
     "buffer": bench_buffer,
     "prekeyed": bench_prekeyed,

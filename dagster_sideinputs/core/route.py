@@ -62,7 +62,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if counts is None:
         counts = translated(context, lambda: count_routes(spec, classified), views=views)
     else:
-        notes.append("every record released: routes counted from Delta statistics")
+        notes.append("every record released: routes counted from file statistics")
     check_invalid(spec, classified, counts)
     limited, counts = enforce_limits(
         spec, plan, classified, counts, batch.buffer, lambda frame: count_routes(spec, frame)
@@ -189,12 +189,13 @@ def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
 def counts_from_statistics(
     spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile], joins: Mapping[str, JoinSpec]
 ) -> Counts | None:
-    """The counts without a Spark job, when the Delta statistics of the new files settle
-    them: every record is released (one ready global namespace, no buffered records
-    read, no per-key routing, no pre-keyed check, no event time to track) and no key is
-    null (float keys, which could be NaN, always take the job). None when a job must count."""
+    """The counts without a Spark job, when the statistics of the new files settle them
+    (a Delta input's log, a landed parquet file's footer): every record is released (one
+    ready global namespace, no buffered records read, no per-key routing, no pre-keyed
+    check, no event time to track) and no key is null (float keys, which could be NaN,
+    always take the job). None when a job must count."""
     trivial = (
-        plan.main.kind == "delta"
+        plan.main.kind in ("delta", "files")
         and files
         and not plan.read_slots
         and spec.window is None

@@ -13,9 +13,11 @@ The protocol and its slice are :mod:`~dagster_sideinputs.core.main_source`.
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -35,6 +37,9 @@ from dagster_sideinputs.errors import (
 
 _HIDDEN = (".", "_")
 _GLOB = re.compile(r"([\\*?\[\]{}])")
+FOOTER_FILES_LIMIT = 256
+"""Landed parquet files whose footers a batch reads on the driver (row counts, null
+counts of the key); a batch of more files counts its routes with a Spark job instead."""
 
 
 def source_for(spec: OperatorSpec) -> MainSource:
@@ -169,6 +174,27 @@ class DeltaTableSource:
         return None  # the position lives in the plans
 
 
+def _null_count(metadata: pq.FileMetaData, column: str) -> int | None:
+    """Nulls in a top-level column of a parquet file, from every row group's statistics;
+    None when the file lacks the column (Spark reads it as null) or a row group has no
+    null count."""
+    index = next(
+        (i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column),
+        None,
+    )
+    if index is None:
+        return None
+    total = 0
+    for group in range(metadata.num_row_groups):
+        if metadata.row_group(group).num_rows == 0:
+            continue  # an empty row group keeps no statistics
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_null_count:
+            return None
+        total += stats.null_count
+    return total
+
+
 def _check_file_name(name: str, asset: str, folder: str) -> None:
     """Refuse a landed file Spark cannot read by name: Hadoop paths cannot hold a ':' in a
     file name (the local file system fails on its checksum path), nor control characters.
@@ -245,7 +271,40 @@ class LandingFolder:
         return SourceSlice(MainRange("files", files=listed))
 
     def files(self, main: MainRange) -> SourceSlice:
-        return SourceSlice(main)
+        if self.spec.main.format != "parquet" or not main.files:
+            return SourceSlice(main)
+        return SourceSlice(main, self._footers(main.files))
+
+    def _footers(self, listed: Sequence[Mapping]) -> tuple[DataFile, ...]:
+        """The landed parquet files with the row counts and key null counts of their
+        footers, so that the route stage counts a batch whose every record is released
+        without a Spark job (a landing folder then costs what a Delta input does). Only
+        counts are taken, never min/max values: a footer's bounds may be truncated or
+        absent. Nothing when a footer cannot be read or there are too many files: the
+        batch's jobs then count the records, and meet a bad file as before."""
+        if len(listed) > FOOTER_FILES_LIMIT:
+            return ()
+        store = TableFiles(self.folder, self.spec.storage.storage_options)
+        key = self.spec.main.key
+
+        def described(entry: Mapping) -> DataFile:
+            path, size = entry["path"], entry["size"]
+            uri = join_uri(self.folder, path)
+            if size == 0:  # never read (see read)
+                return DataFile(path, uri, 0, num_records=0, null_count={key: 0} if key else {})
+            metadata = store.parquet_metadata(path)
+            nulls: dict[str, int] = {}
+            if key is not None:
+                counted = _null_count(metadata, key)
+                if counted is not None:
+                    nulls[key] = counted
+            return DataFile(path, uri, size, num_records=metadata.num_rows, null_count=nulls)
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(8, len(listed))) as pool:
+                return tuple(pool.map(described, listed))
+        except Exception:  # an unreadable footer: the Spark jobs decide
+            return ()
 
     def schema(self) -> T.StructType:
         declared = self.spec.main.schema

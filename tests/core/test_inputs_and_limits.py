@@ -212,3 +212,99 @@ def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
         pytest.raises(dsi.OperatorBusyError, match="already running"),
     ):
         lake.run(op)
+
+
+# --- parquet landing folders: routes counted from footers -----------------------------------------
+
+FOOTERS = "routes counted from file statistics"
+
+
+def land_parquet(folder, name: str, table) -> None:
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, str(folder / f".{name}"))
+    (folder / f".{name}").rename(folder / name)
+
+
+def parquet_landing(lake, folder, **kwargs):
+    return lake.operator(
+        main=dsi.MainInput.files(str(folder), format="parquet", schema=TX, key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
+        main_output="enriched",
+        **kwargs,
+    )
+
+
+def tx_table(ids, customers, **columns):
+    import pyarrow as pa
+
+    fields = {
+        "tx_id": pa.array(ids, pa.int64()),
+        "customer_id": pa.array(customers, pa.int64()),
+        "amount": pa.array([1.0] * len(ids), pa.float64()),
+    }
+    fields.update(columns)
+    return pa.table(fields)
+
+
+def key_in_another_case():
+    import pyarrow as pa
+
+    table = tx_table([4, 5], [10, 10]).drop(["customer_id"])
+    return table.append_column("Customer_Id", pa.array([10, None], pa.int64()))
+
+
+def test_landed_parquet_files_releasing_every_record_are_counted_from_their_footers(lake, tmp_path):
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land_parquet(folder, "a.parquet", tx_table([1, 2], [10, 11]))
+    land_parquet(folder, "b.parquet", tx_table([3], [10]))
+    land_parquet(folder, "empty.parquet", tx_table([], []))
+    (folder / "zero.parquet").write_bytes(b"")
+    [batch] = lake.run(parquet_landing(lake, folder)).batches
+    assert any(FOOTERS in note for note in batch.notes)
+    assert (batch.rows_in, batch.routes["released"], batch.accounted) == (3, 3, True)
+    assert lake.rows("enriched") == [(1, "ann"), (2, None), (3, "ann")]
+
+
+@pytest.mark.parametrize(
+    "landed",
+    [
+        pytest.param(lambda: tx_table([4, 5], [10, None]), id="null-key"),
+        pytest.param(lambda: key_in_another_case(), id="key-column-named-in-another-case"),
+        pytest.param(lambda: tx_table([4, 5], [10, 10]).drop(["customer_id"]), id="no-key-column"),
+    ],
+)
+def test_landed_parquet_footers_that_do_not_settle_the_counts_leave_them_to_a_job(
+    lake, tmp_path, landed
+):
+    """Null keys, or a key column the footer does not name as declared (Spark reads it
+    case-insensitively, or as nulls when absent): a job counts, and every record lands."""
+    folder = tmp_path / "landing"
+    invalid = dsi.OutputTag("invalid_transactions")
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land_parquet(folder, "a.parquet", landed())
+    [batch] = lake.run(parquet_landing(lake, folder, invalid=invalid)).batches
+    assert not any(FOOTERS in note for note in batch.notes)
+    assert batch.accounted
+    assert batch.rows_in == 2
+    written = lake.rows("enriched", "tx_id") + (
+        lake.rows("invalid_transactions", "tx_id") if lake.exists("invalid_transactions") else []
+    )
+    assert sorted(written) == [(4,), (5,)]
+
+
+def test_a_landed_file_that_is_not_parquet_is_still_named_when_footers_are_read(lake, tmp_path):
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land_parquet(folder, "a.parquet", tx_table([1], [10]))
+    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(dsi.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written"):
+        lake.run(parquet_landing(lake, folder))
+    assert not lake.exists("enriched")
+    (folder / "broken.parquet").unlink()
+    [batch] = lake.run(parquet_landing(lake, folder)).batches
+    assert any(FOOTERS in note for note in batch.notes)
+    assert lake.rows("enriched") == [(1, "ann")]

@@ -599,7 +599,7 @@ def test_every_record_is_accounted_for_in_the_metrics(lake):
 
 
 def test_a_batch_releasing_every_record_counts_them_from_delta_statistics(lake):
-    statistics = "routes counted from Delta statistics"
+    statistics = "routes counted from file statistics"
     invalid = dsi.OutputTag("invalid_transactions")
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0)], TX)
