@@ -10,10 +10,13 @@ Sections (``--only`` runs one):
   (``readStream.parquet`` over the Delta table's folder, ``availableNow``, broadcast
   join, persist, two parquet appends), the same as a *batch* job (what a Dagster asset
   author writes), and the limit: a plain scan->write of the main records.
+  ``--write-shapes`` adds hand-written writes of the enriched records alone and of both
+  outputs in one tag-partitioned pass: what bounds any writer of these outputs.
 - ``landing``: the frames-mode operator over a landing folder of parquet files
-  (``MainInput.files``) against the same operator over the same records in a Delta table,
-  and against Spark Declarative Pipelines (``pyspark.pipelines``, a stream-static join
-  into two tables) processing the same landing folder, started by the benchmark
+  (``MainInput.files``; routes counted from the files' footers, and, for comparison, by
+  a Spark job as before) against the same operator over the same records in a Delta
+  table, and against Spark Declarative Pipelines (``pyspark.pipelines``, a stream-static
+  join into two tables) processing the same landing folder, started by the benchmark
   (``bench/sdp/``).
 - ``rows``: the operator in rows mode (``fn(record, ctx)``) against ``mapInPandas`` with a
   broadcast dict looked up per record, both emitting the same two outputs.
@@ -61,6 +64,7 @@ from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core import batch as batch_module
+from dagster_sideinputs.core import sources as sources_module
 from dagster_sideinputs.core import write as write_stage
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.delta.engine import AppTransaction
@@ -560,6 +564,32 @@ def batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None
     process(spark.read.parquet(main_uri), 0)
 
 
+def joined(spark: SparkSession, lake: Lake, main_uri: str) -> DataFrame:
+    profile = spark.read.parquet(lake.profiles()).select(
+        "customer_id", "name", "segment", "risk_score"
+    )
+    return (
+        spark.read.parquet(main_uri)
+        .join(F.broadcast(profile), "customer_id", "left")
+        .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
+    )
+
+
+def joined_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
+    """The main output alone, hand-written: read, broadcast join, one parquet write. What
+    writing the enriched records costs at all, whatever writes them."""
+    joined(spark, lake, main_uri).write.parquet(str(out / "enriched"))
+
+
+def tagged_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
+    """Both outputs in one pass: each enriched record tagged once per output it belongs to
+    (``explode``), one parquet write partitioned by tag (Flink's one collector)."""
+    suspicious = F.col("amount") > F.lit(THRESHOLD)
+    tags = F.when(suspicious, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))
+    records = joined(spark, lake, main_uri).select("*", F.explode(tags).alias("tag"))
+    records.write.partitionBy("tag").parquet(str(out / "tagged"))
+
+
 def scan_write_job(spark: SparkSession, main_uri: str, out: Path) -> None:
     """The limit: the main input's records read and written once, no join, no second output."""
     spark.read.parquet(main_uri).write.parquet(str(out / "copy"))
@@ -637,10 +667,24 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         scan_write_job(spark, main_uri, out)
         return out
 
+    def joined_write(i: int) -> Path:
+        out = lake.fresh_root("frames_joined_write")
+        joined_write_job(spark, lake, main_uri, out)
+        return out
+
+    def tagged_write(i: int) -> Path:
+        out = lake.fresh_root("frames_tagged_write")
+        tagged_write_job(spark, lake, main_uri, out)
+        return out
+
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)
     batch(-1)
     scan_write(-1)
+    shapes = {"joined_write": joined_write, "tagged_write": tagged_write}
+    if args.write_shapes:
+        for shape in shapes.values():
+            shape(-1)
     native = "delta-spark" in args.engines
     if native:
         operator_native(-1)
@@ -652,6 +696,8 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     actions["baseline"] = baseline
     actions["batch"] = batch
     actions["scan_write"] = scan_write
+    if args.write_shapes:
+        actions.update(shapes)
     seconds, results = interleaved(actions, args.repeats)
     per_table_times = list(TIMES.get("operator_per_table", []))
     native_times = list(TIMES.get("operator_native", []))
@@ -717,6 +763,18 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"{' '.join(f'{r:.2f}' for r in pairs)}"
         )
     print(f"  rows of the batch job {figures['batch_counts']}")
+    if args.write_shapes:
+        for name in shapes:
+            figures[f"{name}_s"] = seconds[name]
+            figures[f"{name}_times"] = list(TIMES[name])
+        print(
+            f"  write shapes, hand-written parquet: the main output alone (read, join, write) "
+            f"{seconds['joined_write']:.2f} s = "
+            f"{seconds['scan_write'] / seconds['joined_write']:.2f}x the scan->write; "
+            f"both outputs in one tag-partitioned pass "
+            f"{seconds['tagged_write']:.2f} s (the operator's two writes: "
+            f"{sum(figures['profile']['writes_s'].values()):.2f} s in its profiled run)"
+        )
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
         print(
@@ -800,6 +858,15 @@ def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         op = frames_operator(main_uri, lake, root, main=landed)
         return OperatorRun(op.run(spark, trigger="available_now"), root)
 
+    def operator_landing_counted(i: int) -> OperatorRun:
+        """As before footers were read: a Spark job counts the routes of landed files."""
+        saved = sources_module.FOOTER_FILES_LIMIT
+        sources_module.FOOTER_FILES_LIMIT = -1
+        try:
+            return operator_landing(i)
+        finally:
+            sources_module.FOOTER_FILES_LIMIT = saved
+
     def operator_delta(i: int) -> OperatorRun:
         root = lake.fresh_root("landing_delta_op")
         op = frames_operator(main_uri, lake, root)
@@ -808,8 +875,14 @@ def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     operator_landing(-1)
     operator_delta(-1)
     seconds, results = interleaved(
-        {"landing": operator_landing, "delta": operator_delta}, args.repeats
+        {
+            "landing": operator_landing,
+            "landing_counted": operator_landing_counted,
+            "delta": operator_delta,
+        },
+        args.repeats,
     )
+    counted_times = list(TIMES["landing_counted"])
     landing_times = list(TIMES["landing"])
     delta_times = list(TIMES["delta"])
     profile = profile_operator_run(lake, rest, lambda: operator_landing(-2))
@@ -818,10 +891,12 @@ def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     sdp_s = statistics.median(sdp_times)
     counts = {
         name: sorted({emitted_counts(r.result) for r in results[name]})
-        for name in ("landing", "delta")
+        for name in ("landing", "landing_counted", "delta")
     }
     counts["sdp"] = sorted({tuple(run["counts"]) for run in sdp})
     figures = {
+        "landing_counted_s": seconds["landing_counted"],
+        "landing_counted_times": counted_times,
         "landing_s": seconds["landing"],
         "delta_s": seconds["delta"],
         "sdp_s": sdp_s,
@@ -841,6 +916,11 @@ def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     print(
         f"  operator, landing folder  {args.rows / seconds['landing'] / 1e6:6.3f} M rec/s "
         f"(median {seconds['landing']:.2f} s, spread {spread(landing_times)})"
+    )
+    print(
+        f"  same, routes counted by a job (no footers) "
+        f"{args.rows / seconds['landing_counted'] / 1e6:6.3f} M rec/s "
+        f"(median {seconds['landing_counted']:.2f} s, spread {spread(counted_times)})"
     )
     print(
         f"  operator, Delta table     {args.rows / seconds['delta'] / 1e6:6.3f} M rec/s "
@@ -1390,6 +1470,12 @@ def main() -> None:
         action="store_true",
         help="frames: also time the operator committing each table as soon as it is staged "
         "(the write stage before stage-then-commit), to measure what staging first costs",
+    )
+    parser.add_argument(
+        "--write-shapes",
+        action="store_true",
+        help="frames: also time hand-written writes of the enriched records alone and of both "
+        "outputs in one tag-partitioned pass (what bounds the operator's writes)",
     )
     parser.add_argument(
         "--engines",
