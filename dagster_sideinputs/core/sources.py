@@ -40,6 +40,10 @@ _GLOB = re.compile(r"([\\*?\[\]{}])")
 FOOTER_FILES_LIMIT = 256
 """Landed parquet files whose footers a batch reads on the driver (row counts, null
 counts of the key); a batch of more files counts its routes with a Spark job instead."""
+_FOOTER_SAFE_OPTIONS = frozenset({"datetimerebasemode", "int96rebasemode", "mergeschema"})
+"""Parquet read options that change no record count: with any other (``pathGlobFilter``,
+``ignoreCorruptFiles``, ``modifiedAfter``, ...) Spark may read fewer rows than the
+footers hold, so a job counts."""
 
 
 def source_for(spec: OperatorSpec) -> MainSource:
@@ -175,15 +179,16 @@ class DeltaTableSource:
 
 
 def _null_count(metadata: pq.FileMetaData, column: str) -> int | None:
-    """Nulls in a top-level column of a parquet file, from every row group's statistics;
-    None when the file lacks the column (Spark reads it as null) or a row group has no
-    null count."""
-    index = next(
-        (i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column),
-        None,
-    )
-    if index is None:
+    """Nulls in a top-level primitive column of a parquet file, from every row group's
+    statistics; None when the file lacks such a column (Spark reads it as null; a nested
+    field whose path spells the name is not it) or a row group has no null count."""
+    arrow = metadata.schema.to_arrow_schema()
+    if arrow.get_field_index(column) < 0 or pa.types.is_nested(arrow.field(column).type):
         return None
+    leaves = [i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column]
+    if len(leaves) != 1:
+        return None
+    index = leaves[0]
     total = 0
     for group in range(metadata.num_row_groups):
         if metadata.row_group(group).num_rows == 0:
@@ -282,7 +287,8 @@ class LandingFolder:
         counts are taken, never min/max values: a footer's bounds may be truncated or
         absent. Nothing when a footer cannot be read or there are too many files: the
         batch's jobs then count the records, and meet a bad file as before."""
-        if len(listed) > FOOTER_FILES_LIMIT:
+        options = {name.lower() for name, _ in self.spec.main.read_options}
+        if len(listed) > FOOTER_FILES_LIMIT or not options <= _FOOTER_SAFE_OPTIONS:
             return ()
         store = TableFiles(self.folder, self.spec.storage.storage_options)
         key = self.spec.main.key

@@ -308,3 +308,26 @@ def test_a_landed_file_that_is_not_parquet_is_still_named_when_footers_are_read(
     [batch] = lake.run(parquet_landing(lake, folder)).batches
     assert any(FOOTERS in note for note in batch.notes)
     assert lake.rows("enriched") == [(1, "ann")]
+
+
+def test_landed_parquet_read_with_options_that_may_skip_rows_is_counted_by_a_job(lake, tmp_path):
+    """A read option under which Spark may read fewer rows than the footers hold
+    (``pathGlobFilter`` here) leaves the counting to a job."""
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land_parquet(folder, "a.parquet", tx_table([1, 2], [10, 10]))
+    op = lake.operator(
+        main=dsi.MainInput.files(
+            str(folder),
+            format="parquet",
+            schema=TX,
+            key="customer_id",
+            options={"pathGlobFilter": "*.parquet", "datetimeRebaseMode": "CORRECTED"},
+        ),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
+        main_output="enriched",
+    )
+    [batch] = lake.run(op).batches
+    assert not any(FOOTERS in note for note in batch.notes)
+    assert lake.rows("enriched") == [(1, "ann"), (2, "ann")]
