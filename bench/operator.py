@@ -508,6 +508,16 @@ def frames_operator(
     )
 
 
+def enriched_by_hand(spark: SparkSession, records: DataFrame, profiles_uri: str) -> DataFrame:
+    """The hand-written jobs' enrichment: records broadcast-joined with the profiles."""
+    profile = spark.read.parquet(profiles_uri).select(
+        "customer_id", "name", "segment", "risk_score"
+    )
+    return records.join(F.broadcast(profile), "customer_id", "left").select(
+        *MAIN_COLUMNS, "name", "segment", "risk_score"
+    )
+
+
 def enrich_batch_writer(
     spark: SparkSession, profiles_uri: str, rules_uri: str, out: Path
 ) -> Callable[[DataFrame, int], None]:
@@ -517,15 +527,8 @@ def enrich_batch_writer(
 
     def process(batch: DataFrame, batch_id: int) -> None:
         # Re-read every micro-batch: the freshest reference data a stream-static join gets.
-        profile = spark.read.parquet(profiles_uri).select(
-            "customer_id", "name", "segment", "risk_score"
-        )
         threshold = spark.read.parquet(rules_uri).first()["threshold"]  # type: ignore[index]
-        joined = (
-            batch.join(F.broadcast(profile), "customer_id", "left")
-            .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
-            .persist()
-        )
+        joined = enriched_by_hand(spark, batch, profiles_uri).persist()
         joined.write.mode("append").parquet(str(out / "enriched"))
         joined.filter(F.col("amount") > F.lit(threshold)).write.mode("append").parquet(
             str(out / "suspicious")
@@ -564,21 +567,12 @@ def batch_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None
     process(spark.read.parquet(main_uri), 0)
 
 
-def joined(spark: SparkSession, lake: Lake, main_uri: str) -> DataFrame:
-    profile = spark.read.parquet(lake.profiles()).select(
-        "customer_id", "name", "segment", "risk_score"
-    )
-    return (
-        spark.read.parquet(main_uri)
-        .join(F.broadcast(profile), "customer_id", "left")
-        .select(*MAIN_COLUMNS, "name", "segment", "risk_score")
-    )
-
-
 def joined_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
     """The main output alone, hand-written: read, broadcast join, one parquet write. What
     writing the enriched records costs at all, whatever writes them."""
-    joined(spark, lake, main_uri).write.parquet(str(out / "enriched"))
+    enriched_by_hand(spark, spark.read.parquet(main_uri), lake.profiles()).write.parquet(
+        str(out / "enriched")
+    )
 
 
 def tagged_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
@@ -586,11 +580,13 @@ def tagged_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) 
     (``explode``), one parquet write partitioned by tag (Flink's one collector)."""
     suspicious = F.col("amount") > F.lit(THRESHOLD)
     tags = F.when(suspicious, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))
-    records = joined(spark, lake, main_uri).select("*", F.explode(tags).alias("tag"))
+    records = enriched_by_hand(spark, spark.read.parquet(main_uri), lake.profiles()).select(
+        "*", F.explode(tags).alias("tag")
+    )
     records.write.partitionBy("tag").parquet(str(out / "tagged"))
 
 
-def scan_write_job(spark: SparkSession, main_uri: str, out: Path) -> None:
+def scan_write_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
     """The limit: the main input's records read and written once, no join, no second output."""
     spark.read.parquet(main_uri).write.parquet(str(out / "copy"))
 
@@ -657,25 +653,20 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         foreach_batch_job(spark, lake, main_uri, out)
         return out
 
-    def batch(i: int) -> Path:
-        out = lake.fresh_root("frames_batch")
-        batch_job(spark, lake, main_uri, out)
-        return out
+    def hand_written(label: str, job: Callable[..., None]) -> Callable[[int], Path]:
+        """A hand-written job as an action: each repeat writes under a fresh folder."""
 
-    def scan_write(i: int) -> Path:
-        out = lake.fresh_root("frames_scan_write")
-        scan_write_job(spark, main_uri, out)
-        return out
+        def action(i: int) -> Path:
+            out = lake.fresh_root(f"frames_{label}")
+            job(spark, lake, main_uri, out)
+            return out
 
-    def joined_write(i: int) -> Path:
-        out = lake.fresh_root("frames_joined_write")
-        joined_write_job(spark, lake, main_uri, out)
-        return out
+        return action
 
-    def tagged_write(i: int) -> Path:
-        out = lake.fresh_root("frames_tagged_write")
-        tagged_write_job(spark, lake, main_uri, out)
-        return out
+    batch = hand_written("batch", batch_job)
+    scan_write = hand_written("scan_write", scan_write_job)
+    joined_write = hand_written("joined_write", joined_write_job)
+    tagged_write = hand_written("tagged_write", tagged_write_job)
 
     operator(-1)  # warm up the JVM, the Python workers and the file caches
     baseline(-1)

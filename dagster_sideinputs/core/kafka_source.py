@@ -30,7 +30,7 @@ from dagster_sideinputs.core.kafka_offsets import check_pinned, plan_ranges
 from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.delta.engine import AppTransaction, WriteResult
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.errors import KafkaSourceError
 
 
@@ -135,6 +135,9 @@ class KafkaSource:
             if "DATA_SOURCE_NOT_FOUND" in str(exc) or "Failed to find data source" in str(exc):
                 raise missing_connector(self.label) from None
             raise
+
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+        return ()  # Kafka keeps no per-record statistics
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans

@@ -6,6 +6,7 @@ The sources themselves: Delta tables and landing folders in
 :mod:`~dagster_sideinputs.core.kafka_source`.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +34,12 @@ class MainSource(Protocol):
     def files(self, main: MainRange) -> SourceSlice: ...
 
     def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame: ...
+
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+        """The slice's new files with their row counts and null counts, when the source
+        keeps them (a Delta log, landed parquet footers); empty otherwise. Asked only by
+        a batch whose every record is plainly released."""
+        ...
 
     def schema(self) -> T.StructType | None:
         """The declared schema (landing folders); None when slices carry it (Delta)."""

@@ -52,11 +52,7 @@ INTERNAL = (KAFKA_BUCKET, KAFKA_TASK)
 
 def read(context: StageContext, batch: Batch) -> Batch:
     spec, plan = context.spec, batch.plan
-    piece = batch.source
-    if piece is None or plan.main.kind == "files":
-        # A landed slice learns its files' footers here, when its batch runs (never while
-        # planning or peeking): the route stage may count its records from them.
-        piece = context.source.files(plan.main)
+    piece = batch.source or context.source.files(plan.main)
     notes: list[str] = []
     kafka_keyed = spec.main.is_kafka and spec.main.pre_keyed is not None
     if kafka_keyed:

@@ -52,13 +52,14 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if _should_cache(context, views):
         classified = context.persist(classified)
         notes.append("classified records cached (a side input is joined by shuffle)")
-    files = batch.source.files if batch.source is not None else ()
     key = spec.main.key
     float_key = key is not None and batch.records.schema[key].dataType.typeName() in (
         "float",
         "double",
     )
-    counts = None if float_key else counts_from_statistics(spec, plan, files, views.joins)
+    counts = None
+    if not float_key and batch.source is not None and plainly_released(spec, plan, views.joins):
+        counts = counts_from_statistics(spec, plan, context.source.statistics(batch.source))
     if counts is None:
         counts = translated(context, lambda: count_routes(spec, classified), views=views)
     else:
@@ -186,25 +187,28 @@ def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
     return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
 
 
-def counts_from_statistics(
-    spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile], joins: Mapping[str, JoinSpec]
-) -> Counts | None:
-    """The counts without a Spark job, when the statistics of the new files settle them
-    (a Delta input's log, a landed parquet file's footer): every record is released (one
-    ready global namespace, no buffered records read, no per-key routing, no pre-keyed
-    check, no event time to track) and no key is null (float keys, which could be NaN,
-    always take the job). None when a job must count."""
-    trivial = (
-        plan.main.kind in ("delta", "files")
-        and files
-        and not plan.read_slots
+def plainly_released(spec: OperatorSpec, plan: BatchPlan, joins: Mapping[str, JoinSpec]) -> bool:
+    """Every record of the batch is released unless its key is null: one ready global
+    namespace, no buffered records read, no per-key routing, no pre-keyed check, no
+    event time to track."""
+    return (
+        not plan.read_slots
         and spec.window is None
         and spec.main.event_time is None
         and spec.main.pre_keyed is None
         and GLOBAL in plan.ready_namespaces
         and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
     )
-    if not trivial:
+
+
+def counts_from_statistics(
+    spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile]
+) -> Counts | None:
+    """The counts of a :func:`plainly_released` batch without a Spark job, when the
+    statistics of its new files (a Delta input's log, landed parquet footers) say no key
+    is null (float keys, which could be NaN, always take the job). None when a job must
+    count."""
+    if not files:
         return None
     total = 0
     for file in files:

@@ -171,6 +171,9 @@ class DeltaTableSource:
             return spark.createDataFrame([], schema)
         return self.engine.read_snapshot(spark, snapshot, files=piece.files, name=self.name)
 
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+        return piece.files
+
     def schema(self) -> T.StructType | None:
         return None  # each slice's snapshot has it
 
@@ -276,19 +279,24 @@ class LandingFolder:
         return SourceSlice(MainRange("files", files=listed))
 
     def files(self, main: MainRange) -> SourceSlice:
-        if self.spec.main.format != "parquet" or not main.files:
-            return SourceSlice(main)
-        return SourceSlice(main, self._footers(main.files))
+        return SourceSlice(main)
 
-    def _footers(self, listed: Sequence[Mapping]) -> tuple[DataFile, ...]:
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
         """The landed parquet files with the row counts and key null counts of their
-        footers, so that the route stage counts a batch whose every record is released
-        without a Spark job (a landing folder then costs what a Delta input does). Only
-        counts are taken, never min/max values: a footer's bounds may be truncated or
-        absent. Nothing when a footer cannot be read or there are too many files: the
-        batch's jobs then count the records, and meet a bad file as before."""
+        footers, read on the driver (so that a batch whose every record is released is
+        counted without a Spark job: a landing folder then costs what a Delta input
+        does). Only counts are taken, never min/max values: a footer's bounds may be
+        truncated or absent. Nothing for JSON/CSV, when a footer cannot be read, or with
+        too many files: the batch's jobs then count the records, and meet a bad file as
+        before."""
+        listed = piece.range.files
         options = {name.lower() for name, _ in self.spec.main.read_options}
-        if len(listed) > FOOTER_FILES_LIMIT or not options <= _FOOTER_SAFE_OPTIONS:
+        if (
+            self.spec.main.format != "parquet"
+            or not listed
+            or len(listed) > FOOTER_FILES_LIMIT
+            or not options <= _FOOTER_SAFE_OPTIONS
+        ):
             return ()
         store = TableFiles(self.folder, self.spec.storage.storage_options)
         key = self.spec.main.key

@@ -23,9 +23,11 @@ def land(folder, name: str, records: list[dict] | str) -> None:
     (folder / name).write_text(text)
 
 
-def landing_operator(lake, folder, **kwargs):
+def landing_operator(lake, folder, *, format="json", options=None, **kwargs):
     return lake.operator(
-        main=dsi.MainInput.files(str(folder), format="json", schema=TX, key="customer_id"),
+        main=dsi.MainInput.files(
+            str(folder), format=format, schema=TX, key="customer_id", options=options
+        ),
         side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
         fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
         main_output="enriched",
@@ -228,13 +230,7 @@ def land_parquet(folder, name: str, table) -> None:
 
 
 def parquet_landing(lake, folder, **kwargs):
-    return lake.operator(
-        main=dsi.MainInput.files(str(folder), format="parquet", schema=TX, key="customer_id"),
-        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
-        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
-        main_output="enriched",
-        **kwargs,
-    )
+    return landing_operator(lake, folder, format="parquet", **kwargs)
 
 
 def tx_table(ids, customers, **columns):
@@ -273,7 +269,7 @@ def test_landed_parquet_files_releasing_every_record_are_counted_from_their_foot
     "landed",
     [
         pytest.param(lambda: tx_table([4, 5], [10, None]), id="null-key"),
-        pytest.param(lambda: key_in_another_case(), id="key-column-named-in-another-case"),
+        pytest.param(key_in_another_case, id="key-column-named-in-another-case"),
         pytest.param(lambda: tx_table([4, 5], [10, 10]).drop(["customer_id"]), id="no-key-column"),
     ],
 )
@@ -316,18 +312,8 @@ def test_landed_parquet_read_with_options_that_may_skip_rows_is_counted_by_a_job
     folder = tmp_path / "landing"
     lake.append("profiles", [(10, "ann")], PROFILES)
     land_parquet(folder, "a.parquet", tx_table([1, 2], [10, 10]))
-    op = lake.operator(
-        main=dsi.MainInput.files(
-            str(folder),
-            format="parquet",
-            schema=TX,
-            key="customer_id",
-            options={"pathGlobFilter": "*.parquet", "datetimeRebaseMode": "CORRECTED"},
-        ),
-        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
-        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
-        main_output="enriched",
-    )
+    options = {"pathGlobFilter": "*.parquet", "datetimeRebaseMode": "CORRECTED"}
+    op = parquet_landing(lake, folder, options=options)
     [batch] = lake.run(op).batches
     assert not any(FOOTERS in note for note in batch.notes)
     assert lake.rows("enriched") == [(1, "ann"), (2, "ann")]
