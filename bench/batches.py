@@ -19,6 +19,14 @@ files read, listed and written.
 It prints, per bucket of batches, the median and spread of each figure, and the ratio of
 the last bucket to the bucket around batch 10 (both measured in this run; the machine
 may be shared, so single batches are noisy: read the medians).
+
+Batch 10,000 is hours away at a batch a second, so history can also be deepened:
+
+    python bench/batches.py --batches 12 --save-at 10 --keep --work /tmp/b
+    python bench/batches.py --probe /tmp/b-at10 --deepen 10000 --batches-after 10
+
+probes the saved folder and a copy whose Delta logs got 10,000 more (empty) commits, in
+turn, then runs real batches on both in turn, reporting each one's bookkeeping.
 """
 
 import argparse
@@ -213,7 +221,7 @@ class Setup:
             fn=enrich,
             main_output="enriched",
             side_outputs=[BIG_TAG],
-            storage=dsi.DeltaStorage(str(self.root / "lake")),
+            storage=dsi.DeltaStorage(str(self.root / "lake"), engine=self.args.engine),
         )
 
 
@@ -251,9 +259,43 @@ def relocate(root: Path) -> None:
         identity_file.write_text(identity_file.read_text().replace(old_root, str(root)))
 
 
+def deepen_logs(root: Path, commits: int) -> list[str]:
+    """Give every Delta table under ``root`` ``commits`` more versions, each an empty
+    commit (a ``commitInfo`` only: no rows, no files), then a checkpoint at the newest
+    version: the log folders as long as after that many more batches, in seconds rather
+    than hours. (Real batches would also add a data file per output per batch; the probe
+    does not read live files.)"""
+    deepened = []
+    for log in sorted(root.rglob("_delta_log")):
+        latest = max(int(p.name[:20]) for p in log.glob("*.json") if p.name[:20].isdigit())
+        now_ms = int(time.time() * 1000)
+        info = {"timestamp": now_ms, "operation": "WRITE", "engineInfo": "bench-deepen"}
+        line = json.dumps({"commitInfo": info}) + "\n"
+        for version in range(latest + 1, latest + 1 + commits):
+            (log / f"{version:020d}.json").write_text(line)
+        deltalake.DeltaTable(str(log.parent)).create_checkpoint()
+        deepened.append(log.parent.name)
+    return deepened
+
+
 def probe_only(args: argparse.Namespace) -> int:
-    """Probe saved working folders in turn (no Spark: the probe plans without it)."""
+    """Probe saved working folders in turn (no Spark: the probe plans without it; with
+    ``--deepen``, one Spark run catches the deepened copy's main input up first)."""
     folders = [Path(p) for p in args.probe]
+    if args.deepen:
+        deep = folders[0].parent / f"{folders[0].name}-deepened{args.deepen}"
+        shutil.rmtree(deep, ignore_errors=True)
+        shutil.copytree(folders[0], deep)
+        relocate(deep)
+        started = time.perf_counter()
+        tables = deepen_logs(deep, args.deepen)
+        seconds = time.perf_counter() - started
+        print(f"deepened {tables} by {args.deepen} commits in {seconds:.0f} s")
+        spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-deepen")
+        caught_up = Setup(deep, args).operator().run(spark, trigger="available_now")
+        print(f"catch-up run over the deepened main input: {len(caught_up.batches)} batch(es)")
+        spark.stop()
+        folders.append(deep)
     operators = {}
     for index, folder in enumerate(folders):
         relocate(folder)
@@ -269,7 +311,45 @@ def probe_only(args: argparse.Namespace) -> int:
             + summarize(f"{folders[index].name}:", times)
             + f"  = {statistics.median(times) / base:.2f}x {folders[0].name}"
         )
+    if args.batches_after:
+        run_in_turn(folders, args)
     return 0
+
+
+def run_in_turn(folders: list[Path], args: argparse.Namespace) -> None:
+    """Real batches on each folder in turn (an append, then one ``available_now`` run):
+    the wall time, and the bookkeeping time (Delta metadata and commit calls, state
+    files) of each, per folder."""
+    spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-in-turn")
+    setups = [Setup(f, args, next_id=2 * 10**9 + i * 10**6) for i, f in enumerate(folders)]
+    operators = [setup.operator() for setup in setups]
+    meter = Meter()
+    instrument(meter)
+    walls: list[list[float]] = [[] for _ in folders]
+    books: list[list[float]] = [[] for _ in folders]
+    for round_ in range(args.batches_after + 1):
+        for index, (setup, op) in enumerate(zip(setups, operators, strict=True)):
+            setup.append()
+            meter.reset()
+            started = time.perf_counter()
+            result = op.run(spark, trigger="available_now")
+            wall = time.perf_counter() - started
+            seconds, _ = meter.reset()
+            if round_:  # the first round warms each folder's caches up (and catches up)
+                assert [b.rows_in for b in result.batches] == [args.rows], result.batches
+                walls[index].append(wall)
+                books[index].append(seconds)
+    print(f"real batches, folders in turn, {args.batches_after} rounds:")
+    for index, folder in enumerate(folders):
+        ratio = statistics.median(books[index]) / statistics.median(books[0])
+        print(
+            f"  {folder.name}: "
+            + summarize("wall", walls[index])
+            + "  "
+            + summarize("bookkeeping", books[index])
+            + f"  = {ratio:.2f}x the bookkeeping of {folders[0].name}"
+        )
+    spark.stop()
 
 
 def bucket_edges(batches: int, size: int) -> list[tuple[int, int]]:
@@ -313,6 +393,25 @@ def main() -> int:
         "(default: 10, and the last batch)",
     )
     parser.add_argument("--repeats", type=int, default=15, help="probe rounds at the end")
+    parser.add_argument(
+        "--deepen",
+        type=int,
+        default=0,
+        help="with --probe: also probe a copy of the first folder whose Delta logs got this "
+        "many more (empty) commits",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("delta-rs", "delta-spark", "auto"),
+        default="delta-rs",
+        help="the lake's Delta engine (auto: delta-spark where the session has Delta)",
+    )
+    parser.add_argument(
+        "--batches-after",
+        type=int,
+        default=0,
+        help="with --probe: then run this many real batches on each folder in turn",
+    )
     parser.add_argument(
         "--probe",
         action="append",

@@ -31,7 +31,13 @@ from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.reader import read_changes, read_snapshot
 from dagster_sideinputs.delta.s3 import configure_spark
-from dagster_sideinputs.delta.table import commit_timestamps, load_snapshot, open_table
+from dagster_sideinputs.delta.spark_log import READER
+from dagster_sideinputs.delta.table import (
+    commit_timestamps,
+    load_snapshot,
+    local_log,
+    open_table,
+)
 from dagster_sideinputs.delta.writer import (
     append_rows,
     commit_staged,
@@ -63,6 +69,9 @@ class DeltaRsEngine:
     # --- metadata ------------------------------------------------------------------
 
     def exists(self, uri: str) -> bool:
+        local = local_log(uri)
+        if local is not None:
+            return READER.latest_version(local) is not None
         return deltalake.DeltaTable.is_deltatable(normalize_uri(uri), self._options)
 
     def snapshot(
@@ -85,6 +94,9 @@ class DeltaRsEngine:
     def transaction_version(self, uri: str, app_id: str) -> int | None:
         if not self.exists(uri):
             return None
+        local = local_log(uri)
+        if local is not None:
+            return READER.state(local, table=normalize_uri(uri)).txns.get(app_id)
         table = open_table(uri, storage_options=self.storage_options)
         version = table.transaction_version(app_id)
         return None if version is None else int(version)

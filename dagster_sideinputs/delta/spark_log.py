@@ -9,8 +9,13 @@ from files read locally or through Spark (:mod:`~dagster_sideinputs.delta.spark_
 
 This module owns the :class:`LogReader`: replayed states are immutable per version and
 cached (keyed by the table, the version and the size and time of the files they came
-from), and a newer version is replayed from the newest cached one, so asking again costs
-a listing.
+from), and a newer version is replayed from the newest cached one. Where the log can be
+probed (local filesystems), asking again costs a stat of the known newest commit (is it
+still the same table?) and one per newer commit: nothing that grows with the table's
+history, where a listing of ``_delta_log`` would. Elsewhere it costs a listing.
+
+The delta-rs bridge reads local tables' metadata through this reader too (delta-rs lists
+the log on every open): both engines' per-batch metadata costs stay flat.
 """
 
 import datetime as dt
@@ -80,8 +85,61 @@ class LogReader:
         return listing if listing.latest >= 0 else None
 
     def latest_version(self, files: LogFiles) -> int | None:
+        probed = self._probe(files)
+        if probed is not None:
+            return max(probed.commits)
         listing = self.listing(files)
         return None if listing is None else listing.latest
+
+    def _newest_known(self, root: str) -> LogState | None:
+        with self._lock:
+            known = [s for (r, _), s in self._cache.items() if r == root]
+        return max(known, key=lambda s: s.version, default=None)
+
+    def _probe(self, files: LogFiles) -> LogListing | None:
+        """The commits from the newest cached state of this table on, found by asking for
+        each next commit file (None: the log cannot be probed, no state is cached, or the
+        cached state's commit file changed, e.g. the table was created again)."""
+        if not files.probes:
+            return None
+        known = self._newest_known(files.root)
+        if known is None:
+            return None
+        name = f"{known.version:020d}.json"
+        entry = files.entry(name)
+        if entry is None or (entry.name, entry.size, entry.mtime_ms) != known.signature:
+            return None
+        commits = {known.version: entry}
+        version = known.version + 1
+        while (entry := files.entry(f"{version:020d}.json")) is not None:
+            commits[version] = entry
+            version += 1
+        return LogListing(commits, {})
+
+    def _probed_state(self, files: LogFiles, version: int | None, *, table: str) -> LogState | None:
+        if not files.probes:
+            return None
+        if version is not None:  # a pinned version already replayed: is it still that table?
+            name = f"{version:020d}.json"
+            with self._lock:
+                cached = self._cache.get((files.root, version))
+            if cached is None or cached.signature[0] != name:
+                return None
+            entry = files.entry(name)
+            if entry is None or (entry.name, entry.size, entry.mtime_ms) != cached.signature:
+                return None
+            return self._cached(files.root, version, cached.signature)
+        listing = self._probe(files)
+        if listing is None:
+            return None
+        target = listing.latest
+        signature = listing.signature(target)
+        cached = self._cached(files.root, target, signature)
+        if cached is not None:
+            return cached
+        state = self._replay(files, listing, target, signature, table=table)
+        self._remember(state)
+        return state
 
     def state(self, files: LogFiles, version: int | None = None, *, table: str) -> LogState:
         """The table at ``version`` (latest when None).
@@ -91,6 +149,9 @@ class LogReader:
             NotADeltaTableError: the folder holds files but no Delta log.
             UnsupportedTableFeatureError: the log is owned by a catalog.
         """
+        probed = self._probed_state(files, version, table=table)
+        if probed is not None:
+            return probed
         listing = self.listing(files)
         if listing is None:
             if files.holds_files():

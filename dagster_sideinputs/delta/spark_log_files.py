@@ -42,12 +42,23 @@ class LogEntry:
 
 
 class LogFiles(Protocol):
-    """Read access to one table's ``_delta_log`` folder."""
+    """Read access to one table's ``_delta_log`` folder.
+
+    ``probes``: whether :meth:`entry` is cheap and tells a table recreated at the same
+    location apart (local filesystems: a stat, modification times in milliseconds). A
+    reader that knows version V then finds newer commits by asking for ``V+1.json``,
+    ``V+2.json``, ... instead of listing a log folder that grows with every commit.
+    """
 
     root: str
+    probes: bool
 
     def list_log(self) -> list[LogEntry] | None:
         """The files of ``_delta_log`` (None: there is no such folder)."""
+        ...
+
+    def entry(self, name: str) -> LogEntry | None:
+        """One file of ``_delta_log`` (None: it does not exist)."""
         ...
 
     def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
@@ -78,6 +89,8 @@ def _parse_lines(raw: str) -> list[dict[str, Any]]:
 class LocalLogFiles:
     """A log on a local or shared filesystem, read with ``os`` and pyarrow."""
 
+    probes = True
+
     def __init__(self, root: str) -> None:
         self.root = normalize_uri(root)
         self._log = os.path.join(self.root, LOG_DIR)
@@ -93,6 +106,13 @@ class LocalLogFiles:
                 return found
         except (FileNotFoundError, NotADirectoryError):
             return None
+
+    def entry(self, name: str) -> LogEntry | None:
+        try:
+            stat = os.stat(os.path.join(self._log, name))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return LogEntry(name, stat.st_size, int(stat.st_mtime * 1000))
 
     def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         result = {}
@@ -122,6 +142,8 @@ def _store(root: str, options: tuple[tuple[str, str], ...]) -> Any:
 class ObjectStoreLogFiles:
     """A log on an object store, read with ``obstore`` and the lake's storage options."""
 
+    probes = False  # modification times in seconds: a recreated table could look the same
+
     def __init__(self, root: str, storage_options: Mapping[str, str]) -> None:
         self.root = normalize_uri(root)
         self._store = _store(self.root, tuple(sorted(storage_options.items())))
@@ -139,6 +161,13 @@ class ObjectStoreLogFiles:
         if not found and not listed["common_prefixes"]:
             return None  # an object store has no empty folders: no log at all
         return found
+
+    def entry(self, name: str) -> LogEntry | None:
+        try:
+            meta = obstore.head(self._store, f"{LOG_DIR}/{name}")
+        except NotFoundError:
+            return None
+        return LogEntry(name, int(meta["size"]), int(meta["last_modified"].timestamp() * 1000))
 
     def _get(self, name: str) -> bytes:
         try:
@@ -168,6 +197,8 @@ class SparkLogFiles:
     Every call is a small Spark job; the listing skips file contents.
     """
 
+    probes = False
+
     def __init__(self, root: str, spark: SparkSession) -> None:
         self.root = normalize_uri(root)
         self.spark = spark
@@ -196,6 +227,9 @@ class SparkLogFiles:
             )
             for row in rows
         ]
+
+    def entry(self, name: str) -> LogEntry | None:
+        return next((e for e in self.list_log() or [] if e.name == name), None)
 
     def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         if not names:

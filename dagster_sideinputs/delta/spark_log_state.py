@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
+from dagster_sideinputs.delta.engine import DataFile, LazyFiles, TableSnapshot
 from dagster_sideinputs.delta.files import join_uri
 from dagster_sideinputs.delta.stats import typed_stats
 
@@ -90,7 +90,7 @@ class LogState:
             version=self.version,
             schema=self.schema,
             partition_columns=self.partition_columns,
-            files=self.data_files(),
+            files=LazyFiles(self.data_files),  # type: ignore[arg-type]
             commit_timestamp=dt.datetime.fromtimestamp(
                 self.commit_timestamp_ms / 1000, tz=dt.timezone.utc
             ),

@@ -9,16 +9,18 @@ partition values and statistics, the commit time, the table id).
 import datetime as dt
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Mapping
 
 import deltalake
 import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
 
-from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import TableFiles, normalize_uri, resolve_log_path
+from dagster_sideinputs.delta.engine import DataFile, LazyFiles, TableSnapshot
+from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, resolve_log_path
 from dagster_sideinputs.delta.schema import delta_to_spark_schema
+from dagster_sideinputs.delta.spark_log import READER
+from dagster_sideinputs.delta.spark_log_files import LocalLogFiles
+from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.errors import (
     NotADeltaTableError,
     TableNotFoundError,
@@ -98,9 +100,37 @@ def check_readable(table: deltalake.DeltaTable, *, name: str) -> None:
     Raises:
         UnsupportedTableFeatureError: naming the feature and the fix.
     """
-    protocol = table.protocol()
-    features = set(protocol.reader_features or [])
+    features = set(table.protocol().reader_features or [])
     mapping_mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode")
+    _refuse_unreadable(
+        features,
+        mapping_mode,
+        lambda: pa.table(table.deletion_vectors()).num_rows,
+        name=name,
+    )
+
+
+def check_state_readable(state: LogState, *, name: str) -> None:
+    """:func:`check_readable` for a version replayed from the log by our own reader.
+
+    Raises:
+        UnsupportedTableFeatureError: naming the feature and the fix.
+    """
+    _refuse_unreadable(
+        set(state.protocol.get("readerFeatures") or ()),
+        state.configuration.get("delta.columnMapping.mode"),
+        lambda: sum(1 for f in state.files.values() if f.deletion_vector),
+        name=name,
+    )
+
+
+def _refuse_unreadable(
+    features: set[str],
+    mapping_mode: str | None,
+    files_with_vectors: Callable[[], int],
+    *,
+    name: str,
+) -> None:
     if mapping_mode not in (None, "none"):
         features.add("columnMapping")
     unsupported = sorted(features - SUPPORTED_READER_FEATURES)
@@ -112,10 +142,10 @@ def check_readable(table: deltalake.DeltaTable, *, name: str) -> None:
             fix=_FIXES.get(feature, "rewrite the table without this feature"),
         )
     if "deletionVectors" in features:
-        vectors = pa.table(table.deletion_vectors())
-        if vectors.num_rows:
+        count = files_with_vectors()
+        if count:
             raise UnsupportedTableFeatureError(
-                f"Table {name} has {vectors.num_rows} file(s) with deletion vectors; the "
+                f"Table {name} has {count} file(s) with deletion vectors; the "
                 "bridge reads parquet files natively and would return deleted rows.",
                 fix=_FIXES["deletionVectors"],
             )
@@ -208,57 +238,13 @@ def _data_files(table: deltalake.DeltaTable, root: str) -> tuple[DataFile, ...]:
     )
 
 
-class LazyFiles(Sequence[DataFile]):
-    """A snapshot's live files, turned into :class:`DataFile` values on first use.
-
-    Opening a table is cheap; turning each of its live files (with typed statistics)
-    into a Python value costs ~0.1 ms per file, i.e. seconds for a table that has gained
-    a file per batch for 10,000 batches. Most snapshots are taken for their version,
-    schema or table id (the main input's latest version, an output's schema before a
-    write): they never pay for the files. The files are those of the pinned version: the
-    delta-rs table object held here does not move.
-    """
-
-    def __init__(self, table: deltalake.DeltaTable, root: str) -> None:
-        self._table: deltalake.DeltaTable | None = table
-        self._root = root
-        self._files: tuple[DataFile, ...] | None = None
-
-    def _loaded(self) -> tuple[DataFile, ...]:
-        if self._files is None:
-            assert self._table is not None
-            self._files = _data_files(self._table, self._root)
-            self._table = None
-        return self._files
-
-    @overload
-    def __getitem__(self, index: int) -> DataFile: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[DataFile, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> DataFile | tuple[DataFile, ...]:
-        return self._loaded()[index]
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-    def __iter__(self) -> Iterator[DataFile]:
-        return iter(self._loaded())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyFiles):
-            return self._loaded() == other._loaded()
-        return isinstance(other, tuple) and self._loaded() == other
-
-    def __hash__(self) -> int:
-        return hash(self._loaded())
-
-    def __repr__(self) -> str:
-        return repr(self._loaded())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (tuple, (self._loaded(),))  # pickles as the plain tuple
+def local_log(uri: str) -> LocalLogFiles | None:
+    """The log of a table on a local or shared filesystem, read by our own log reader
+    (:mod:`~dagster_sideinputs.delta.spark_log`): delta-rs lists the whole ``_delta_log``
+    folder on every open, a cost that grows with every commit, where the reader finds
+    new commits with a stat each. None for object stores (delta-rs reads those)."""
+    root = normalize_uri(uri)
+    return LocalLogFiles(root) if is_local(root) else None
 
 
 def load_snapshot(
@@ -276,6 +262,12 @@ def load_snapshot(
     """
     uri = normalize_uri(uri)
     label = name or uri
+    local = local_log(uri)
+    if local is not None:
+        state = READER.state(local, version, table=label)
+        if check_features:
+            check_state_readable(state, name=label)
+        return state.table_snapshot()
     table = open_table(uri, version=version, storage_options=storage_options, name=label)
     if check_features:
         check_readable(table, name=label)
@@ -286,7 +278,7 @@ def load_snapshot(
         version=table.version(),
         schema=delta_to_spark_schema(table.schema()),
         partition_columns=tuple(metadata.partition_columns),
-        files=LazyFiles(table, uri),  # type: ignore[arg-type]
+        files=LazyFiles(lambda: _data_files(table, uri)),  # type: ignore[arg-type]
         commit_timestamp=_commit_timestamp(files, table.version()),
         configuration=dict(metadata.configuration or {}),
         table_id=str(metadata.id),

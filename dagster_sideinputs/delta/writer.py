@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.commit import (
     ENGINE_NAME,
+    HOOKS,
     already_committed,
     commit_files,
     commit_properties,
@@ -371,6 +372,7 @@ def append_rows(
         schema_mode="merge",
         storage_options=dict(storage_options or {}) or None,
         commit_properties=commit_properties(app_transaction, None),
+        post_commithook_properties=HOOKS,
     )
     version = committed_version(uri, storage_options=storage_options, label=label, table=table)
     return WriteResult(
