@@ -721,7 +721,16 @@ def _probe(master: str | None, remote: str | None) -> dict[str, Any]:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):  # gone, or a zombie
             children.append(" ".join(child.cmdline())[:200])
+    from dagster_sideinputs.core.session import FOLLOW_CORES, fit_shuffle_partitions
+
+    follows = spark.conf.get(FOLLOW_CORES, None)
     report = {
+        "shuffle": {
+            "follows": follows,
+            "fitted": fit_shuffle_partitions(spark),
+            "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+            "cores": None if remote else spark.sparkContext.defaultParallelism,
+        },
         "session": type(spark).__module__,
         "driver_pid": os.getpid(),
         "driver_children": children,

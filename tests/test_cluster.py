@@ -36,8 +36,14 @@ def test_cluster_has_two_alive_workers_of_one_core(cluster):
     assert [w["cores"] for w in state["workers"]] == [1, 1]
 
 
-def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, tmp_path):
-    report = run_probe(tmp_path, master=cluster.master_url)
+@pytest.fixture(scope="module")
+def cluster_probe(cluster, tmp_path_factory) -> dict:
+    """A driver of the cluster (subprocess): where its tasks ran, its shuffle settings."""
+    return run_probe(tmp_path_factory.mktemp("probe"), master=cluster.master_url)
+
+
+def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, cluster_probe):
+    report = cluster_probe
     workers = {process.pid for process in cluster.worker_processes}
     executors = set()
     for task in report["tasks"]:
@@ -51,9 +57,20 @@ def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, tmp
     assert len(executors) == 2
 
 
+def test_shuffle_partitions_follow_the_cluster_cores(cluster_probe):
+    """A session built for a cluster without a partition count gets two per executor core
+    (as a local master does) when the operator fits them before a batch."""
+    shuffle = cluster_probe["shuffle"]
+    assert shuffle["follows"] == "cores"
+    assert shuffle["cores"] == 2  # two workers of one core, all registered
+    assert shuffle["fitted"] == max(4, 2 * shuffle["cores"])
+    assert shuffle["partitions"] == str(shuffle["fitted"])
+
+
 def test_tasks_run_under_the_driver_process_on_a_local_master(tmp_path):
     # The control of the test above: the same probe sees the driver on local[2].
     report = run_probe(tmp_path, master="local[2]")
+    assert report["shuffle"] == {"follows": None, "fitted": None, "partitions": "4", "cores": 2}
     assert report["tasks"]
     for task in report["tasks"]:
         assert report["driver_pid"] in {pid for pid, _ in task["ancestors"]}

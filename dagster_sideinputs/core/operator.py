@@ -31,6 +31,7 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.readiness import ReadinessProvider
 from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
+from dagster_sideinputs.core.session import fit_shuffle_partitions
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
@@ -257,6 +258,7 @@ class SideInputOperator:
             verdict = identity.check(self.spec, self.state)
             while not stop.is_set():
                 started = time.monotonic()
+                fit_shuffle_partitions(spark)
                 metrics = self._step(context, clock(), verdict)
                 if metrics is not None:
                     batches.append(metrics)
@@ -280,6 +282,7 @@ class SideInputOperator:
     ) -> BatchMetrics | None:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
         self._use_session(spark)
+        fit_shuffle_partitions(spark)
         with self._lock(0.0):
             verdict = identity.check(self.spec, self.state)
             return self._step(self._context_for(spark), now or _utc_now(), verdict)

@@ -66,6 +66,36 @@ def default_shuffle_partitions(master: str) -> int | None:
     return max(4, 2 * cores)
 
 
+FOLLOW_CORES = "spark.dsi.shufflePartitions"
+"""Set by :func:`build_spark_session` on a cluster session given no partition count:
+``cores`` while the operator keeps ``spark.sql.shuffle.partitions`` at two per executor
+core, ``user`` once somebody else changed it (then it is left alone)."""
+_APPLIED = FOLLOW_CORES + ".applied"
+
+
+def fit_shuffle_partitions(spark: SparkSession) -> int | None:
+    """Make a cluster session's shuffle partitions follow its executor cores (two per
+    core, at least 4, as local masters get) unless the user set them; called before every
+    batch, so executors that registered late, or were added, count. Returns the count set,
+    or None when the session does not follow cores (a count was given, a local master,
+    Spark Connect, or the user changed it since)."""
+    try:
+        if spark.conf.get(FOLLOW_CORES, None) != "cores":
+            return None
+        current = spark.conf.get("spark.sql.shuffle.partitions")
+        applied = spark.conf.get(_APPLIED, None)
+        if applied is not None and current != applied:
+            spark.conf.set(FOLLOW_CORES, "user")  # set by someone else: theirs from now on
+            return None
+        partitions = str(max(4, 2 * spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext in the client
+        return None
+    if partitions != current:
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+    spark.conf.set(_APPLIED, partitions)
+    return int(partitions)
+
+
 def _choose_worker_python(master: str, settings: Mapping[str, str]) -> None:
     """The Python that runs UDFs, data sources and row functions on the executors.
 
@@ -123,8 +153,10 @@ def build_spark_session(
             ``log_level`` are the server's business there and are not applied; the other
             settings are set on the session and must be runtime SQL settings.
         app_name: application name shown in the Spark UI.
-        shuffle_partitions: ``spark.sql.shuffle.partitions``; by default two per core for
-            local masters and Spark's default on a cluster.
+        shuffle_partitions: ``spark.sql.shuffle.partitions``; by default two per core:
+            of the local master, or, on a cluster, of the executors registered when the
+            operator starts each batch (:func:`fit_shuffle_partitions`; a count set in
+            ``configs`` or later on the session is kept).
         configs: extra Spark configs; they win over the defaults (including
             :data:`DEFAULT_CONFIGS`), except the settings in :data:`REQUIRED_CONFIGS`,
             which the bridge needs to be correct.
@@ -161,6 +193,10 @@ def build_spark_session(
     partitions = shuffle_partitions or (None if remote else default_shuffle_partitions(master))
     if partitions is not None:
         settings["spark.sql.shuffle.partitions"] = str(partitions)
+    elif remote is None and "spark.sql.shuffle.partitions" not in (configs or {}):
+        # A cluster's cores are known once its executors register: the operator sets the
+        # count before each batch (fit_shuffle_partitions).
+        settings[FOLLOW_CORES] = "cores"
     if remote is None:
         settings["spark.ui.enabled"] = str(ui_enabled).lower()
         # The operator reports its own progress; Spark's console bar garbles logs.

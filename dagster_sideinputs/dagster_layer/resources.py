@@ -53,8 +53,8 @@ class SparkResource(dg.ConfigurableResource):
     )
     shuffle_partitions: int | None = Field(
         default=None,
-        description="spark.sql.shuffle.partitions; default: two per core for local masters, "
-        "Spark's default on a cluster.",
+        description="spark.sql.shuffle.partitions; default: two per core, of the local "
+        "master or, on a cluster, of the executors registered when each batch starts.",
     )
     spark_config: dict[str, Any] = Field(
         default_factory=dict,

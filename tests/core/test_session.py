@@ -394,3 +394,39 @@ def test_a_bad_package_coordinate_fails_before_the_jvm_starts(monkeypatch, tmp_p
 def test_delta_rebuilds_table_state_in_as_many_tasks_as_shuffle_partitions(spark):
     # Delta's default of 50 made each first read after a commit 10-20 s slower locally.
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "4"
+
+
+def test_the_operator_fits_cluster_shuffle_partitions_until_the_user_sets_them(spark, tmp_path):
+    """On a session marked to follow its executor cores (what build_spark_session does for
+    a cluster master given no count), each run sets two partitions per core before its
+    steps; a count somebody else set afterwards is kept from then on."""
+    import deltalake
+    import pyarrow as pa
+
+    import dagster_sideinputs as dsi
+    from dagster_sideinputs.core.session import FOLLOW_CORES
+
+    main = str(tmp_path / "events")
+    deltalake.write_deltalake(main, pa.table({"k": pa.array([1, 2], pa.int64())}))
+    op = dsi.SideInputOperator(
+        main=dsi.MainInput("events", key="k", path=main),
+        side_inputs={},
+        fn=lambda records, sides: records,
+        main_output="copied",
+        storage=dsi.DeltaStorage(str(tmp_path / "lake")),
+    )
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        spark.conf.set(FOLLOW_CORES, "cores")
+        spark.conf.set("spark.sql.shuffle.partitions", "200")  # Spark's default on a cluster
+        assert [b.rows_in for b in op.run(spark).batches] == [2]
+        cores = spark.sparkContext.defaultParallelism
+        assert spark.conf.get("spark.sql.shuffle.partitions") == str(max(4, 2 * cores))
+        spark.conf.set("spark.sql.shuffle.partitions", "7")  # the user's own choice
+        op.run(spark)
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
+        assert spark.conf.get(FOLLOW_CORES) == "user"
+    finally:
+        spark.conf.unset(FOLLOW_CORES)
+        spark.conf.unset(FOLLOW_CORES + ".applied")
+        spark.conf.set("spark.sql.shuffle.partitions", before)
