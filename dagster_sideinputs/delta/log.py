@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.delta.files import TableFiles, resolve_log_path
 from dagster_sideinputs.delta.stats import typed_stats
-from dagster_sideinputs.errors import NonAppendOnlyChangeError, TableNotFoundError
+from dagster_sideinputs.errors import DeltaTableError, NonAppendOnlyChangeError, TableNotFoundError
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,22 @@ class CommitChanges:
     schema_changed: bool
 
 
+DAMAGED = (ValueError, KeyError, TypeError, AttributeError)
+"""What reading a damaged log raises: a commit that is not JSON lines (``ValueError``),
+an action without its fields, a checkpoint that is not parquet (``ArrowInvalid`` is a
+``ValueError``)."""
+
+
+def damaged_log(table: str, exc: BaseException) -> DeltaTableError:
+    """The error for a log that cannot be read as the Delta protocol says."""
+    return DeltaTableError(
+        f"The Delta log of table {table} is damaged and cannot be read: "
+        f"{type(exc).__name__}: {exc}. Nothing was read from it.",
+        fix="restore the damaged _delta_log file from a backup (or the writer's copy); a "
+        "commit file must hold one JSON action per line",
+    )
+
+
 def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[str, Any]]:
     relative = f"_delta_log/{version:020d}.json"
     try:
@@ -43,13 +59,30 @@ def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[s
             fix="restart the incremental read from the oldest retained version, or raise "
             "`delta.logRetentionDuration` on the table",
         ) from exc
-    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    except ValueError as exc:
+        raise damaged_log(table, exc) from exc
 
 
 def read_commit(
     files: TableFiles, version: int, *, table: str, schema: T.StructType
 ) -> CommitChanges:
-    """The data-changing actions of one commit (statistics typed by ``schema``)."""
+    """The data-changing actions of one commit (statistics typed by ``schema``).
+
+    Raises:
+        TableNotFoundError: the commit is gone from the log.
+        DeltaTableError: it is damaged (not JSON lines, an action without its fields).
+    """
+    try:
+        return _read_commit(files, version, table=table, schema=schema)
+    except DAMAGED as exc:
+        raise damaged_log(table, exc) from exc
+
+
+def _read_commit(
+    files: TableFiles, version: int, *, table: str, schema: T.StructType
+) -> CommitChanges:
     added: list[DataFile] = []
     removed: list[str] = []
     operation = "UNKNOWN"

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagster_sideinputs.delta.files import normalize_uri
+from dagster_sideinputs.delta.log import DAMAGED, damaged_log
 from dagster_sideinputs.delta.spark_log_files import LOG_DIR, LogFiles
 from dagster_sideinputs.delta.spark_log_replay import (
     LogListing,
@@ -192,6 +193,20 @@ class LogReader:
         *,
         table: str,
     ) -> LogState:
+        try:
+            return self._replay_log(files, listing, target, signature, table=table)
+        except DAMAGED as exc:
+            raise damaged_log(table, exc) from exc
+
+    def _replay_log(
+        self,
+        files: LogFiles,
+        listing: LogListing,
+        target: int,
+        signature: tuple[str, int, int],
+        *,
+        table: str,
+    ) -> LogState:
         checkpoint = max((v for v in listing.checkpoints if v <= target), default=-1)
         base = self._newest_cached(files.root, target, listing)
         replay = Replay(files.root)
@@ -269,6 +284,8 @@ class LogReader:
                 fix="restart the incremental read from the oldest retained version, or raise "
                 "`delta.logRetentionDuration` on the table",
             ) from exc
+        except ValueError as exc:
+            raise damaged_log(table, exc) from exc
         return {v: read[names[v]] for v in versions}
 
     def commit_timestamps(

@@ -353,6 +353,34 @@ def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(r
     assert state(ready, op) == before
 
 
+@pytest.mark.parametrize(
+    "damage",
+    ['{"add": {"path": "part-0.parquet", "partitionVal', '{"add": {"size": 1}}', "not json"],
+    ids=["truncated", "add-without-path", "not-json"],
+)
+def test_main_table_with_a_damaged_commit_is_named_and_a_restored_one_resumes(ready, damage):
+    op = operator(ready)
+    before = with_buffered_record(ready, op)
+    ready.append("transactions", [(2, 10, 1.0)], TX)
+    log = os.path.join(ready.storage.table_uri("transactions"), "_delta_log")
+    newest = max(name for name in os.listdir(log) if name.endswith(".json"))
+    commit = os.path.join(log, newest)
+    with open(commit, "rb") as handle:
+        good = handle.read()
+    with open(commit, "w") as handle:
+        handle.write(damage + "\n")
+    damaged = r"(?s)log of table.*transactions.*damaged"
+    with pytest.raises(dsi.DeltaTableError, match=damaged) as info:
+        ready.run(op)
+    assert type(info.value) is dsi.DeltaTableError
+    assert "restore the damaged _delta_log file" in (info.value.fix or "")
+    assert state(ready, op) == before
+    with open(commit, "wb") as handle:
+        handle.write(good)
+    ready.run(op)
+    assert ready.rows("enriched") == [(1, 10, "ann"), (2, 10, "ann")]
+
+
 def test_main_input_folder_that_is_not_delta_is_named(ready, tmp_path):
     ready.spark.range(3).write.parquet(ready.storage.table_uri("transactions"))
     with pytest.raises(dsi.NotADeltaTableError, match="convert_to_deltalake"):
