@@ -12,12 +12,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import deltalake
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.commit import ENGINE_NAME, commit_removals
+from dagster_sideinputs.delta.commit import ENGINE_NAME, append_rows, commit_removals
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
@@ -34,12 +33,12 @@ from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.table import (
     commit_timestamps,
+    is_table,
     load_snapshot,
     local_log,
     open_table,
 )
 from dagster_sideinputs.delta.writer import (
-    append_rows,
     commit_staged,
     discard_staged,
     stage_dataframe,
@@ -69,10 +68,7 @@ class DeltaRsEngine:
     # --- metadata ------------------------------------------------------------------
 
     def exists(self, uri: str) -> bool:
-        local = local_log(uri)
-        if local is not None:
-            return READER.latest_version(local) is not None
-        return deltalake.DeltaTable.is_deltatable(normalize_uri(uri), self._options)
+        return is_table(uri, self.storage_options)
 
     def snapshot(
         self, uri: str, *, version: int | None = None, name: str | None = None

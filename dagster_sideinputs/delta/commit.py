@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import deltalake
-from deltalake import Transaction
+import pyarrow as pa
+from deltalake import Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import (
     AddAction,
@@ -25,6 +26,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteMode, WriteResult
 from dagster_sideinputs.delta.files import normalize_uri
+from dagster_sideinputs.delta.log_commit import commit_directly, latest_local_state
 from dagster_sideinputs.delta.schema import (
     delta_field,
     partition_string,
@@ -32,8 +34,9 @@ from dagster_sideinputs.delta.schema import (
     spark_to_delta_schema,
 )
 from dagster_sideinputs.delta.spark_log import READER
+from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.staging import StagedFile, allowed_values
-from dagster_sideinputs.delta.table import load_snapshot, local_log, open_table
+from dagster_sideinputs.delta.table import is_table, load_snapshot, local_log, open_table
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 ENGINE_NAME = "delta-rs bridge"
@@ -70,25 +73,42 @@ def committed_version(
     when a checkpoint falls due or the table is on an object store."""
     local = local_log(uri)
     probed = READER.latest_version(local) if local is not None else None
-    if probed is not None and not (probed > 0 and probed % CHECKPOINT_EVERY == 0):
-        return probed  # no checkpoint due: the table object is not needed
+    if probed is not None:
+        checkpoint_if_due(uri, probed, storage_options=storage_options, label=label, table=table)
+        return probed
     if table is None:
         table = open_table(uri, storage_options=storage_options, name=label)
-    elif probed is None:
-        table.update_incremental()
     else:
-        table.load_as_version(probed)
+        table.update_incremental()
     version = table.version()
-    if version > 0 and version % CHECKPOINT_EVERY == 0:
-        try:
-            table.create_checkpoint()
-            configuration = table.metadata().configuration or {}
-            cleanup = configuration.get("delta.enableExpiredLogCleanup", "true")
-            if version % CLEANUP_EVERY == 0 and str(cleanup).lower() != "false":
-                table.cleanup_metadata()
-        except Exception as exc:  # the commit is done: a missing checkpoint only costs time
-            log.warning("table %s: no checkpoint at version %s (%s)", label, version, exc)
+    checkpoint_if_due(uri, version, storage_options=storage_options, label=label, table=table)
     return version
+
+
+def checkpoint_if_due(
+    uri: str,
+    version: int,
+    *,
+    storage_options: Mapping[str, str] | None,
+    label: str,
+    table: deltalake.DeltaTable | None = None,
+) -> None:
+    """Write the checkpoint of ``version`` when one falls due there (and clean up expired
+    log files when that falls due too); the table is opened only then."""
+    if not (version > 0 and version % CHECKPOINT_EVERY == 0):
+        return
+    try:
+        if table is None:
+            table = open_table(uri, version=version, storage_options=storage_options, name=label)
+        elif table.version() != version:
+            table.load_as_version(version)
+        table.create_checkpoint()
+        configuration = table.metadata().configuration or {}
+        cleanup = configuration.get("delta.enableExpiredLogCleanup", "true")
+        if version % CLEANUP_EVERY == 0 and str(cleanup).lower() != "false":
+            table.cleanup_metadata()
+    except Exception as exc:  # the commit is done: a missing checkpoint only costs time
+        log.warning("table %s: no checkpoint at version %s (%s)", label, version, exc)
 
 
 def _add_actions(staged: list[StagedFile]) -> list[AddAction]:
@@ -140,6 +160,57 @@ def already_committed(table: deltalake.DeltaTable, app_transaction: AppTransacti
         return False
     committed = table.transaction_version(app_transaction.app_id)
     return committed is not None and committed >= app_transaction.version
+
+
+def holds_transaction(
+    known: LogState | None, table: deltalake.DeltaTable | None, txn: AppTransaction | None
+) -> bool:
+    """Whether the table (as our log reader knows it, else opened with delta-rs) already
+    holds this application transaction (or a later one of the app)."""
+    if txn is None:
+        return False
+    if known is not None:
+        committed = known.txns.get(txn.app_id)
+        return committed is not None and committed >= txn.version
+    return table is not None and already_committed(table, txn)
+
+
+def append_rows(
+    uri: str,
+    rows: pa.Table,
+    *,
+    app_transaction: AppTransaction | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> WriteResult:
+    """Append a small Arrow table from the driver, idempotently (bookkeeping tables)."""
+    started = time.perf_counter()
+    uri = normalize_uri(uri)
+    label = name or uri
+    table = None
+    if is_table(uri, storage_options):
+        known = latest_local_state(uri, label)
+        if known is None:
+            table = open_table(uri, storage_options=storage_options, name=label)
+        if holds_transaction(known, table, app_transaction):
+            current = known.version if known is not None else table.version()  # type: ignore[union-attr]
+            return WriteResult(
+                uri, current, 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+            )
+    write_deltalake(
+        uri,
+        rows,
+        mode="append",
+        schema_mode="merge",
+        storage_options=dict(storage_options or {}) or None,
+        commit_properties=commit_properties(app_transaction, None),
+        post_commithook_properties=HOOKS,
+    )
+    version = committed_version(uri, storage_options=storage_options, label=label, table=table)
+    return WriteResult(
+        uri, version, rows.num_rows, 1, rows.nbytes, False, time.perf_counter() - started,
+        ENGINE_NAME,
+    )  # fmt: skip
 
 
 def _create_or_join(
@@ -269,6 +340,25 @@ def commit_removals(
     started = time.perf_counter()
     uri = normalize_uri(uri)
     label = name or uri
+    known = latest_local_state(uri, label)
+    if known is not None:
+        if holds_transaction(known, None, app_transaction):
+            return WriteResult(
+                uri, known.version, 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+            )
+        version = commit_directly(
+            uri,
+            added=(),
+            removed=files,
+            partition_by=known.partition_columns,
+            app_transaction=app_transaction,
+            commit_metadata=commit_metadata,
+            label=label,
+        )
+        if version is not None:
+            checkpoint_if_due(uri, version, storage_options=storage_options, label=label)
+            seconds = time.perf_counter() - started
+            return WriteResult(uri, version, 0, 0, 0, False, seconds, ENGINE_NAME)
     table = open_table(uri, storage_options=storage_options, name=label)
     if already_committed(table, app_transaction):
         return WriteResult(

@@ -247,6 +247,17 @@ def local_log(uri: str) -> LocalLogFiles | None:
     return LocalLogFiles(root) if is_local(root) else None
 
 
+def is_table(uri: str, storage_options: Mapping[str, str] | None = None) -> bool:
+    """Whether a Delta table is at ``uri`` (a local one is asked of our log reader, which
+    knows a table it read before without listing its log)."""
+    local = local_log(uri)
+    if local is not None:
+        return READER.latest_version(local) is not None
+    return deltalake.DeltaTable.is_deltatable(
+        normalize_uri(uri), dict(storage_options or {}) or None
+    )
+
+
 def load_snapshot(
     uri: str,
     *,

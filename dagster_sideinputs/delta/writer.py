@@ -21,20 +21,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import deltalake
-import pyarrow as pa
-from deltalake import write_deltalake
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.commit import (
     ENGINE_NAME,
-    HOOKS,
     already_committed,
+    append_rows,
+    checkpoint_if_due,
     commit_files,
-    commit_properties,
     commit_removals,
-    committed_version,
+    holds_transaction,
 )
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -46,6 +43,7 @@ from dagster_sideinputs.delta.engine import (
     refused_removals,
 )
 from dagster_sideinputs.delta.files import TableFiles, normalize_uri
+from dagster_sideinputs.delta.log_commit import commit_directly, latest_local_state
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.schema import plan_append, plan_write_schema
 from dagster_sideinputs.delta.staging import (
@@ -56,7 +54,7 @@ from dagster_sideinputs.delta.staging import (
     check_not_null,
     check_partition,
 )
-from dagster_sideinputs.delta.table import load_snapshot, open_table
+from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
 from dagster_sideinputs.errors import NotADeltaTableError
 
 __all__ = [
@@ -82,10 +80,6 @@ class _BridgeStage:
     new_fields: list[T.StructField]
     table_existed: bool
     storage_options: Mapping[str, str] | None
-
-
-def _is_table(uri: str, storage_options: Mapping[str, str] | None) -> bool:
-    return deltalake.DeltaTable.is_deltatable(uri, dict(storage_options or {}) or None)
 
 
 def _refuse_foreign_folder(files: TableFiles, label: str) -> None:
@@ -124,7 +118,7 @@ def stage_dataframe(
     partition_by = list(partition_by or [])
     configure_spark(df.sparkSession, uri, storage_options)
     files = TableFiles(uri, storage_options)
-    exists = _is_table(uri, storage_options)
+    exists = is_table(uri, storage_options)
     if not exists:
         _refuse_foreign_folder(files, label)
     snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
@@ -194,43 +188,69 @@ def commit_staged(
     if refused is not None:
         handle.staging.discard(published_too=False)
         raise refused
-    exists = _is_table(uri, options)
-    table = open_table(uri, storage_options=options, name=label) if exists else None
-    if table is not None and already_committed(table, app_transaction):
+    exists = is_table(uri, options)
+    # A local table is known from our log reader (probed, not listed); delta-rs opens one
+    # only when the commit must go through it.
+    known = latest_local_state(uri, label) if exists else None
+    table = open_table(uri, storage_options=options, name=label) if exists and not known else None
+    current = known.version if known else (table.version() if table else -1)
+    if holds_transaction(known, table, app_transaction):
         handle.staging.discard(published_too=False)
-        return WriteResult(
-            uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
-        )
-    if table is not None and not handle.table_existed:
+        return WriteResult(uri, current, 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME)
+    if exists and not handle.table_existed:
         # Created by another writer since staging: the data must fit its schema.
-        plan_append(handle.schema, load_snapshot(uri, storage_options=options).schema,
-                    table=label, merge=False)  # fmt: skip
+        schema = known.schema if known else load_snapshot(uri, storage_options=options).schema
+        plan_append(handle.schema, schema, table=label, merge=False)
     committed = False
     try:
-        if skip_empty_commit and table is not None and not handle.files and not remove_files:
+        if skip_empty_commit and exists and not handle.files and not remove_files:
             committed = True
-            return WriteResult(uri, table.version(), 0, 0, 0, False, staged.seconds, ENGINE_NAME)
-        if table is None:
+            return WriteResult(uri, current, 0, 0, 0, False, staged.seconds, ENGINE_NAME)
+        if not exists:
             handle.staging.files.write_bytes_atomic(CREATING_MARKER, b"")
         handle.staging.publish(handle.files)
-        version = commit_files(
-            table,
-            uri,
-            handle.files,
-            handle.schema,
-            handle.new_fields,
-            mode=staged.mode,
-            partition_by=staged.partition_by,
-            replace_partition=staged.replace_partition,
-            remove_files=remove_files,
-            app_transaction=app_transaction,
-            storage_options=options,
-            commit_metadata=commit_metadata,
-            description=table_description,
-            label=label,
-        )
+        version = None
+        if (
+            known
+            and staged.mode == "append"
+            and not handle.new_fields
+            and not staged.replace_partition
+        ):
+            version = commit_directly(
+                uri,
+                added=handle.files,
+                removed=remove_files,
+                partition_by=staged.partition_by,
+                app_transaction=app_transaction,
+                commit_metadata=commit_metadata,
+                label=label,
+            )
+            if version is not None:
+                checkpoint_if_due(uri, version, storage_options=options, label=label)
+        if version is None:
+            if exists and table is None:
+                table = open_table(uri, storage_options=options, name=label)
+                if already_committed(table, app_transaction):  # by a writer that won the race
+                    return WriteResult(uri, table.version(), 0, 0, 0, True,
+                                       time.perf_counter() - started, ENGINE_NAME)  # fmt: skip
+            version = commit_files(
+                table,
+                uri,
+                handle.files,
+                handle.schema,
+                handle.new_fields,
+                mode=staged.mode,
+                partition_by=staged.partition_by,
+                replace_partition=staged.replace_partition,
+                remove_files=remove_files,
+                app_transaction=app_transaction,
+                storage_options=options,
+                commit_metadata=commit_metadata,
+                description=table_description,
+                label=label,
+            )
         committed = True
-        if table is None:
+        if not exists:
             handle.staging.files.delete_file(CREATING_MARKER)
     finally:
         handle.staging.discard(published_too=not committed)
@@ -300,11 +320,15 @@ def write_dataframe(
     """
     started = time.perf_counter()
     uri = normalize_uri(uri)
-    if app_transaction is not None and _is_table(uri, storage_options):
-        table = open_table(uri, storage_options=storage_options, name=name or uri)
-        if already_committed(table, app_transaction):
+    if app_transaction is not None and is_table(uri, storage_options):
+        known = latest_local_state(uri, name or uri)
+        table = (
+            None if known else open_table(uri, storage_options=storage_options, name=name or uri)
+        )
+        if holds_transaction(known, table, app_transaction):
+            current = known.version if known else table.version()  # type: ignore[union-attr]
             return WriteResult(
-                uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
+                uri, current, 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
             )
     staged = stage_dataframe(
         df,
@@ -340,42 +364,7 @@ def validate_append(
         SchemaMismatchError: as :func:`write_dataframe` would.
     """
     uri = normalize_uri(uri)
-    if not _is_table(uri, storage_options):
+    if not is_table(uri, storage_options):
         return
     snapshot = load_snapshot(uri, storage_options=storage_options, name=name)
     plan_append(schema, snapshot.schema, table=name or uri, merge=schema_mode == "merge")
-
-
-def append_rows(
-    uri: str,
-    rows: pa.Table,
-    *,
-    app_transaction: AppTransaction | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    name: str | None = None,
-) -> WriteResult:
-    """Append a small Arrow table from the driver, idempotently (bookkeeping tables)."""
-    started = time.perf_counter()
-    uri = normalize_uri(uri)
-    label = name or uri
-    table = None
-    if _is_table(uri, storage_options):
-        table = open_table(uri, storage_options=storage_options, name=label)
-        if already_committed(table, app_transaction):
-            return WriteResult(
-                uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME
-            )
-    write_deltalake(
-        uri,
-        rows,
-        mode="append",
-        schema_mode="merge",
-        storage_options=dict(storage_options or {}) or None,
-        commit_properties=commit_properties(app_transaction, None),
-        post_commithook_properties=HOOKS,
-    )
-    version = committed_version(uri, storage_options=storage_options, label=label, table=table)
-    return WriteResult(
-        uri, version, rows.num_rows, 1, rows.nbytes, False, time.perf_counter() - started,
-        ENGINE_NAME,
-    )  # fmt: skip
