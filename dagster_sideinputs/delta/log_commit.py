@@ -20,6 +20,7 @@ files, object stores) is committed through delta-rs by the caller, which resolve
 conflicts and refuses what it must.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -95,7 +96,13 @@ def commit_directly(
     state = READER.state(local, table=label)
     if not plain_append_target(state, partition_by, removing=bool(removed)):
         return None
-    live = {unquote(path): path for path, vector in state.files if vector is None}
+    if app_transaction is not None and state.txns.get(app_transaction.app_id, -1) >= (
+        app_transaction.version
+    ):
+        return None  # committed meanwhile: delta-rs's path reports it as skipped
+    live = (
+        {unquote(path): path for path, vector in state.files if vector is None} if removed else {}
+    )
     logged_removals = []
     for file in removed:
         raw = live.get(file.path)
@@ -114,16 +121,19 @@ def commit_directly(
     body = "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions)
     log = os.path.join(local.root, LOG_DIR)
     temporary = os.path.join(log, f".{version:020d}.json.{uuid.uuid4().hex}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(body)
-        handle.flush()
-        os.fsync(handle.fileno())
     try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.link(temporary, os.path.join(log, f"{version:020d}.json"))
     except FileExistsError:
         return None  # another writer took this version: delta-rs resolves the conflict
+    except OSError:
+        return None  # e.g. a filesystem without hard links: delta-rs commits, or says why
     finally:
-        os.unlink(temporary)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
     return version
 
 

@@ -2,6 +2,7 @@
 into place only if no other writer took that version), and hands everything else to
 delta-rs. Either way the table reads the same to delta-rs, delta-spark and our reader."""
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -153,3 +154,19 @@ def test_our_commits_get_checkpoints_on_schedule(spark, tmp_path):
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == CHECKPOINT_EVERY
     assert len(delta_rs_rows(uri)) == CHECKPOINT_EVERY + 2
     assert DeltaTable(uri).transaction_version("op") == CHECKPOINT_EVERY + 1
+
+
+def test_a_filesystem_without_hard_links_hands_commits_to_delta_rs(spark, tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    write_dataframe(spark.createDataFrame([("a", 1)], SCHEMA), uri)
+
+    def no_links(source: str, target: str) -> None:
+        raise PermissionError(errno.EPERM, "hard links not supported", target)
+
+    monkeypatch.setattr(log_commit.os, "link", no_links)
+    write_dataframe(
+        spark.createDataFrame([("b", 2)], SCHEMA), uri, app_transaction=AppTransaction("op", 1)
+    )
+    assert commit_infos(uri)[-1]["engineInfo"].startswith("delta-rs:")
+    assert delta_rs_rows(uri) == [("a", 1), ("b", 2)]
+    assert not [p for p in os.listdir(Path(uri) / "_delta_log") if p.endswith(".tmp")]
