@@ -126,6 +126,8 @@ def measure(args: argparse.Namespace) -> None:
                 "seconds": [s for s, _ in timed],
                 "counts": sorted({c for _, c in timed}),
             }
+        # What the operator ran with (on a cluster it fits them to the executor cores).
+        results["shuffle_partitions_in_runs"] = spark.conf.get("spark.sql.shuffle.partitions")
     finally:
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
         spark.stop()
@@ -193,6 +195,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
                 "master": results[0]["master"],
                 "default_parallelism": results[0]["default_parallelism"],
                 "shuffle_partitions": results[0]["shuffle_partitions"],
+                "shuffle_partitions_in_runs": results[0].get("shuffle_partitions_in_runs"),
             }
             for name, results in runs.items()
         },
@@ -205,7 +208,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
         print(
             f"{labels[name]:<32} master={deployment['master']} default_parallelism="
             f"{deployment['default_parallelism']} shuffle_partitions="
-            f"{deployment['shuffle_partitions']}"
+            f"{deployment['shuffle_partitions']} (in the runs: "
+            f"{deployment['shuffle_partitions_in_runs']})"
         )
     descriptions = {
         "broadcast": "broadcast map + singleton",
