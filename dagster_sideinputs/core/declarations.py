@@ -89,6 +89,18 @@ class KeyGroups:
             )
 
 
+FILE_SKIPPING_OPTIONS = frozenset(
+    {
+        "pathglobfilter",
+        "modifiedbefore",
+        "modifiedafter",
+        "ignorecorruptfiles",
+        "ignoremissingfiles",
+    }
+)
+"""Spark file-source options (lower case) under which a read may skip a listed file."""
+
+
 @dataclass(frozen=True)
 class MainInput:
     """The high-throughput input, read incrementally.
@@ -170,6 +182,16 @@ class MainInput:
                 f"MainInput.files({path!r}): schema must be a StructType or a DDL string."
             )
         name = asset or path.rstrip("/").rsplit("/", 1)[-1]
+        skipping = sorted(o for o in options or {} if o.lower() in FILE_SKIPPING_OPTIONS)
+        if skipping:
+            raise DeclarationError(
+                f"MainInput.files({path!r}) (asset {name!r}): reader option(s) {skipping} "
+                "would let Spark skip files the operator lists as landed, and those files' "
+                "records would be recorded as read without being read.",
+                fix="leave them out: every file that lands in the folder is read exactly once "
+                "(keep files you do not want out of the folder, or give them a name starting "
+                "with '.' or '_')",
+            )
         return cls(
             asset=name,
             key=key,

@@ -41,9 +41,8 @@ FOOTER_FILES_LIMIT = 256
 """Landed parquet files whose footers a batch reads on the driver (row counts, null
 counts of the key); a batch of more files counts its routes with a Spark job instead."""
 _FOOTER_SAFE_OPTIONS = frozenset({"datetimerebasemode", "int96rebasemode", "mergeschema"})
-"""Parquet read options that change no record count: with any other (``pathGlobFilter``,
-``ignoreCorruptFiles``, ``modifiedAfter``, ...) Spark may read fewer rows than the
-footers hold, so a job counts."""
+"""Parquet read options known to change no record count: with any other, a job counts
+(options that skip files are refused when the input is declared)."""
 
 
 def source_for(spec: OperatorSpec) -> MainSource:
@@ -336,7 +335,15 @@ class LandingFolder:
         ]
         if not uris:
             return spark.createDataFrame([], schema)
-        reader = spark.read.format(main.format).options(**dict(main.read_options))
+        # Every listed file is read, whatever the session says: the ledger records each as
+        # read once this batch commits (spark.sql.files.ignoreCorruptFiles / ...MissingFiles
+        # would otherwise drop a file's records silently).
+        reader = (
+            spark.read.format(main.format)
+            .options(**dict(main.read_options))
+            .option("ignoreCorruptFiles", "false")
+            .option("ignoreMissingFiles", "false")
+        )
         if main.format in ("json", "csv"):
             with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
             return (

@@ -306,14 +306,49 @@ def test_a_landed_file_that_is_not_parquet_is_still_named_when_footers_are_read(
     assert lake.rows("enriched") == [(1, "ann")]
 
 
-def test_landed_parquet_read_with_options_that_may_skip_rows_is_counted_by_a_job(lake, tmp_path):
-    """A read option under which Spark may read fewer rows than the footers hold
-    (``pathGlobFilter`` here) leaves the counting to a job."""
+def test_landed_parquet_read_with_options_not_known_to_keep_rows_is_counted_by_a_job(
+    lake, tmp_path
+):
+    """A read option not known to keep every row the footers count
+    (``recursiveFileLookup`` here) leaves the counting to a job."""
     folder = tmp_path / "landing"
     lake.append("profiles", [(10, "ann")], PROFILES)
     land_parquet(folder, "a.parquet", tx_table([1, 2], [10, 10]))
-    options = {"pathGlobFilter": "*.parquet", "datetimeRebaseMode": "CORRECTED"}
+    options = {"recursiveFileLookup": "true", "datetimeRebaseMode": "CORRECTED"}
     op = parquet_landing(lake, folder, options=options)
     [batch] = lake.run(op).batches
     assert not any(FOOTERS in note for note in batch.notes)
     assert lake.rows("enriched") == [(1, "ann"), (2, "ann")]
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "pathGlobFilter",
+        "PATHGLOBFILTER",
+        "modifiedAfter",
+        "ignoreCorruptFiles",
+        "ignoreMissingFiles",
+    ],
+)
+def test_reader_options_that_skip_landed_files_are_refused(option):
+    with pytest.raises(dsi.DeclarationError, match=f"(?s){option}.*recorded as read") as info:
+        dsi.MainInput.files("/data/in", format="json", schema=TX, options={option: "x"})
+    assert "read exactly once" in (info.value.fix or "")
+
+
+def test_a_session_that_ignores_corrupt_files_still_names_a_corrupt_landed_file(lake, tmp_path):
+    """``spark.sql.files.ignoreCorruptFiles`` would drop the file's records while the ledger
+    recorded it as read: landed files are read with it off."""
+    folder = tmp_path / "landing"
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    land_parquet(folder, "a.parquet", tx_table([1], [10]))
+    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    key = "spark.sql.files.ignoreCorruptFiles"
+    lake.spark.conf.set(key, "true")
+    try:
+        with pytest.raises(dsi.CorruptDataFileError, match=r"broken\.parquet"):
+            lake.run(parquet_landing(lake, folder))
+    finally:
+        lake.spark.conf.unset(key)
+    assert not lake.exists("enriched")
