@@ -348,18 +348,20 @@ def commit_removals(
             )
         version = commit_directly(
             uri,
+            known,
             added=(),
             removed=files,
             partition_by=known.partition_columns,
             app_transaction=app_transaction,
             commit_metadata=commit_metadata,
-            label=label,
         )
         if version is not None:
             checkpoint_if_due(uri, version, storage_options=storage_options, label=label)
             seconds = time.perf_counter() - started
             return WriteResult(uri, version, 0, 0, 0, False, seconds, ENGINE_NAME)
-    table = open_table(uri, storage_options=storage_options, name=label)
+    # At the version the removal was prepared against (conflict checks see later commits).
+    version_read = known.version if known is not None else None
+    table = open_table(uri, version=version_read, storage_options=storage_options, name=label)
     if already_committed(table, app_transaction):
         return WriteResult(
             uri, table.version(), 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME

@@ -75,25 +75,27 @@ def latest_local_state(uri: str, label: str) -> LogState | None:
 
 def commit_directly(
     uri: str,
+    base: LogState,
     *,
     added: Sequence[StagedFile],
     removed: Sequence[DataFile],
     partition_by: Sequence[str],
     app_transaction: AppTransaction | None,
     commit_metadata: Mapping[str, Any] | None,
-    label: str,
 ) -> int | None:
-    """Commit ``added`` and the removal of ``removed`` as the table's next version.
+    """Commit ``added`` and the removal of ``removed`` as version ``base.version + 1``:
+    ``base`` is the version the commit was prepared against (its schema checked, its
+    transaction looked up, its removed files read).
 
     Returns:
         The version committed, or None when this commit is not one to write here or
-        another writer took the version first (nothing was written: commit through
-        delta-rs instead).
+        another writer took that version first. Nothing was written then: commit through
+        delta-rs from ``base.version``, whose conflict checks see the other commits.
     """
     local = local_log(uri)
     if local is None:
         return None
-    state = READER.state(local, table=label)
+    state = base
     if not plain_append_target(state, partition_by, removing=bool(removed)):
         return None
     if app_transaction is not None and state.txns.get(app_transaction.app_id, -1) >= (

@@ -218,19 +218,22 @@ def commit_staged(
         ):
             version = commit_directly(
                 uri,
+                known,
                 added=handle.files,
                 removed=remove_files,
                 partition_by=staged.partition_by,
                 app_transaction=app_transaction,
                 commit_metadata=commit_metadata,
-                label=label,
             )
             if version is not None:
                 checkpoint_if_due(uri, version, storage_options=options, label=label)
         if version is None:
             if exists and table is None:
-                table = open_table(uri, storage_options=options, name=label)
-                if already_committed(table, app_transaction):  # by a writer that won the race
+                # At the version this commit was prepared against: delta-rs's conflict
+                # checks then see whatever another writer committed since.
+                version_read = known.version if known else None
+                table = open_table(uri, version=version_read, storage_options=options, name=label)
+                if already_committed(table, app_transaction):
                     return WriteResult(uri, table.version(), 0, 0, 0, True,
                                        time.perf_counter() - started, ENGINE_NAME)  # fmt: skip
             version = commit_files(

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
 from dagster_sideinputs.core.lock import operator_lock
+from dagster_sideinputs.delta import log_commit
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, Clock, Lake, hours
 from tests.core.reliability import put, refused
@@ -678,16 +679,31 @@ def race(monkeypatch):
 
     def arm(target: str) -> None:
         original = DeltaTable.create_write_transaction
+        link = log_commit.os.link
         done: list[str] = []
+
+        def other_writer(table_uri: str) -> None:
+            done.append(table_uri)
+            other = DeltaTable(table_uri)
+            other.alter.set_table_properties({"delta.logRetentionDuration": "interval 31 days"})
 
         def racing(table: DeltaTable, *args: Any, **kwargs: Any) -> Any:
             if not done and table.table_uri.rstrip("/").endswith(target):
-                done.append(table.table_uri)
-                other = DeltaTable(table.table_uri)
-                other.alter.set_table_properties({"delta.logRetentionDuration": "interval 31 days"})
+                other_writer(table.table_uri)
             return original(table, *args, **kwargs)
 
+        def racing_link(source: str, commit_file: str) -> None:
+            # The bridge's own commits to local tables (delta/log_commit.py); os.link is
+            # the module's, so other links (state files) pass through untouched.
+            log_dir = os.path.dirname(commit_file)
+            table_uri = os.path.dirname(log_dir)
+            ours = os.path.basename(log_dir) == "_delta_log"
+            if ours and not done and table_uri.rstrip("/").endswith(target):
+                other_writer(table_uri)
+            link(source, commit_file)
+
         monkeypatch.setattr(DeltaTable, "create_write_transaction", racing)
+        monkeypatch.setattr(log_commit.os, "link", racing_link)
 
     return arm
 
