@@ -339,7 +339,7 @@ KILL_POINTS = {
     "before-publish-1": "dagster_sideinputs.delta.staging:Staging.publish:1",
     "before-create-enriched": "dagster_sideinputs.delta.writer:commit_files:1",
     "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
-    "before-commit-8": "dagster_sideinputs.delta.writer:commit_files:8",
+    "before-commit-8": "dagster_sideinputs.delta.writer:commit_directly:3",
     "before-commit-record-2": "dagster_sideinputs.core.state:OperatorState.commit:2",
     # delta-spark's Delta commits (DeltaSparkEngine: one `save` per table write).
     "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:save:2",
@@ -350,7 +350,9 @@ the call runs. ``commit_files`` is the Delta commit of a write whose files Spark
 and the bridge has already moved into the table (a new table was created empty just
 before: ``before-create-enriched`` once left a folder of files without a log, which every
 rerun refused); in the first job, calls 1-5 create
-the four output tables and the buffer (batch 0), call 8 is batch 1's buffer write.
+the four output tables and the buffer (batch 0). Plain commits to existing local tables
+are the bridge's own (``commit_directly``, delta/log_commit.py): its call 3 is batch 1's
+buffer write, the 8th commit of the job.
 ``before-create-enriched`` (batch 0 planned and staged, no table committed: the rerun
 plans it again) and ``after-first-table`` (one table committed: the rerun replays it) are
 the kill points of the side-change trials. ``after-first-table-spark`` is
