@@ -6,11 +6,13 @@ an append-only stream cannot represent a delete). Commit JSON files are read thr
 the same storage as the table.
 """
 
+import contextlib
 import datetime as dt
+import functools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from pyspark.sql import types as T
@@ -37,15 +39,32 @@ DAMAGED = (ValueError, KeyError, TypeError, AttributeError)
 an action without its fields, a checkpoint that is not parquet (``ArrowInvalid`` is a
 ``ValueError``)."""
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def damaged_log(table: str, exc: BaseException) -> DeltaTableError:
-    """The error for a log that cannot be read as the Delta protocol says."""
-    return DeltaTableError(
-        f"The Delta log of table {table} is damaged and cannot be read: "
-        f"{type(exc).__name__}: {exc}. Nothing was read from it.",
-        fix="restore the damaged _delta_log file from a backup (or the writer's copy); a "
-        "commit file must hold one JSON action per line",
-    )
+
+@contextlib.contextmanager
+def reading_log(table: str) -> Iterator[None]:
+    """Turn what a damaged log raises into a :class:`DeltaTableError` naming the table."""
+    try:
+        yield
+    except DAMAGED as exc:
+        raise DeltaTableError(
+            f"The Delta log of table {table} is damaged and cannot be read: "
+            f"{type(exc).__name__}: {exc}. Nothing was read from it.",
+            fix="restore the damaged _delta_log file from a backup (or the writer's copy); a "
+            "commit file must hold one JSON action per line",
+        ) from exc
+
+
+def reads_log(function: F) -> F:
+    """:func:`reading_log` around a function given the table's name as ``table=``."""
+
+    @functools.wraps(function)
+    def reading(*args: Any, table: str, **kwargs: Any) -> Any:
+        with reading_log(table):
+            return function(*args, table=table, **kwargs)
+
+    return reading  # type: ignore[return-value]
 
 
 def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[str, Any]]:
@@ -59,12 +78,11 @@ def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[s
             fix="restart the incremental read from the oldest retained version, or raise "
             "`delta.logRetentionDuration` on the table",
         ) from exc
-    try:
+    with reading_log(table):
         return [json.loads(line) for line in raw.splitlines() if line.strip()]
-    except ValueError as exc:
-        raise damaged_log(table, exc) from exc
 
 
+@reads_log
 def read_commit(
     files: TableFiles, version: int, *, table: str, schema: T.StructType
 ) -> CommitChanges:
@@ -74,15 +92,6 @@ def read_commit(
         TableNotFoundError: the commit is gone from the log.
         DeltaTableError: it is damaged (not JSON lines, an action without its fields).
     """
-    try:
-        return _read_commit(files, version, table=table, schema=schema)
-    except DAMAGED as exc:
-        raise damaged_log(table, exc) from exc
-
-
-def _read_commit(
-    files: TableFiles, version: int, *, table: str, schema: T.StructType
-) -> CommitChanges:
     added: list[DataFile] = []
     removed: list[str] = []
     operation = "UNKNOWN"

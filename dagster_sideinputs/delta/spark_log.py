@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagster_sideinputs.delta.files import normalize_uri
-from dagster_sideinputs.delta.log import DAMAGED, damaged_log
+from dagster_sideinputs.delta.log import reading_log, reads_log
 from dagster_sideinputs.delta.spark_log_files import LOG_DIR, LogFiles
 from dagster_sideinputs.delta.spark_log_replay import (
     LogListing,
@@ -184,21 +184,8 @@ class LogReader:
         self._remember(state)
         return state
 
+    @reads_log
     def _replay(
-        self,
-        files: LogFiles,
-        listing: LogListing,
-        target: int,
-        signature: tuple[str, int, int],
-        *,
-        table: str,
-    ) -> LogState:
-        try:
-            return self._replay_log(files, listing, target, signature, table=table)
-        except DAMAGED as exc:
-            raise damaged_log(table, exc) from exc
-
-    def _replay_log(
         self,
         files: LogFiles,
         listing: LogListing,
@@ -275,7 +262,8 @@ class LogReader:
         """
         names = {v: f"{v:020d}.json" for v in versions}
         try:
-            read = files.read_json_lines(list(names.values()))
+            with reading_log(table):
+                read = files.read_json_lines(list(names.values()))
         except FileNotFoundError as exc:
             missing = next((v for v in versions if not _exists_in(files, names[v])), versions[0])
             raise TableNotFoundError(
@@ -284,8 +272,6 @@ class LogReader:
                 fix="restart the incremental read from the oldest retained version, or raise "
                 "`delta.logRetentionDuration` on the table",
             ) from exc
-        except ValueError as exc:
-            raise damaged_log(table, exc) from exc
         return {v: read[names[v]] for v in versions}
 
     def commit_timestamps(
