@@ -30,11 +30,13 @@ class Views:
     Attributes:
         empty: per side input declaring ``on_empty="unmatched"``, the records whose side
             namespace holds no rows (a Column condition; absent when none is empty).
+        notes: how the side data is read, for the batch's notes.
     """
 
     data: Mapping[str, SideData] = field(default_factory=dict)
     joins: Mapping[str, JoinSpec] = field(default_factory=dict)
     empty: Mapping[str, Column] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class StageContext:
         self.explain = False
         self.lookup_tables: dict[tuple[Any, ...], Any] = {}
         self.unique_checked: set[tuple[Any, ...]] = set()
+        # (side table, version, table id, key groups): whether its rows sit in their groups
+        self.key_groups_checked: dict[tuple[Any, ...], bool] = {}
         self._cleanups: list[Callable[[], Any]] = []
 
     def on_cleanup(self, action: Callable[[], Any]) -> None:

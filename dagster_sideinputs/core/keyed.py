@@ -11,6 +11,12 @@ batch's files as a *bucketed* table (bucket = key group): Spark knows the main s
 is already hash-partitioned by key, so a keyed join shuffles only the side input and
 the main side's plan has no Exchange.
 
+A keyed side input joined on the main key whose Delta table is partitioned by the same
+key-group column is read as buckets too (:func:`side_splits`), once one Spark job has
+checked that each of its rows sits in its key's group at the pinned version
+(:func:`key_groups_hold`): the join then shuffles neither side. A side table that fails
+the check is read normally; nothing about it was promised.
+
 Spark reads a file's bucket id from its name. The operator therefore exposes the
 batch's files to Spark through symbolic links named by key group, which needs a
 local or shared filesystem; on object stores the operator reads normally (with a
@@ -24,13 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import quoted
 from dagster_sideinputs.core.declarations import KeyGroups
-from dagster_sideinputs.delta.engine import DataFile
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.errors import PreKeyedViolationError, preview
 
@@ -94,6 +100,46 @@ def check_pre_keyed(
     return splits
 
 
+def side_splits(snapshot: TableSnapshot, groups: KeyGroups) -> list[KeyedSplit] | None:
+    """A side table's files as key-group splits, when it is partitioned by the key-group
+    column alone and every file's partition value is a group in range; else None."""
+    if tuple(snapshot.partition_columns) != (groups.column,) or not snapshot.files:
+        return None
+    splits: list[KeyedSplit] = []
+    for file in snapshot.files:
+        raw = file.partition_values.get(groups.column)
+        try:
+            group = int(raw) if raw is not None else -1
+        except ValueError:
+            return None
+        if not 0 <= group < groups.max_key_groups:
+            return None
+        splits.append(KeyedSplit(file.uri, group))
+    return splits
+
+
+def key_group_offenders(
+    frame: DataFrame, *, key: str, groups: KeyGroups, limit: int = 1
+) -> list[Row]:
+    """Up to ``limit`` rows of ``frame`` (key, declared group, the key's group) whose
+    key-group column is not their key's group (one Spark job reading the two columns; a
+    null key is left out: it joins nothing wherever it sits, and has its own route)."""
+    declared = F.col(quoted(groups.column))
+    actual = key_group(key, groups.max_key_groups)
+    wrong = F.col(quoted(key)).isNotNull() & (declared.isNull() | (declared != actual))
+    return (
+        frame.filter(wrong)
+        .select(F.col(quoted(key)), declared, actual.alias("_dsi_actual"))
+        .limit(limit)
+        .collect()
+    )
+
+
+def key_groups_hold(frame: DataFrame, *, key: str, groups: KeyGroups) -> bool:
+    """Whether every row of ``frame`` with a key sits in its key's group."""
+    return not key_group_offenders(frame, key=key, groups=groups)
+
+
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -105,13 +151,18 @@ def bucketed_scan(
     spark: SparkSession,
     splits: Sequence[KeyedSplit],
     *,
-    schema: T.StructType,
+    snapshot: TableSnapshot,
     key: str,
-    max_key_groups: int,
+    groups: KeyGroups,
     scratch_dir: str,
     label: str,
 ) -> tuple[DataFrame, str] | None:
-    """The batch's main files as a bucketed table, or None when the files are not local.
+    """Files of a table (at ``snapshot``) as a bucketed table, in the snapshot's columns,
+    or None when the files are not local.
+
+    A key-group partition column gets the group each file declares (its partition value,
+    which named its bucket link), not one recomputed from the key: a check comparing the
+    two then finds a broken promise instead of rows joined in the wrong bucket.
 
     Returns:
         (DataFrame, catalog table name to drop after the batch).
@@ -128,10 +179,17 @@ def bucketed_scan(
         )
     name = f"dsi_prekeyed_{_SAFE_NAME.sub('_', label)}_{uuid.uuid4().hex[:12]}"
     spark.sql(
-        f"CREATE TABLE `{name}` ({_ddl(schema)}) USING parquet "
-        f"CLUSTERED BY (`{key}`) INTO {max_key_groups} BUCKETS LOCATION 'file://{folder}'"
+        f"CREATE TABLE `{name}` ({_ddl(snapshot.data_schema)}) USING parquet "
+        f"CLUSTERED BY (`{key}`) INTO {groups.max_key_groups} BUCKETS "
+        f"LOCATION 'file://{folder}'"
     )
-    return spark.table(f"`{name}`"), name
+    frame = spark.table(f"`{name}`")
+    if groups.column in snapshot.partition_columns:
+        declared = F.regexp_extract(F.col("_metadata.file_name"), r"_(\d+)\.parquet$", 1)
+        frame = frame.withColumn(
+            groups.column, declared.cast(snapshot.schema[groups.column].dataType)
+        )
+    return frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]), name
 
 
 def drop_bucketed_scan(spark: SparkSession, name: str) -> None:

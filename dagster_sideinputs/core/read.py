@@ -23,7 +23,6 @@ from dagster_sideinputs.core.columns import (
     NS_START,
     ORIGIN,
     PREFIX,
-    quoted,
 )
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.invalid_records import invalid_condition
@@ -32,9 +31,11 @@ from dagster_sideinputs.core.keyed import (
     check_pre_keyed,
     drop_bucketed_scan,
     key_group,
+    key_group_offenders,
 )
 from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (
     assign_global,
@@ -43,7 +44,11 @@ from dagster_sideinputs.core.windows import (
     in_window,
 )
 from dagster_sideinputs.delta.files import join_uri
-from dagster_sideinputs.errors import DeclarationError, did_you_mean
+from dagster_sideinputs.errors import (
+    DeclarationError,
+    PreKeyedViolationError,
+    did_you_mean,
+)
 
 DEFAULT_KEY_GROUPS = 128
 # Columns a read adds for the batch's own use (never part of the main records).
@@ -212,6 +217,10 @@ def _rebuilt(
 def _pre_keyed_scan(
     context: StageContext, raw: DataFrame, piece: SourceSlice
 ) -> tuple[DataFrame, str]:
+    """The batch's new files of a pre-keyed Delta main input, read as buckets when they are
+    local, once their rows are checked: every file holds one key group (from the Delta
+    log) and every row with a key sits in its key's group (one Spark job over the two
+    columns, before anything is written)."""
     spec = context.spec
     keyed = spec.main.pre_keyed
     snapshot = piece.snapshot
@@ -219,15 +228,16 @@ def _pre_keyed_scan(
     assert spec.main.key is not None
     assert snapshot is not None
     splits = check_pre_keyed(piece.files, keyed, key=spec.main.key, table=spec.main.asset)
+    _check_rows(context, raw)
     partition_columns = set(snapshot.partition_columns)
     if partition_columns - {keyed.column}:
         return raw, "pre-keyed: partition columns besides the key group; read with a shuffle"
     scan = bucketed_scan(
         context.spark,
         splits,
-        schema=snapshot.data_schema,
+        snapshot=snapshot,
         key=spec.main.key,
-        max_key_groups=keyed.max_key_groups,
+        groups=keyed,
         scratch_dir=join_uri(spec.state_uri, "prekeyed"),
         label=spec.operator_id,
     )
@@ -235,15 +245,24 @@ def _pre_keyed_scan(
         return raw, "pre-keyed: files are not on a local filesystem; read with a shuffle"
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
-    if keyed.column in partition_columns:
-        # The key group each file declares (its partition value, which named its bucket
-        # link), not one recomputed from the key: the route stage compares the two, so a
-        # broken promise stops the batch instead of joining rows in the wrong bucket.
-        declared = F.regexp_extract(F.col("_metadata.file_name"), r"_(\d+)\.parquet$", 1)
-        frame = frame.withColumn(
-            keyed.column, declared.cast(snapshot.schema[keyed.column].dataType)
-        )
-    return (
-        frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]),
-        "pre-keyed: main files read as buckets (no shuffle)",
+    return frame, "pre-keyed: main files read as buckets (no shuffle)"
+
+
+def _check_rows(context: StageContext, raw: DataFrame) -> None:
+    """Every new row with a key sits in its key's group, or the batch stops."""
+    spec = context.spec
+    keyed, key = spec.main.pre_keyed, spec.main.key
+    assert keyed is not None
+    assert key is not None
+    offenders = translated(
+        context, lambda: key_group_offenders(raw, key=key, groups=keyed, limit=3)
     )
+    if offenders:
+        shown = [f"key {row[0]!r} in key group {row[1]!r} hashes to {row[2]}" for row in offenders]
+        raise PreKeyedViolationError(
+            f"Main input {spec.main.asset!r} is declared pre-keyed (KeyGroups(max_key_groups="
+            f"{keyed.max_key_groups}, column={keyed.column!r})), but its key-group column "
+            f"lies: {'; '.join(shown)}. Nothing was written.",
+            fix=f"write {keyed.column} = pmod(hash({key}), {keyed.max_key_groups}) at the "
+            "source, or drop pre_keyed= to let the operator shuffle",
+        )

@@ -10,11 +10,10 @@ buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core
 and :mod:`~dagster_sideinputs.core.invalid_records`.
 """
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import Counts, enforce_limits
@@ -22,6 +21,12 @@ from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN,
 from dagster_sideinputs.core.context import Batch, StageContext, Views
 from dagster_sideinputs.core.invalid_records import check_invalid
 from dagster_sideinputs.core.joins import Bucketing, JoinSpec, apply_join, build_join
+from dagster_sideinputs.core.keyed import (
+    bucketed_scan,
+    drop_bucketed_scan,
+    key_groups_hold,
+    side_splits,
+)
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.record import explain
 from dagster_sideinputs.core.route_rules import lookup, with_routes
@@ -37,7 +42,8 @@ from dagster_sideinputs.core.windows import (
     map_to_side_window,
     namespace_id_column,
 )
-from dagster_sideinputs.delta.engine import DataFile
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
+from dagster_sideinputs.delta.files import join_uri
 
 
 def route(context: StageContext, batch: Batch) -> Batch:
@@ -48,10 +54,12 @@ def route(context: StageContext, batch: Batch) -> Batch:
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
     classified = with_routes(spec, records, plan, views.joins, views.empty)
-    notes: list[str] = []
-    if _should_cache(context, views):
+    notes: list[str] = list(views.notes)
+    if spec.options.cache == "always":
+        # Otherwise every write recomputes the records from the batch's pinned inputs,
+        # which measured cheaper than building Spark's cache, even for shuffle joins.
         classified = context.persist(classified)
-        notes.append("classified records cached (a side input is joined by shuffle)")
+        notes.append("classified records cached (cache='always')")
     key = spec.main.key
     float_key = key is not None and batch.records.schema[key].dataType.typeName() in (
         "float",
@@ -100,6 +108,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
     data: dict[str, SideData] = {}
     joins: dict[str, JoinSpec] = {}
     empty: dict[str, Column] = {}
+    notes: list[str] = []
     sample = records.withColumn(NS_ID, F.lit(GLOBAL))
     for bound in spec.sides:
         version = plan.side_versions.get(bound.name)
@@ -108,7 +117,11 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
             if version is None
             else spec.engine.snapshot(bound.uri, version=version, name=bound.side.asset)
         )
-        data[bound.name] = SideData(bound, snapshot, context.spark, spec.engine)
+        scan = None
+        if snapshot is not None and co_partitioned(spec, bound, sample):
+            scan, note = _key_group_scan(context, bound, snapshot)
+            notes.append(note)
+        data[bound.name] = SideData(bound, snapshot, context.spark, spec.engine, scan)
         if snapshot is None:
             continue
         windows = side_windows(bound, plan)
@@ -133,7 +146,65 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
             empties = empty_namespaces(data[bound.name], windows)
             if empties:
                 empty[bound.name] = main_side_ns.isin(empties)
-    return Views(data, joins, empty)
+    return Views(data, joins, empty, tuple(notes))
+
+
+def co_partitioned(spec: OperatorSpec, bound: BoundSide, main: DataFrame) -> bool:
+    """Whether a side input could join a pre-keyed Delta main input without a shuffle: a
+    keyed, non-broadcast, non-windowed view joined on the main key itself, of its type."""
+    side, key, keyed = bound.side, spec.main.key, spec.main.pre_keyed
+    if keyed is None or key is None or spec.main.is_kafka or side.key is None:
+        return False
+    joined_on = side.key if side.key_translator is None else side.key_translator
+    return (
+        joined_on == key
+        and side.view in ("map", "multimap")
+        and side.window is None
+        and side.as_of is None
+        and side.distribution in (None, "keyed")
+        and key in main.columns
+    )
+
+
+def _key_group_scan(
+    context: StageContext, bound: BoundSide, snapshot: TableSnapshot
+) -> tuple[DataFrame | None, str]:
+    """A side table partitioned by the main input's key groups, read as buckets (None
+    when it is not, or its rows do not sit in their keys' groups), and a note saying so."""
+    spec, label = context.spec, f"side input {bound.name!r}"
+    keyed, key = spec.main.pre_keyed, bound.side.key
+    assert keyed is not None
+    assert key is not None
+    splits = side_splits(snapshot, keyed)
+    if splits is None:
+        return None, f"{label}: not partitioned by {keyed.column!r} alone; joined with a shuffle"
+    if key not in snapshot.schema.fieldNames():
+        return None, f"{label}: no key column {key!r}"  # the join reports it
+    checked = (bound.uri, snapshot.version, snapshot.table_id, keyed, key)
+    holds = context.key_groups_checked.get(checked)
+    if holds is None:
+        rows = spec.engine.read_snapshot(context.spark, snapshot, name=bound.side.asset)
+        holds = translated(context, lambda: key_groups_hold(rows, key=key, groups=keyed))
+        context.key_groups_checked[checked] = holds
+    if not holds:
+        return None, (
+            f"{label}: partitioned by {keyed.column!r}, but not every row sits in its key's "
+            f"group (pmod(hash({key}), {keyed.max_key_groups})); joined with a shuffle"
+        )
+    scan = bucketed_scan(
+        context.spark,
+        splits,
+        snapshot=snapshot,
+        key=key,
+        groups=keyed,
+        scratch_dir=join_uri(spec.state_uri, "prekeyed"),
+        label=f"{spec.operator_id}_{bound.name}",
+    )
+    if scan is None:
+        return None, f"{label}: files are not on a local filesystem; joined with a shuffle"
+    frame, table = scan
+    context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
+    return frame, f"{label}: read as key-group buckets (no shuffle)"
 
 
 def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
@@ -144,30 +215,6 @@ def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
 
     count = partition_count(plan.main)
     return Bucketing(count, spec.main.key) if count else None
-
-
-def _should_cache(context: StageContext, views: Views) -> bool:
-    """Cache the classified records when a side input is joined by shuffle."""
-    policy = context.spec.options.cache
-    if policy != "auto":
-        return policy == "always"
-    threshold = _broadcast_threshold(context.spark)
-    for name, join in views.joins.items():
-        snapshot = views.data[name].snapshot
-        size = sum(f.size for f in snapshot.files) if snapshot is not None else 0
-        if not join.broadcast and (threshold < 0 or size > threshold):
-            return True
-    return False
-
-
-def _broadcast_threshold(spark: SparkSession) -> int:
-    """``spark.sql.autoBroadcastJoinThreshold`` in bytes (-1: never broadcast)."""
-    text = str(spark.conf.get("spark.sql.autoBroadcastJoinThreshold", "10485760")).strip().lower()
-    match = re.fullmatch(r"(-?\d+)\s*([kmgt]?)b?", text)
-    if match is None:
-        return 10 * 2**20
-    unit = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2)]
-    return int(match.group(1)) * unit
 
 
 # --- counts -------------------------------------------------------------------------------
@@ -189,13 +236,13 @@ def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
 
 def plainly_released(spec: OperatorSpec, plan: BatchPlan, joins: Mapping[str, JoinSpec]) -> bool:
     """Every record of the batch is released unless its key is null: one ready global
-    namespace, no buffered records read, no per-key routing, no pre-keyed check, no
-    event time to track."""
+    namespace, no buffered records read, no per-key routing, no pre-keyed check on the
+    routes (a pre-keyed topic's), no event time to track."""
     return (
         not plan.read_slots
         and spec.window is None
         and spec.main.event_time is None
-        and spec.main.pre_keyed is None
+        and not (spec.main.is_kafka and spec.main.pre_keyed is not None)
         and GLOBAL in plan.ready_namespaces
         and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
     )

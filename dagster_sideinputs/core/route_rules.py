@@ -10,10 +10,8 @@ from pyspark.sql import functions as F
 from dagster_sideinputs.core.columns import (
     CORRUPT,
     FIRST_SEEN,
-    KEY_GROUP,
     NS_ID,
     ORIGIN,
-    PRE_KEYED_MARK,
     REASON,
     ROUTE,
     quoted,
@@ -112,10 +110,12 @@ def with_routes(
 
 
 def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
-    """(a row breaks the pre-keyed promise, the error text saying how)."""
+    """(a row breaks the pre-keyed promise, the error text saying how): a pre-keyed Kafka
+    topic's records, checked on their routes. A Delta main input's rows are checked when
+    they are read (:func:`~dagster_sideinputs.core.read.read`)."""
     key = spec.main.key
     if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
-        return _pre_keyed_lie(spec, df), _pre_keyed_message(spec)
+        return F.lit(False), F.lit("")
     from dagster_sideinputs.core.kafka_keyed import partition_count, violation
 
     count = partition_count(plan.main)
@@ -128,25 +128,3 @@ def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tupl
         checked = checked & F.col(CORRUPT).isNull()
     condition, message = violation(key, df.schema[key].dataType, count)
     return checked & condition, message
-
-
-def _pre_keyed_lie(spec: OperatorSpec, df: DataFrame) -> Column:
-    """A row whose declared key group is not its key's (checked on every route)."""
-    keyed = spec.main.pre_keyed
-    if keyed is None or keyed.column not in df.columns:
-        return F.lit(False)
-    return F.col(quoted(keyed.column)) != F.col(KEY_GROUP)
-
-
-def _pre_keyed_message(spec: OperatorSpec) -> Column:
-    keyed, key = spec.main.pre_keyed, spec.main.key
-    if keyed is None or key is None:
-        return F.lit("")
-    return F.concat(
-        F.lit(f"{PRE_KEYED_MARK}: a row of key "),
-        F.col(quoted(key)).cast("string"),
-        F.lit(" is in key group "),
-        F.col(quoted(keyed.column)).cast("string"),
-        F.lit(" but hashes to "),
-        F.col(KEY_GROUP).cast("string"),
-    )

@@ -42,12 +42,18 @@ def value_columns(schema: T.StructType) -> list[str]:
 
 @dataclass
 class SideData:
-    """One side input at the batch's pinned version."""
+    """One side input at the batch's pinned version.
+
+    Attributes:
+        scan: the table's rows as Spark should read them instead of a plain read (a
+            non-windowed side input read as key-group buckets); None: a plain read.
+    """
 
     bound: BoundSide
     snapshot: TableSnapshot | None
     spark: SparkSession
     engine: DeltaEngine
+    scan: DataFrame | None = None
     _rows_cache: dict[Any, DataFrame] = field(default_factory=dict)
     _counts_cache: dict[Any, dict[str, int]] = field(default_factory=dict)
 
@@ -85,9 +91,12 @@ class SideData:
             check_time_column(schema, column, where=self.bound.label)
             low, high = min(s for s, _ in windows), max(e for _, e in windows)
             files = [f for f in files if _may_overlap(f, column, low, high)]
-        frame = self.engine.read_snapshot(
-            self.spark, self.snapshot, files=files, name=self.side.asset
-        )
+        if self.scan is not None and window is None:
+            frame = self.scan
+        else:
+            frame = self.engine.read_snapshot(
+                self.spark, self.snapshot, files=files, name=self.side.asset
+            )
         if window is None:
             frame = frame.withColumn(SIDE_NS, F.lit(GLOBAL))
         else:

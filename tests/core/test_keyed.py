@@ -141,3 +141,121 @@ def test_more_splits_than_key_groups_is_refused(lake):
     lake.append("profiles", [(1, "a")], PROFILES)
     with pytest.raises(dsi.PreKeyedViolationError, match=r"outside 0\.\.3"):
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
+
+
+def test_a_key_group_partition_value_that_lies_fails_the_batch_before_writing(lake):
+    """Every row sits in partition key_group=0: each file holds one group, as the log says,
+    but the rows' keys hash to other groups."""
+    frame = lake.spark.range(20).select(
+        F.col("id").alias("tx_id"),
+        F.col("id").alias("customer_id"),
+        F.lit(1.0).alias("amount"),
+        F.lit(0).alias("key_group"),
+    )
+    uri = lake.storage.table_uri("transactions")
+    dsi.write_dataframe(frame, uri, partition_by=["key_group"])
+    lake.append("profiles", [(1, "a")], PROFILES)
+    with pytest.raises(
+        dsi.PreKeyedViolationError,
+        match=r"column lies: key \d+ in key group 0 hashes to [1-3]\b.*Nothing was written",
+    ):
+        keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
+    assert not lake.exists("enriched")
+
+
+# --- side inputs partitioned by the same key groups ---------------------------------------------
+
+
+def write_profiles(lake: Lake, *, group_of=None, partition_by=("key_group",)) -> None:
+    """Profiles of the 37 customers, partitioned by a key-group column (``group_of``: the
+    column's expression; by default the customer's true key group)."""
+    frame = lake.spark.createDataFrame([(k, f"n{k}") for k in range(37)], PROFILES)
+    frame = frame.withColumn(
+        "key_group", group_of if group_of is not None else key_group("customer_id", GROUPS)
+    )
+    dsi.write_dataframe(
+        frame.repartition(GROUPS, "key_group"),
+        lake.storage.table_uri("profiles"),
+        partition_by=list(partition_by),
+    )
+
+
+EXPECTED = sorted([(i, i % 37, f"n{i % 37}") for i in range(400)], key=repr)
+
+
+def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_exchange(lake):
+    write_pre_keyed(lake, 400)
+    write_profiles(lake)
+    with no_broadcast(lake.spark):
+        batch = (
+            keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
+            .run(lake.spark, explain=True)
+            .batches[0]
+        )
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
+    plan = batch.physical_plan
+    assert plan.count("Bucketed: true") == 2
+    assert "Exchange" not in plan  # neither side shuffled, nor the side's aggregation
+    assert lake.rows("enriched") == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("group_of", "partition_by", "why"),
+    [
+        (f"pmod(customer_id, {GROUPS})", ("key_group",), "not every row sits"),
+        ("0", ("key_group",), "not every row sits"),
+        ("pmod(hash(customer_id), 8)", ("key_group",), "not partitioned by 'key_group' alone"),
+        (f"pmod(hash(customer_id), {GROUPS})", ("key_group", "name"), "not partitioned by"),
+    ],
+    ids=["other-function", "one-group", "more-groups", "more-partition-columns"],
+)
+def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle(
+    lake, group_of, partition_by, why
+):
+    """Nothing was promised of a side table: whatever its key-group column holds, every
+    record meets its side row."""
+    write_pre_keyed(lake, 400)
+    write_profiles(lake, group_of=F.expr(group_of), partition_by=partition_by)
+    with no_broadcast(lake.spark):
+        batch = (
+            keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
+            .run(lake.spark, explain=True)
+            .batches[0]
+        )
+    assert any(note.startswith("side input 'profile'") and why in note for note in batch.notes)
+    assert "Exchange hashpartitioning" in batch.physical_plan
+    assert lake.rows("enriched") == EXPECTED
+
+
+def test_a_new_side_version_is_checked_again(lake):
+    """The rows' key groups are checked per side version: a version that breaks them is
+    joined with a shuffle, and every record still meets its side row."""
+    write_pre_keyed(lake, 400)
+    write_profiles(lake)
+    op = keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
+    with no_broadcast(lake.spark):
+        first = op.run(lake.spark).batches[0]
+        frame = lake.spark.createDataFrame([(k, f"m{k}") for k in range(37)], PROFILES)
+        dsi.write_dataframe(
+            frame.withColumn("key_group", F.lit(1)),
+            lake.storage.table_uri("profiles"),
+            mode="overwrite",
+            partition_by=["key_group"],
+        )
+        more = lake.spark.range(400, 480).select(
+            F.col("id").alias("tx_id"),
+            (F.col("id") % 37).alias("customer_id"),
+            F.lit(1.0).alias("amount"),
+        )
+        dsi.write_dataframe(
+            more.withColumn("key_group", key_group("customer_id", GROUPS)),
+            lake.storage.table_uri("transactions"),
+            mode="append",
+            partition_by=["key_group"],
+        )
+        second = op.run(lake.spark).batches[0]
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in first.notes
+    assert any("not every row sits" in note for note in second.notes)
+    assert lake.rows("enriched") == sorted(
+        EXPECTED + [(i, i % 37, f"m{i % 37}") for i in range(400, 480)], key=repr
+    )
