@@ -23,7 +23,8 @@ Sections (``--only`` runs one):
 - ``buffer``: the cost of one batch that releases B buffered rows of a windowed
   operator, for several buffer sizes at fixed B and several B at a fixed buffer size.
 - ``prekeyed``: a keyed (shuffled) map side input over a main table partitioned by key
-  group, read as pre-keyed (``KeyGroups``) against the same operator without it; speed,
+  group, read as pre-keyed (``KeyGroups``), and with the profiles partitioned by the same
+  key groups too (neither side shuffled), against the same operator without it; speed,
   shuffle bytes and Exchange counts from Spark's REST API.
 - ``s3`` (only with ``--s3`` or ``--only s3``): the frames-mode operator of ``frames``
   with its inputs, outputs and state on an S3-compatible server (the test suite's moto
@@ -1272,17 +1273,29 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         ),
         partition_by=["key_group"],
     )
+    keyed_profiles = lake.table(
+        "customer_profiles_keyed",
+        lambda: (
+            profiles(spark, args.side_rows)
+            .withColumn("key_group", F.expr(f"pmod(hash(customer_id), {KEY_GROUPS})"))
+            .repartition(KEY_GROUPS, "key_group")
+        ),
+        partition_by=["key_group"],
+    )
     lake.profiles()
     lake.rules()
     previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
-    metrics: dict[str, list[dict[str, Any]]] = {"pre_keyed": [], "shuffled": []}
-    own: dict[str, list[float]] = {"pre_keyed": [], "shuffled": []}
+    names = ("shuffled", "pre_keyed", "both_keyed")
+    metrics: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    own: dict[str, list[float]] = {name: [] for name in names}
 
     def variant(name: str, pre_keyed: bool) -> Callable[[int], OperatorRun]:
+        sides = (keyed_profiles, lake.rules()) if name == "both_keyed" else None
+
         def run(i: int) -> OperatorRun:
             root = lake.fresh_root(name)
-            op = frames_operator(main_uri, lake, root, pre_keyed=pre_keyed, keyed=True)
+            op = frames_operator(main_uri, lake, root, pre_keyed=pre_keyed, keyed=True, sides=sides)
             mark = rest.mark() if rest else None
             # Timed here, so that reading the REST API is not part of the figure.
             seconds, result = timed(lambda: op.run(spark))
@@ -1295,7 +1308,11 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         return run
 
     try:
-        actions = {"shuffled": variant("shuffled", False), "pre_keyed": variant("pre_keyed", True)}
+        actions = {
+            "shuffled": variant("shuffled", False),
+            "pre_keyed": variant("pre_keyed", True),
+            "both_keyed": variant("both_keyed", True),
+        }
         for action in actions.values():
             action(-1)
         _, results = interleaved(actions, args.repeats)
@@ -1306,7 +1323,8 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     figures: dict[str, Any] = {"rows": args.rows, "key_groups": KEY_GROUPS}
     print(
         f"\n[prekeyed] {args.rows} main rows in {KEY_GROUPS} key-group partitions, keyed "
-        f"(shuffled) map of {args.side_rows} profiles, broadcast joins off"
+        f"(shuffled) map of {args.side_rows} profiles (both_keyed: partitioned by the same "
+        "key groups), broadcast joins off"
     )
     for name in actions:
         counts = {
@@ -1342,12 +1360,13 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"{shuffle}"
         )
         print(f"             rows {sorted(counts)}; notes: {notes or '-'}")
-    figures["speedup"] = seconds["shuffled"] / seconds["pre_keyed"]
-    figures["counts_match"] = figures["shuffled"]["counts"] == figures["pre_keyed"]["counts"]
-    print(
-        f"  pre-keyed / shuffled speed {figures['speedup']:5.2f}x; rows "
-        f"{'match' if figures['counts_match'] else 'MISMATCH'}"
-    )
+    for name in ("pre_keyed", "both_keyed"):
+        figures[name]["speedup"] = seconds["shuffled"] / seconds[name]
+        figures[name]["counts_match"] = figures["shuffled"]["counts"] == figures[name]["counts"]
+        print(
+            f"  {name} / shuffled speed {figures[name]['speedup']:5.2f}x; rows "
+            f"{'match' if figures[name]['counts_match'] else 'MISMATCH'}"
+        )
     return figures
 
 

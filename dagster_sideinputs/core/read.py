@@ -28,6 +28,7 @@ from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.invalid_records import invalid_condition
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
+    bucketing_obstacle,
     check_pre_keyed,
     drop_bucketed_scan,
     key_group,
@@ -232,17 +233,22 @@ def _pre_keyed_scan(
     partition_columns = set(snapshot.partition_columns)
     if partition_columns - {keyed.column}:
         return raw, "pre-keyed: partition columns besides the key group; read with a shuffle"
-    scan = bucketed_scan(
-        context.spark,
-        splits,
-        snapshot=snapshot,
-        key=spec.main.key,
-        groups=keyed,
-        scratch_dir=join_uri(spec.state_uri, "prekeyed"),
-        label=spec.operator_id,
+    obstacle = bucketing_obstacle(snapshot, splits)
+    scan = (
+        None
+        if obstacle
+        else bucketed_scan(
+            context.spark,
+            splits,
+            snapshot=snapshot,
+            key=spec.main.key,
+            groups=keyed,
+            scratch_dir=join_uri(spec.state_uri, "prekeyed"),
+            label=spec.operator_id,
+        )
     )
     if scan is None:
-        return raw, "pre-keyed: files are not on a local filesystem; read with a shuffle"
+        return raw, f"pre-keyed: {obstacle}; read with a shuffle"
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, "pre-keyed: main files read as buckets (no shuffle)"

@@ -23,6 +23,7 @@ from dagster_sideinputs.core.invalid_records import check_invalid
 from dagster_sideinputs.core.joins import Bucketing, JoinSpec, apply_join, build_join
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
+    bucketing_obstacle,
     drop_bucketed_scan,
     key_groups_hold,
     side_splits,
@@ -178,6 +179,9 @@ def _key_group_scan(
     splits = side_splits(snapshot, keyed)
     if splits is None:
         return None, f"{label}: not partitioned by {keyed.column!r} alone; joined with a shuffle"
+    obstacle = bucketing_obstacle(snapshot, splits)
+    if obstacle is not None:
+        return None, f"{label}: {obstacle}; joined with a shuffle"
     if key not in snapshot.schema.fieldNames():
         return None, f"{label}: no key column {key!r}"  # the join reports it
     checked = (bound.uri, snapshot.version, snapshot.table_id, keyed, key)
@@ -201,7 +205,7 @@ def _key_group_scan(
         label=f"{spec.operator_id}_{bound.name}",
     )
     if scan is None:
-        return None, f"{label}: files are not on a local filesystem; joined with a shuffle"
+        return None, f"{label}: joined with a shuffle"
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, f"{label}: read as key-group buckets (no shuffle)"

@@ -53,6 +53,8 @@ class DataFile:
             possibly empty.
         version: the commit that added the file, when known (incremental reads).
         modification_time_ms: the add action's modification time.
+        deletion_vector: some of the file's rows are deleted by a deletion vector (Spark's
+            parquet reader alone would read them).
     """
 
     path: str
@@ -65,6 +67,7 @@ class DataFile:
     null_count: Mapping[str, Any] = field(default_factory=dict)
     version: int | None = None
     modification_time_ms: int | None = None
+    deletion_vector: bool = False
 
 
 class LazyFiles(Sequence[DataFile]):

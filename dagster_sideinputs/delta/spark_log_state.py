@@ -230,4 +230,5 @@ def to_data_file(state: LogState, live: LiveFile, *, version: int | None = None)
         null_count=nulls,
         version=version,
         modification_time_ms=live.modification_time,
+        deletion_vector=live.deletion_vector is not None,
     )

@@ -249,6 +249,79 @@ def main_with_column_mapping(spark, path: str) -> None:
     ).save(path)
 
 
+def test_pre_keyed_tables_are_not_read_as_buckets_past_column_mapping_or_deletion_vectors(
+    spark, tmp_path
+):
+    """A pre-keyed main input with column mapping (its key column renamed: the files store
+    another name) and a side table in the same key groups whose DELETE left a deletion
+    vector: Spark's parquet reader alone would read null keys and the deleted row, so both
+    are read through Delta, with a shuffle, and the notes say why."""
+    native = storage(tmp_path, "delta-spark", spark)
+    groups = "pmod(hash(customer), 4)"
+    main = spark.createDataFrame(
+        [(i, i % 37, 1.0) for i in range(80)], "tx_id long, customer long, amount double"
+    )
+    (
+        main.withColumn("key_group", F.expr(groups))
+        .write.format("delta")
+        .option("delta.columnMapping.mode", "name")
+        .partitionBy("key_group")
+        .save(native.table_uri("transactions"))
+    )
+    spark.sql(
+        f"ALTER TABLE {sql_table(native.table_uri('transactions'))} "
+        "RENAME COLUMN customer TO customer_id"
+    )
+    profiles = spark.createDataFrame(
+        [(k, f"n{k}") for k in range(37)], "customer long, name string"
+    )
+    (
+        profiles.coalesce(1)
+        .withColumn("key_group", F.expr(groups))
+        .withColumnRenamed("customer", "customer_id")
+        .write.format("delta")
+        .option("delta.enableDeletionVectors", "true")
+        .partitionBy("key_group")
+        .save(native.table_uri("profiles"))
+    )
+    spark.sql(f"DELETE FROM {sql_table(native.table_uri('profiles'))} WHERE customer_id = 3")
+    assert any(
+        a["add"].get("deletionVector")
+        for c in commits(native.table_uri("profiles"))
+        for a in c
+        if "add" in a
+    ), "the DELETE should have written a deletion vector"
+    op = dsi.SideInputOperator(
+        main=dsi.MainInput(
+            "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(4, "key_group")
+        ),
+        side_inputs={
+            "profile": dsi.SideInput.map(
+                "profiles", key="customer_id", missing="unmatched", distribution="keyed"
+            )
+        },
+        fn=enrich,
+        main_output="enriched",
+        unmatched=dsi.OutputTag("unmatched"),
+        storage=native,
+    )
+    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        notes = op.run(spark).batches[0].notes
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", previous)
+    assert (
+        "pre-keyed: the table maps column names (delta.columnMapping.mode); read with a "
+        "shuffle" in notes
+    )
+    assert "side input 'profile': files carry deletion vectors; joined with a shuffle" in notes
+    enriched = spark.read.format("delta").load(native.table_uri("enriched"))
+    assert sorted_rows(enriched) == [(i, i % 37, f"n{i % 37}") for i in range(80) if i % 37 != 3]
+    unmatched = spark.read.format("delta").load(native.table_uri("unmatched"))
+    assert sorted_rows(unmatched.select("tx_id")) == [(i,) for i in range(80) if i % 37 == 3]
+
+
 def test_delta_spark_reads_deletion_vectors_and_column_mapping_the_bridge_refuses(spark, tmp_path):
     native = storage(tmp_path, "delta-spark", spark)
     side_with_deletion_vectors(spark, native.table_uri("profiles"))
