@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
+from tests.core.catalogue import operator as catalogue_operator
 from tests.core.conftest import Lake
 
 GROUPS = 4
@@ -259,3 +260,23 @@ def test_a_new_side_version_is_checked_again(lake):
     assert lake.rows("enriched") == sorted(
         EXPECTED + [(i, i % 37, f"m{i % 37}") for i in range(400, 480)], key=repr
     )
+
+
+def test_a_row_function_reads_a_side_input_joined_from_key_group_buckets(lake):
+    write_pre_keyed(lake, 400)
+    write_profiles(lake)
+    op = catalogue_operator(
+        lake,
+        "rows",
+        main=dsi.MainInput(
+            "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(GROUPS, "key_group")
+        ),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")
+        },
+    )
+    with no_broadcast(lake.spark):
+        batch = op.run(lake.spark, explain=True).batches[0]
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
+    assert "Exchange" not in batch.physical_plan
+    assert lake.rows("enriched") == sorted([(i, f"n{i % 37}") for i in range(400)], key=repr)
