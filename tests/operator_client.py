@@ -56,6 +56,11 @@ def write_inputs(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, in
         [(k, f"customer {k}") for k in range(CUSTOMERS - 2)], "customer_id long, name string"
     )
     dsi.write_dataframe(profiles, storage.table_uri("profiles"))
+    dsi.write_dataframe(
+        profiles.withColumn("key_group", key_group("customer_id", GROUPS)),
+        storage.table_uri("keyed_profiles"),
+        partition_by=["key_group"],
+    )
     rules = spark.createDataFrame([(100.0,)], "threshold double")
     dsi.write_dataframe(rules, storage.table_uri("rules"))
     return {
@@ -125,19 +130,27 @@ def rows_mode_module_function(spark: SparkSession, storage: dsi.DeltaStorage) ->
 
 
 def pre_keyed(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
-    op = dsi.SideInputOperator(
-        main=dsi.MainInput(
-            "keyed", key="customer_id", pre_keyed=dsi.KeyGroups(GROUPS, "key_group")
-        ),
-        side_inputs={
-            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")
-        },
-        fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
-        main_output="keyed_enriched",
-        storage=storage,
-    )
-    result = op.run(spark)
-    return {"rows": result.emitted("keyed_enriched"), "notes": result.batches[0].notes}
+    """A pre-keyed main input joined with a keyed side input, then with the same side
+    input in the main input's key groups (``both_*``: neither side shuffled)."""
+
+    def run(profiles: str, output: str) -> tuple[int, list[str]]:
+        op = dsi.SideInputOperator(
+            main=dsi.MainInput(
+                "keyed", key="customer_id", pre_keyed=dsi.KeyGroups(GROUPS, "key_group")
+            ),
+            side_inputs={
+                "profile": dsi.SideInput.map(profiles, key="customer_id", distribution="keyed")
+            },
+            fn=lambda main, sides: main.select("tx_id", F.col("profile.name").alias("name")),
+            main_output=output,
+            storage=storage,
+        )
+        result = op.run(spark)
+        return result.emitted(output), result.batches[0].notes
+
+    rows, notes = run("profiles", "keyed_enriched")
+    both_rows, both_notes = run("keyed_profiles", "both_keyed_enriched")
+    return {"rows": rows, "notes": notes, "both_rows": both_rows, "both_notes": both_notes}
 
 
 def delta_source(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:

@@ -112,10 +112,11 @@ def test_row_function_executors_cannot_import_is_a_declaration_error_naming_its_
 
 
 def test_pre_keyed_main_input_is_read_as_buckets_by_the_executors(client_report):
-    assert check(client_report, "pre_keyed") == {
-        "rows": 200,
-        "notes": ["pre-keyed: main files read as buckets (no shuffle)"],
-    }
+    value = check(client_report, "pre_keyed")
+    assert value["rows"] == 200
+    assert "pre-keyed: main files read as buckets (no shuffle)" in value["notes"]
+    assert value["both_rows"] == 200
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in value["both_notes"]
 
 
 def test_delta_source_is_read_by_the_executors_python_workers(client_report):
