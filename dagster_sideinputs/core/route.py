@@ -120,7 +120,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
         )
         scan = None
         if snapshot is not None and co_partitioned(spec, bound, sample):
-            scan, note = _key_group_scan(context, bound, snapshot)
+            scan, note = _key_group_scan(context, bound, snapshot, sample)
             notes.append(note)
         data[bound.name] = SideData(bound, snapshot, context.spark, spec.engine, scan)
         if snapshot is None:
@@ -152,7 +152,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
 
 def co_partitioned(spec: OperatorSpec, bound: BoundSide, main: DataFrame) -> bool:
     """Whether a side input could join a pre-keyed Delta main input without a shuffle: a
-    keyed, non-broadcast, non-windowed view joined on the main key itself, of its type."""
+    keyed, non-broadcast, non-windowed view joined on the main key itself."""
     side, key, keyed = bound.side, spec.main.key, spec.main.pre_keyed
     if keyed is None or key is None or spec.main.is_kafka or side.key is None:
         return False
@@ -168,10 +168,11 @@ def co_partitioned(spec: OperatorSpec, bound: BoundSide, main: DataFrame) -> boo
 
 
 def _key_group_scan(
-    context: StageContext, bound: BoundSide, snapshot: TableSnapshot
+    context: StageContext, bound: BoundSide, snapshot: TableSnapshot, main: DataFrame
 ) -> tuple[DataFrame | None, str]:
     """A side table partitioned by the main input's key groups, read as buckets (None
-    when it is not, or its rows do not sit in their keys' groups), and a note saying so."""
+    when it is not, its key has another type than the main key, whose hash then differs,
+    or its rows do not sit in their keys' groups), and a note saying so."""
     spec, label = context.spec, f"side input {bound.name!r}"
     keyed, key = spec.main.pre_keyed, bound.side.key
     assert keyed is not None
@@ -184,6 +185,12 @@ def _key_group_scan(
         return None, f"{label}: {obstacle}; joined with a shuffle"
     if key not in snapshot.schema.fieldNames():
         return None, f"{label}: no key column {key!r}"  # the join reports it
+    side_type, main_type = snapshot.schema[key].dataType, main.schema[key].dataType
+    if side_type != main_type:
+        return None, (
+            f"{label}: key {key!r} is {side_type.simpleString()}, the main input's "
+            f"{main_type.simpleString()}; joined with a shuffle"
+        )
     checked = (bound.uri, snapshot.version, snapshot.table_id, keyed, key)
     holds = context.key_groups_checked.get(checked)
     if holds is None:

@@ -207,8 +207,9 @@ def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_excha
         ("0", ("key_group",), "not every row sits"),
         ("pmod(hash(customer_id), 8)", ("key_group",), "not partitioned by 'key_group' alone"),
         (f"pmod(hash(customer_id), {GROUPS})", ("key_group", "name"), "not partitioned by"),
+        (f"pmod(hash(cast(customer_id as int)), {GROUPS})", ("key_group",), "is int, the main"),
     ],
-    ids=["other-function", "one-group", "more-groups", "more-partition-columns"],
+    ids=["other-function", "one-group", "more-groups", "more-partition-columns", "int-key"],
 )
 def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle(
     lake, group_of, partition_by, why
@@ -217,6 +218,15 @@ def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle
     record meets its side row."""
     write_pre_keyed(lake, 400)
     write_profiles(lake, group_of=F.expr(group_of), partition_by=partition_by)
+    if "int" in group_of:  # the side key as an int: its hash differs from the long's
+        side = lake.frame("profiles").withColumn("customer_id", F.col("customer_id").cast("int"))
+        dsi.write_dataframe(
+            side.repartition(GROUPS, "key_group"),
+            lake.storage.table_uri("profiles"),
+            mode="overwrite",
+            schema_mode="overwrite",
+            partition_by=["key_group"],
+        )
     with no_broadcast(lake.spark):
         batch = (
             keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
