@@ -147,14 +147,14 @@ def _ddl(schema: T.StructType) -> str:
     return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
 
 
-def bucketing_obstacle(snapshot: TableSnapshot, splits: Sequence[KeyedSplit]) -> str | None:
-    """Why these files cannot be read as buckets by Spark's parquet reader, or None."""
-    if not splits or not all(is_local(split.uri) for split in splits):
+def bucketing_obstacle(snapshot: TableSnapshot, files: Sequence[DataFile]) -> str | None:
+    """Why ``files`` (of ``snapshot``'s table) cannot be read as buckets by Spark's parquet
+    reader, or None. Callers ask before :func:`bucketed_scan`."""
+    if not files or not all(is_local(file.uri) for file in files):
         return "files are not on a local filesystem"
     if snapshot.configuration.get("delta.columnMapping.mode") not in (None, "none"):
         return "the table maps column names (delta.columnMapping.mode)"
-    wanted = {split.uri for split in splits}
-    if any(f.deletion_vector for f in snapshot.files if f.uri in wanted):
+    if any(file.deletion_vector for file in files):
         return "files carry deletion vectors"
     return None
 
@@ -168,9 +168,9 @@ def bucketed_scan(
     groups: KeyGroups,
     scratch_dir: str,
     label: str,
-) -> tuple[DataFrame, str] | None:
-    """Files of a table (at ``snapshot``) as a bucketed table, in the snapshot's columns,
-    or None when :func:`bucketing_obstacle` finds a reason not to.
+) -> tuple[DataFrame, str]:
+    """Files of a table (at ``snapshot``) as a bucketed table, in the snapshot's columns;
+    only for files :func:`bucketing_obstacle` finds no reason against.
 
     A key-group partition column gets the group each file declares (its partition value,
     which named its bucket link), not one recomputed from the key: a check comparing the
@@ -179,8 +179,6 @@ def bucketed_scan(
     Returns:
         (DataFrame, catalog table name to drop after the batch).
     """
-    if bucketing_obstacle(snapshot, splits) is not None:
-        return None
     folder = os.path.join(normalize_uri(scratch_dir), uuid.uuid4().hex)
     os.makedirs(folder)
     for index, split in enumerate(splits):

@@ -233,22 +233,18 @@ def _pre_keyed_scan(
     partition_columns = set(snapshot.partition_columns)
     if partition_columns - {keyed.column}:
         return raw, "pre-keyed: partition columns besides the key group; read with a shuffle"
-    obstacle = bucketing_obstacle(snapshot, splits)
-    scan = (
-        None
-        if obstacle
-        else bucketed_scan(
-            context.spark,
-            splits,
-            snapshot=snapshot,
-            key=spec.main.key,
-            groups=keyed,
-            scratch_dir=join_uri(spec.state_uri, "prekeyed"),
-            label=spec.operator_id,
-        )
-    )
-    if scan is None:
+    obstacle = bucketing_obstacle(snapshot, piece.files)
+    if obstacle is not None:
         return raw, f"pre-keyed: {obstacle}; read with a shuffle"
+    scan = bucketed_scan(
+        context.spark,
+        splits,
+        snapshot=snapshot,
+        key=spec.main.key,
+        groups=keyed,
+        scratch_dir=join_uri(spec.state_uri, "prekeyed"),
+        label=spec.operator_id,
+    )
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, "pre-keyed: main files read as buckets (no shuffle)"

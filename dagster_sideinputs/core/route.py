@@ -180,7 +180,7 @@ def _key_group_scan(
     splits = side_splits(snapshot, keyed)
     if splits is None:
         return None, f"{label}: not partitioned by {keyed.column!r} alone; joined with a shuffle"
-    obstacle = bucketing_obstacle(snapshot, splits)
+    obstacle = bucketing_obstacle(snapshot, snapshot.files)
     if obstacle is not None:
         return None, f"{label}: {obstacle}; joined with a shuffle"
     if key not in snapshot.schema.fieldNames():
@@ -211,8 +211,6 @@ def _key_group_scan(
         scratch_dir=join_uri(spec.state_uri, "prekeyed"),
         label=f"{spec.operator_id}_{bound.name}",
     )
-    if scan is None:
-        return None, f"{label}: joined with a shuffle"
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, f"{label}: read as key-group buckets (no shuffle)"
