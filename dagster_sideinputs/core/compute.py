@@ -35,7 +35,7 @@ from dagster_sideinputs.core.route import side_windows
 from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
 from dagster_sideinputs.core.rows import run_row_function
 from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
-from dagster_sideinputs.core.tagged_layout import TaggedLayout
+from dagster_sideinputs.core.tagged_layout import TaggedLayout, TaggedResult
 from dagster_sideinputs.core.windows import GLOBAL, namespace_id
 from dagster_sideinputs.delta.schema import same_type
 from dagster_sideinputs.errors import (
@@ -54,11 +54,12 @@ def compute(context: StageContext, batch: Batch) -> Batch:
     released = sum(v["n"] for (r, _), v in batch.counts.items() if r == "released")
     outputs: dict[OutputTag, DataFrame] = {}
     lookups: dict[str, Lookup] = {}
+    tagged: TaggedResult | None = None
     if released and spec.options.mode == "frames":
         outputs = _frames(context, batch)
     elif released:
         lookups = local_lookups(context, batch.views, batch.plan)
-        outputs = _rows(context, batch, lookups)
+        outputs, tagged = _rows(context, batch, lookups)
     if released:
         _check_singletons(context, batch.plan, batch.views)
         _check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
@@ -78,7 +79,7 @@ def compute(context: StageContext, batch: Batch) -> Batch:
         spec.engine.validate_append(
             frame.schema, spec.table_uri(tag), schema_mode=spec.options.schema_mode, name=tag.name
         )
-    return batch.but(outputs=outputs, function_tags=function_tags)
+    return batch.but(outputs=outputs, function_tags=function_tags, tagged=tagged)
 
 
 def function_input(
@@ -194,7 +195,7 @@ def _conform(tag: OutputTag, frame: DataFrame, *, routed: bool = False) -> DataF
 
 def _rows(
     context: StageContext, batch: Batch, lookups: Mapping[str, Lookup]
-) -> dict[OutputTag, DataFrame]:
+) -> tuple[dict[OutputTag, DataFrame], TaggedResult]:
     spec = context.spec
     user_tags = [t for t in spec.all_tags if t not in spec.routes.values() or t.schema is not None]
     joined = [name for name in batch.views.joins if name not in lookups]
@@ -212,10 +213,10 @@ def _rows(
         lookups=lookups,
         side_labels={name: batch.views.data[name].bound.label for name in joined},
     )
-    if len(user_tags) > 1:  # several writes read it: run the function once for all
-        tagged = context.persist(tagged)
-    # No job of its own: the function runs while the first output is staged.
-    return layout.split(tagged)
+    # No job of its own: the function runs while the first output is staged (the write
+    # stage writes its outputs in one pass, or persists it when several writes read it).
+    pure = frozenset(tag for tag in user_tags if tag not in spec.routes.values())
+    return layout.split(tagged), TaggedResult(tagged, layout, pure)
 
 
 def _check_one_row_per_key(

@@ -19,6 +19,7 @@ from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.sources import source_for
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState
+from dagster_sideinputs.core.tagged_layout import TaggedResult
 
 log = logging.getLogger("dagster_sideinputs")
 
@@ -55,6 +56,7 @@ class Batch:
         counts: route: records per (route, origin), with oldest first-seen and max time.
         outputs: compute: a DataFrame per output tag.
         function_tags: compute: the tags the user function wrote (not only routes).
+        tagged: compute: a row function's tagged result, which its outputs read.
         writes: write: per table, what its commit did.
         notes: how the batch ran (shown in metrics).
         durations: seconds per stage.
@@ -71,6 +73,7 @@ class Batch:
     counts: Counts = field(default_factory=dict)
     outputs: Mapping[OutputTag, DataFrame] = field(default_factory=dict)
     function_tags: frozenset[OutputTag] = frozenset()
+    tagged: TaggedResult | None = None
     writes: Mapping[str, TableWrite] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     durations: Mapping[str, float] = field(default_factory=dict)

@@ -2,6 +2,7 @@
 (:class:`TaggedLayout`), and how it is split back into one DataFrame per tag."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +72,24 @@ class TaggedLayout:
             arrays.append(pa.nulls(size, kind) if source is None else fields[source])
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
+    def shared(self, tagged: DataFrame, tags: Sequence[OutputTag]) -> DataFrame | None:
+        """The rows of ``tags`` as one DataFrame: the tag column (each row's index in
+        :attr:`tags`), then the fields the tags share, by name. None unless every one of
+        ``tags`` has the same fields (names and types, in order)."""
+        indexes = [self.tags.index(tag) for tag in tags]
+        columns = {tuple(self.columns[i]) for i in indexes}
+        names = {tuple(self.tags[i].schema.fieldNames()) for i in indexes}  # type: ignore[union-attr]
+        if len(columns) != 1 or len(names) != 1:
+            return None
+        fields = self.tags[indexes[0]].schema.fields  # type: ignore[union-attr]
+        return tagged.filter(F.col(TAG_COLUMN).isin(indexes)).select(
+            F.col(TAG_COLUMN),
+            *[
+                F.col(column).alias(field.name)
+                for column, field in zip(self.columns[indexes[0]], fields, strict=True)
+            ],
+        )
+
     def split(self, tagged: DataFrame) -> dict[OutputTag, DataFrame]:
         """The per-tag DataFrames of a tagged result."""
         return {
@@ -83,3 +102,20 @@ class TaggedLayout:
             for index, (tag, columns) in enumerate(zip(self.tags, self.columns, strict=True))
             if tag.schema is not None
         }
+
+
+@dataclass(frozen=True)
+class TaggedResult:
+    """A row function's tagged result in one batch, not computed yet (its first write
+    runs the function).
+
+    Attributes:
+        frame: the tagged DataFrame.
+        layout: how its columns hold each tag's fields.
+        pure: the tags whose output is exactly the function's records (no routed
+            records added).
+    """
+
+    frame: DataFrame
+    layout: TaggedLayout
+    pure: frozenset[OutputTag]

@@ -19,12 +19,19 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 
 from dagster_sideinputs.core.buffer import BUFFER_ROUTES, released_files, waiting_rows
-from dagster_sideinputs.core.columns import SLOT
+from dagster_sideinputs.core.columns import SLOT, TAG
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import TableWrite
+from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.state import COMMIT
-from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
+from dagster_sideinputs.delta.engine import (
+    AppTransaction,
+    DataFile,
+    SplitTarget,
+    StagedWrite,
+    WriteResult,
+)
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -41,6 +48,7 @@ class _Target:
     partition_by: list[str] | None = None
     schema_mode: str | None = None
     buffer: bool = False
+    tag: OutputTag | None = None
 
 
 def write(context: StageContext, batch: Batch) -> Batch:
@@ -56,11 +64,15 @@ def write(context: StageContext, batch: Batch) -> Batch:
             continue
         pending.append(target)
     staged: list[tuple[_Target, StagedWrite | None]] = []
+    shared: dict[str, StagedWrite] = {}
     try:
+        shared = _stage_function_outputs(context, batch, pending)
+        one_pass = list(shared)
         for target in pending:
-            staged.append((target, _stage(context, batch, target)))
+            stage = shared.pop(target.label) if target.label in shared else None
+            staged.append((target, stage or _stage(context, batch, target)))
     except BaseException:
-        for _, stage in staged:
+        for stage in [*(stage for _, stage in staged), *shared.values()]:
             if stage is not None:
                 spec.engine.discard(stage)
         raise
@@ -91,7 +103,8 @@ def write(context: StageContext, batch: Batch) -> Batch:
     ledger = context.source.record_read(plan.main, txn)
     if ledger is not None:
         writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
-    return batch.but(writes=writes)
+    batch = batch.but(writes=writes)
+    return batch.noted(f"outputs {one_pass} written in one pass") if one_pass else batch
 
 
 def _targets(context: StageContext, batch: Batch) -> list[_Target]:
@@ -113,7 +126,9 @@ def _targets(context: StageContext, batch: Batch) -> list[_Target]:
         if nothing and spec.engine.exists(spec.table_uri(tag)):
             continue  # nothing to add: its Spark job would find nothing
         targets.append(
-            _Target(tag.name, spec.table_uri(tag), frame, schema_mode=spec.options.schema_mode)
+            _Target(
+                tag.name, spec.table_uri(tag), frame, schema_mode=spec.options.schema_mode, tag=tag
+            )
         )
     waiting = sum(routed[r] for r in BUFFER_ROUTES)
     if waiting or batch.plan.read_slots:
@@ -121,6 +136,38 @@ def _targets(context: StageContext, batch: Batch) -> list[_Target]:
         rows = waiting_rows(batch.classified, batch.main_columns) if waiting else None
         targets.append(_Target(BUFFER, spec.buffer_uri, rows, [SLOT], "merge", buffer=True))
     return targets
+
+
+def _stage_function_outputs(
+    context: StageContext, batch: Batch, pending: list[_Target]
+) -> dict[str, StagedWrite]:
+    """A row function's outputs staged by one Spark job, when every output that reads its
+    tagged result is exactly the function's records with the same fields and the engine
+    can split one write into several tables (:meth:`DeltaEngine.stage_split`): labels to
+    their staged writes. Otherwise nothing is staged here, and a tagged result that
+    several writes read is persisted first, so that the function runs once per record."""
+    tagged = batch.tagged
+    readers = [t for t in pending if tagged is not None and t.tag in tagged.layout.tags]
+    if tagged is None or len(readers) < 2:
+        return {}
+    tags = [t.tag for t in readers if t.tag is not None]
+    frame = tagged.layout.shared(tagged.frame, tags) if tagged.pure.issuperset(tags) else None
+    if frame is not None:
+        targets = [
+            SplitTarget(tagged.layout.tags.index(tag), t.uri, t.label, t.schema_mode)  # type: ignore[arg-type]
+            for t, tag in zip(readers, tags, strict=True)
+        ]
+        engine, split = context.spec.engine, frame
+        staged = translated(
+            context,
+            lambda: engine.stage_split(split, TAG, targets),
+            views=batch.views,
+            what="computing outputs " + ", ".join(repr(t.label) for t in readers),
+        )
+        if staged is not None:
+            return {t.label: stage for t, stage in zip(readers, staged, strict=True)}
+    context.persist(tagged.frame)
+    return {}
 
 
 def _holds(context: StageContext, uri: str, txn: AppTransaction) -> bool:

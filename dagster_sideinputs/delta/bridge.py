@@ -21,6 +21,7 @@ from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
     SchemaMode,
+    SplitTarget,
     StagedWrite,
     TableSnapshot,
     WriteMode,
@@ -31,6 +32,7 @@ from dagster_sideinputs.delta.log import added_files
 from dagster_sideinputs.delta.reader import read_changes, read_snapshot
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.spark_log import READER
+from dagster_sideinputs.delta.split_writer import stage_split_dataframe
 from dagster_sideinputs.delta.table import (
     commit_timestamps,
     is_table,
@@ -175,6 +177,11 @@ class DeltaRsEngine:
             storage_options=self.storage_options,
             name=name,
         )
+
+    def stage_split(
+        self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
+    ) -> list[StagedWrite] | None:
+        return stage_split_dataframe(df, column, targets, storage_options=self.storage_options)
 
     def commit(
         self,

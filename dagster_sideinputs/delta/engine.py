@@ -12,9 +12,9 @@ in one Delta commit, carrying the batch's application transaction.
 """
 
 import datetime as dt
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, overload, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -68,58 +68,6 @@ class DataFile:
     version: int | None = None
     modification_time_ms: int | None = None
     deletion_vector: bool = False
-
-
-class LazyFiles(Sequence[DataFile]):
-    """A snapshot's live files, turned into :class:`DataFile` values on first use.
-
-    Reading a version's metadata is cheap; turning each of its live files (with typed
-    statistics) into a Python value costs ~0.1 ms per file, i.e. seconds for a table that
-    has gained a file per batch for 10,000 batches. Most snapshots are taken for their
-    version, schema or table id (the main input's latest version, an output's schema
-    before a write): they never pay for the files. ``load`` must give the files of the
-    snapshot's own version whenever it is called (it is called once).
-    """
-
-    def __init__(self, load: Callable[[], tuple[DataFile, ...]]) -> None:
-        self._load: Callable[[], tuple[DataFile, ...]] | None = load
-        self._files: tuple[DataFile, ...] | None = None
-
-    def _loaded(self) -> tuple[DataFile, ...]:
-        if self._files is None:
-            assert self._load is not None
-            self._files = self._load()
-            self._load = None
-        return self._files
-
-    @overload
-    def __getitem__(self, index: int) -> DataFile: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[DataFile, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> DataFile | tuple[DataFile, ...]:
-        return self._loaded()[index]
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-    def __iter__(self) -> Iterator[DataFile]:
-        return iter(self._loaded())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyFiles):
-            return self._loaded() == other._loaded()
-        return isinstance(other, tuple) and self._loaded() == other
-
-    def __hash__(self) -> int:
-        return hash(self._loaded())
-
-    def __repr__(self) -> str:
-        return repr(self._loaded())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (tuple, (self._loaded(),))  # pickles as the plain tuple
 
 
 @dataclass(frozen=True)
@@ -200,6 +148,17 @@ class StagedWrite:
     num_bytes: int = 0
     seconds: float = 0.0
     handle: Any = None
+
+
+@dataclass(frozen=True)
+class SplitTarget:
+    """One table of a split write (:meth:`DeltaEngine.stage_split`): the rows whose split
+    column holds ``value`` are appended to ``uri``."""
+
+    value: int
+    uri: str
+    name: str
+    schema_mode: SchemaMode | None = None
 
 
 def refused_removals(
@@ -332,6 +291,16 @@ class DeltaEngine(Protocol):
         same commit. Skipped (nothing changes) when the table already holds
         ``app_transaction``; with ``skip_empty_commit``, an empty write to an existing
         table that removes nothing commits nothing."""
+        ...
+
+    def stage_split(
+        self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
+    ) -> list[StagedWrite] | None:
+        """Stage appends to several tables with **one** Spark job: each row of ``df`` goes
+        to the target whose ``value`` its ``column`` holds (``column`` itself is not
+        written). Returns one staged write per target, in order, each committed or
+        discarded like :meth:`stage`'s; None, before running anything, when this engine
+        cannot do it for these tables (then stage each table's rows on its own)."""
         ...
 
     def discard(self, staged: StagedWrite) -> None:

@@ -134,6 +134,16 @@ class TableFiles:
     def _abs(self, relative: str) -> str:
         return os.path.join(self.root, relative) if self._local else relative
 
+    @property
+    def local(self) -> bool:
+        return self._local
+
+    def local_path(self, relative: str) -> str:
+        """The absolute path of a file or folder of a local table."""
+        if not self._local:
+            raise ValueError(f"{self.root} is not a local table")
+        return self._abs(relative)
+
     def exists(self, relative: str = "") -> bool:
         if self._local:
             return os.path.exists(self._abs(relative))

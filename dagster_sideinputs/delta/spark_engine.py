@@ -29,6 +29,7 @@ from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
     SchemaMode,
+    SplitTarget,
     StagedWrite,
     TableSnapshot,
     WriteMode,
@@ -255,6 +256,13 @@ class DeltaSparkEngine:
             seconds=time.perf_counter() - started,
             handle=SparkStage(frame, schema, current is not None, persisted=True),
         )
+
+    def stage_split(
+        self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
+    ) -> list[StagedWrite] | None:
+        # Delta's writer commits the files it writes: no job can leave several tables'
+        # files for later commits, so each table is staged (persisted) on its own.
+        return None
 
     def discard(self, staged: StagedWrite) -> None:
         handle: SparkStage = staged.handle

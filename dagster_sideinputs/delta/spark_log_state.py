@@ -15,8 +15,9 @@ from urllib.parse import unquote
 
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import DataFile, LazyFiles, TableSnapshot
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import join_uri
+from dagster_sideinputs.delta.lazy_files import LazyFiles
 from dagster_sideinputs.delta.stats import typed_stats
 
 PHYSICAL_NAME = "delta.columnMapping.physicalName"

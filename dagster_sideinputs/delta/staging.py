@@ -6,6 +6,7 @@ and checks them against the write's promises (partition values, NOT NULL columns
 before anything is committed.
 """
 
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.files import TableFiles, spark_uri
 from dagster_sideinputs.delta.schema import partition_string
 from dagster_sideinputs.delta.stats import file_stats
-from dagster_sideinputs.errors import SchemaMismatchError
+from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
 STAGING_DIR = "_dsi_staging"
 CREATING_MARKER = f"{STAGING_DIR}/_creating"
@@ -117,6 +118,18 @@ class Staging:
             )
         return staged
 
+    def take_over(self, source: "Staging", relative_dir: str) -> None:
+        """Move the data files Spark wrote below ``relative_dir`` of another staging folder
+        into this one (a rename: both tables on one local filesystem)."""
+        origin = source.files.local_path(f"{source.relative}/{relative_dir}")
+        target = self.files.local_path(self.relative)
+        os.makedirs(target, exist_ok=True)
+        if not os.path.isdir(origin):
+            return  # no row went to this table
+        for name in os.listdir(origin):
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                os.replace(os.path.join(origin, name), os.path.join(target, name))
+
     def publish(self, staged: list[StagedFile]) -> None:
         for file in staged:
             self.files.move(f"{self.relative}/{file.path}", file.path)
@@ -127,3 +140,29 @@ class Staging:
         if published_too:
             for path in self.moved:
                 self.files.delete_file(path)
+
+
+@dataclass
+class BridgeStage:
+    """What the bridge keeps between staging and committing."""
+
+    staging: Staging
+    files: list[StagedFile]
+    schema: T.StructType
+    new_fields: list[T.StructField]
+    table_existed: bool
+    storage_options: Mapping[str, str] | None
+
+
+def refuse_foreign_folder(files: TableFiles, label: str) -> None:
+    """A folder holding files but no Delta log is someone's data: never write into it."""
+    if (
+        files.has_entries()
+        and not files.exists(CREATING_MARKER)
+        and any(not entry.path.startswith(STAGING_DIR) for entry in files.list_files(""))
+    ):
+        raise NotADeltaTableError(
+            f"Refusing to write to {label}: it holds files but is not a Delta table.",
+            fix="choose an empty location, or convert the folder with "
+            "`deltalake.convert_to_deltalake(uri)` first",
+        )

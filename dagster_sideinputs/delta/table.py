@@ -15,8 +15,9 @@ import deltalake
 import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
 
-from dagster_sideinputs.delta.engine import DataFile, LazyFiles, TableSnapshot
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, resolve_log_path
+from dagster_sideinputs.delta.lazy_files import LazyFiles
 from dagster_sideinputs.delta.schema import delta_to_spark_schema
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LocalLogFiles

@@ -18,7 +18,6 @@ files are invisible to Delta readers anyway.
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -48,14 +47,13 @@ from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.schema import plan_append, plan_write_schema
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
-    STAGING_DIR,
-    StagedFile,
+    BridgeStage,
     Staging,
     check_not_null,
     check_partition,
+    refuse_foreign_folder,
 )
 from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
-from dagster_sideinputs.errors import NotADeltaTableError
 
 __all__ = [
     "AppTransaction",
@@ -68,31 +66,6 @@ __all__ = [
     "validate_append",
     "write_dataframe",
 ]
-
-
-@dataclass
-class _BridgeStage:
-    """What the bridge keeps between staging and committing."""
-
-    staging: Staging
-    files: list[StagedFile]
-    schema: T.StructType
-    new_fields: list[T.StructField]
-    table_existed: bool
-    storage_options: Mapping[str, str] | None
-
-
-def _refuse_foreign_folder(files: TableFiles, label: str) -> None:
-    if (
-        files.has_entries()
-        and not files.exists(CREATING_MARKER)
-        and any(not entry.path.startswith(STAGING_DIR) for entry in files.list_files(""))
-    ):
-        raise NotADeltaTableError(
-            f"Refusing to write to {label}: it holds files but is not a Delta table.",
-            fix="choose an empty location, or convert the folder with "
-            "`deltalake.convert_to_deltalake(uri)` first",
-        )
 
 
 def stage_dataframe(
@@ -120,7 +93,7 @@ def stage_dataframe(
     files = TableFiles(uri, storage_options)
     exists = is_table(uri, storage_options)
     if not exists:
-        _refuse_foreign_folder(files, label)
+        refuse_foreign_folder(files, label)
     snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
     target_schema, projected, new_fields, partition_by = plan_write_schema(
         df,
@@ -156,13 +129,13 @@ def stage_dataframe(
         num_files=len(staged),
         num_bytes=sum(f.size for f in staged),
         seconds=time.perf_counter() - started,
-        handle=_BridgeStage(staging, staged, target_schema, new_fields, exists, storage_options),
+        handle=BridgeStage(staging, staged, target_schema, new_fields, exists, storage_options),
     )
 
 
 def discard_staged(staged: StagedWrite) -> None:
     """Delete a staged write's files (it will not be committed)."""
-    handle: _BridgeStage = staged.handle
+    handle: BridgeStage = staged.handle
     handle.staging.discard(published_too=False)
 
 
@@ -182,7 +155,7 @@ def commit_staged(
         ConcurrentWriteError: another writer committed a conflicting change first.
     """
     started = time.perf_counter()
-    handle: _BridgeStage = staged.handle
+    handle: BridgeStage = staged.handle
     uri, label, options = staged.uri, staged.name, handle.storage_options
     refused = refused_removals(remove_files, staged.mode, handle.table_existed, label)
     if refused is not None:
