@@ -28,6 +28,7 @@ from dagster_sideinputs.core.session import REQUIRED_CONFIGS
 BIG = dsi.OutputTag("big_transactions")
 NAMED = T.StructType([T.StructField("tx_id", T.LongType()), T.StructField("name", T.StringType())])
 ROWS_OUT = dsi.OutputTag("named_transactions", schema=NAMED)
+ROWS_BIG = dsi.OutputTag("big_named_transactions", schema=NAMED)  # the same fields
 ROWS = 200
 CUSTOMERS = 37
 GROUPS = 4
@@ -41,6 +42,14 @@ def enrich(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
 def name_row(record: dsi.Record, ctx: dsi.RowContext) -> Iterator[dict[str, Any]]:
     profile = ctx.side_input("profile")
     yield {"tx_id": record["tx_id"], "name": None if profile is None else profile["name"]}
+
+
+def name_and_flag_row(record: dsi.Record, ctx: dsi.RowContext) -> Iterator[dict[str, Any]]:
+    profile = ctx.side_input("profile")
+    named = {"tx_id": record["tx_id"], "name": None if profile is None else profile["name"]}
+    if record["amount"] > 100.0:
+        ctx.output(ROWS_BIG, named)
+    yield named
 
 
 def write_inputs(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, int]:
@@ -98,14 +107,29 @@ def rows_mode(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
     op = dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id"),
         side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
-        fn=name_row,
+        fn=name_and_flag_row,
         mode="rows",
         main_output=ROWS_OUT,
+        side_outputs=[ROWS_BIG],
         storage=storage,
     )
     result = op.run(spark)
     named = dsi.read_table(spark, op.output_tables[ROWS_OUT.name]).filter("name IS NOT NULL")
-    return {"rows": result.emitted(ROWS_OUT.name), "named": named.count()}
+    big = dsi.read_table(spark, op.output_tables[ROWS_BIG.name])
+    return {
+        "rows": result.emitted(ROWS_OUT.name),
+        "named": named.count(),
+        "big": big.count(),
+        "one_pass": any("written in one pass" in note for note in result.batches[0].notes),
+    }
+
+
+def rows_mode_bridge(spark: SparkSession, work: Path) -> dict[str, Any]:
+    """:func:`rows_mode` in a lake of its own under the delta-rs bridge, whatever the
+    session's Delta: the engine that writes outputs of the same fields in one pass."""
+    storage = dsi.DeltaStorage(str(work / "bridge_lake"), engine="delta-rs").bind(spark)
+    write_inputs(spark, storage)
+    return rows_mode(spark, storage)
 
 
 def rows_mode_module_function(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
@@ -207,6 +231,7 @@ def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[st
         "inputs": lambda: write_inputs(spark, storage),
         "frames_mode": lambda: frames_mode(spark, storage),
         "rows_mode": lambda: rows_mode(spark, storage),
+        "rows_mode_bridge": lambda: rows_mode_bridge(spark, work),
         "rows_mode_module_function": lambda: rows_mode_module_function(spark, storage),
         "pre_keyed": lambda: pre_keyed(spark, storage),
         "delta_source": lambda: delta_source(spark, storage),

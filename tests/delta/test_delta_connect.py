@@ -77,5 +77,10 @@ def test_operator_over_connect_uses_delta_spark_and_its_commits_carry_transactio
 
 def test_rows_mode_and_pre_keyed_inputs_work_over_connect_with_delta_spark(client_report):
     expected = check(client_report, "inputs")
-    assert check(client_report, "rows_mode") == {"rows": 200, "named": expected["named"]}
+    assert check(client_report, "rows_mode") == {
+        "rows": 200,
+        "named": expected["named"],
+        "big": expected["big"],
+        "one_pass": False,  # delta-spark writes each output from the cached records
+    }
     assert check(client_report, "pre_keyed")["rows"] == 200
