@@ -2,6 +2,7 @@
 
     python bench/scale.py                      # the full run (about half an hour)
     python bench/scale.py --main 5000000 --side 1000000 --curve-main 1000000 --curve-side 10000
+    python bench/scale.py --engine delta-rs --curve-main --curve-side   # full size, the bridge
 
 For each size the operator (frames mode, keyed map side input, a main and a side output)
 processes the whole main table in one ``available_now`` run, and a hand-written Spark job
@@ -89,7 +90,7 @@ def enrich(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
     return {dsi.MAIN: enriched, SUSPICIOUS: enriched.filter(F.col("risk_score") > 0.99)}
 
 
-def run_operator(spark: SparkSession, root: str) -> float:
+def run_operator(spark: SparkSession, root: str, engine: str = "auto") -> float:
     op = dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id"),
         side_inputs={
@@ -98,7 +99,7 @@ def run_operator(spark: SparkSession, root: str) -> float:
         fn=enrich,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        storage=dsi.DeltaStorage(root),
+        storage=dsi.DeltaStorage(root, engine=engine),  # type: ignore[arg-type]
         operator_id=f"scale_{time.monotonic_ns()}",
     )
     started = time.perf_counter()
@@ -123,14 +124,16 @@ def run_baseline(spark: SparkSession, root: str, out: str) -> float:
     return time.perf_counter() - started
 
 
-def measure(spark: SparkSession, work: Path, main_rows: int, side_rows: int) -> dict:
+def measure(
+    spark: SparkSession, work: Path, main_rows: int, side_rows: int, engine: str = "auto"
+) -> dict:
     root = work / f"m{main_rows}_s{side_rows}"
     make_main(spark, main_rows, max(side_rows, 1), f"{root}/transactions")
     make_side(spark, side_rows, f"{root}/profiles")
     with PeakMemory() as baseline_memory:
         baseline_s = run_baseline(spark, str(root), str(work / "baseline_out"))
     with PeakMemory() as operator_memory:
-        operator_s = run_operator(spark, str(root))
+        operator_s = run_operator(spark, str(root), engine)
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(work / "baseline_out", ignore_errors=True)
     return {
@@ -164,6 +167,12 @@ def main() -> None:
     )
     parser.add_argument("--curve-side", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--curve-fixed-main", type=int, default=5_000_000)
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "delta-spark", "delta-rs"],
+        default="auto",
+        help="the operator's Delta engine (auto: delta-spark where the session has Delta)",
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="8g")
     parser.add_argument("--json")
@@ -183,15 +192,17 @@ def main() -> None:
         results[kind].append(result)
         print(line(result), flush=True)
 
+    engine = dsi.DeltaStorage(str(work), engine=args.engine).bind(spark).delta.name
+    print(f"operator engine: {engine}")
     try:
         print(f"growth with the main input (side {args.side:,} rows):")
         for rows in args.curve_main:
-            report("main_curve", measure(spark, work, rows, args.side))
+            report("main_curve", measure(spark, work, rows, args.side, args.engine))
         print(f"growth with the side input (main {args.curve_fixed_main:,} rows):")
         for rows in args.curve_side:
-            report("side_curve", measure(spark, work, args.curve_fixed_main, rows))
+            report("side_curve", measure(spark, work, args.curve_fixed_main, rows, args.engine))
         print("full size:")
-        report("full", measure(spark, work, args.main, args.side))
+        report("full", measure(spark, work, args.main, args.side, args.engine))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
