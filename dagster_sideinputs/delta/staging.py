@@ -7,6 +7,7 @@ before anything is committed.
 """
 
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class Staging:
 
     def take_over(self, source: "Staging", relative_dir: str) -> None:
         """Move the data files Spark wrote below ``relative_dir`` of another staging folder
-        into this one (a rename: both tables on one local filesystem)."""
+        into this one: a rename on one local filesystem (a copy across mount points)."""
         origin = source.files.local_path(f"{source.relative}/{relative_dir}")
         target = self.files.local_path(self.relative)
         os.makedirs(target, exist_ok=True)
@@ -128,7 +129,7 @@ class Staging:
             return  # no row went to this table
         for name in os.listdir(origin):
             if name.endswith(".parquet") and not name.startswith((".", "_")):
-                os.replace(os.path.join(origin, name), os.path.join(target, name))
+                shutil.move(os.path.join(origin, name), os.path.join(target, name))
 
     def publish(self, staged: list[StagedFile]) -> None:
         for file in staged:
