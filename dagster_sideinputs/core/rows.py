@@ -10,9 +10,10 @@ batch and shipped with the function, so ``ctx.side_input(name)`` is a local look
 Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
 records come back as one flat DataFrame (a tag column and the union of the tags'
 fields, see :mod:`~dagster_sideinputs.core.tagged_layout`), which the operator splits
-into its outputs (persisted first when there are several, so the Python function runs
-once per record). Records and their values: :mod:`~dagster_sideinputs.core.records`;
-side views looked up in Python: :mod:`~dagster_sideinputs.core.lookups`.
+into its outputs: written in one pass when they share their fields, else persisted first
+when several writes read it, so the Python function runs once per record. Records and
+their values: :mod:`~dagster_sideinputs.core.records`; side views looked up in Python:
+:mod:`~dagster_sideinputs.core.lookups`.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
