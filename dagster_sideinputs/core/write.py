@@ -69,8 +69,9 @@ def write(context: StageContext, batch: Batch) -> Batch:
         shared = _stage_function_outputs(context, batch, pending)
         one_pass = list(shared)
         for target in pending:
-            stage = shared.pop(target.label) if target.label in shared else None
-            staged.append((target, stage or _stage(context, batch, target)))
+            staged.append(
+                (target, shared.pop(target.label, None) or _stage(context, batch, target))
+            )
     except BaseException:
         for stage in [*(stage for _, stage in staged), *shared.values()]:
             if stage is not None:

@@ -18,6 +18,7 @@ files are invisible to Delta readers anyway.
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -48,6 +49,7 @@ from dagster_sideinputs.delta.schema import plan_append, plan_write_schema
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
     BridgeStage,
+    StagedFile,
     Staging,
     check_not_null,
     check_partition,
@@ -68,6 +70,87 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class TablePlan:
+    """A bridge write planned against its table, before any Spark job: the table's schema
+    after the write, ``df`` projected onto it, the columns it adds, its partitions."""
+
+    uri: str
+    label: str
+    files: TableFiles
+    exists: bool
+    schema: T.StructType
+    projected: DataFrame
+    new_fields: list[T.StructField]
+    partition_by: list[str]
+    mode: WriteMode = "append"
+    replace_partition: Mapping[str, Any] | None = None
+    schema_mode: SchemaMode | None = None
+    storage_options: Mapping[str, str] | None = None
+
+    def staged(self, staging: Staging, files: list[StagedFile], seconds: float) -> StagedWrite:
+        """The staged write of ``files`` (in ``staging``), checked against the plan."""
+        check_partition(
+            files, self.replace_partition if self.mode == "overwrite" else None, table=self.label
+        )
+        check_not_null(files, self.schema, table=self.label)
+        return StagedWrite(
+            uri=self.uri,
+            name=self.label,
+            mode=self.mode,
+            partition_by=self.partition_by,
+            replace_partition=self.replace_partition,
+            schema_mode=self.schema_mode,
+            num_rows=sum(f.stats["numRecords"] for f in files),
+            num_files=len(files),
+            num_bytes=sum(f.size for f in files),
+            seconds=seconds,
+            handle=BridgeStage(
+                staging, files, self.schema, self.new_fields, self.exists, self.storage_options
+            ),
+        )
+
+
+def plan_table(
+    df: DataFrame,
+    uri: str,
+    *,
+    mode: WriteMode = "append",
+    partition_by: list[str] | None = None,
+    replace_partition: Mapping[str, Any] | None = None,
+    schema_mode: SchemaMode | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> TablePlan:
+    """Plan a write of ``df`` to the table at ``uri`` (see :class:`TablePlan`).
+
+    Raises:
+        SchemaMismatchError: the DataFrame does not fit the table.
+        NotADeltaTableError: ``uri`` holds non-Delta files.
+    """
+    uri = normalize_uri(uri)
+    label = name or uri
+    files = TableFiles(uri, storage_options)
+    exists = is_table(uri, storage_options)
+    if not exists:
+        refuse_foreign_folder(files, label)
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
+    schema, projected, new_fields, partitions = plan_write_schema(
+        df,
+        None if snapshot is None else snapshot.schema,
+        [] if snapshot is None else list(snapshot.partition_columns),
+        mode=mode,
+        partition_by=list(partition_by or []),
+        schema_mode=schema_mode,
+        label=label,
+        replace_partition=replace_partition,
+    )
+    return TablePlan(
+        uri, label, files, exists, schema, projected, new_fields, partitions,
+        mode, replace_partition, schema_mode, storage_options,
+    )  # fmt: skip
+
+
 def stage_dataframe(
     df: DataFrame,
     uri: str,
@@ -80,57 +163,26 @@ def stage_dataframe(
     name: str | None = None,
 ) -> StagedWrite:
     """Write a DataFrame's files into the table's staging folder; nothing is visible yet.
-
-    Raises:
-        SchemaMismatchError: the DataFrame does not fit the table.
-        NotADeltaTableError: ``uri`` holds non-Delta files.
-    """
+    Raises what :func:`plan_table` raises."""
     started = time.perf_counter()
-    uri = normalize_uri(uri)
-    label = name or uri
-    partition_by = list(partition_by or [])
-    configure_spark(df.sparkSession, uri, storage_options)
-    files = TableFiles(uri, storage_options)
-    exists = is_table(uri, storage_options)
-    if not exists:
-        refuse_foreign_folder(files, label)
-    snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
-    target_schema, projected, new_fields, partition_by = plan_write_schema(
-        df,
-        None if snapshot is None else snapshot.schema,
-        [] if snapshot is None else list(snapshot.partition_columns),
-        mode=mode,
-        partition_by=partition_by,
-        schema_mode=schema_mode,
-        label=label,
-        replace_partition=replace_partition,
-    )
-    data_schema = T.StructType([f for f in target_schema.fields if f.name not in partition_by])
-    staging = Staging(files)
+    configure_spark(df.sparkSession, normalize_uri(uri), storage_options)
+    plan = plan_table(
+        df, uri, mode=mode, partition_by=partition_by, replace_partition=replace_partition,
+        schema_mode=schema_mode, storage_options=storage_options, name=name,
+    )  # fmt: skip
+    partitions = plan.partition_by
+    data_schema = T.StructType([f for f in plan.schema.fields if f.name not in partitions])
+    staging = Staging(plan.files)
     try:
-        writer = projected.write.mode("overwrite")
-        if partition_by:
-            writer = writer.partitionBy(*partition_by)
+        writer = plan.projected.write.mode("overwrite")
+        if partitions:
+            writer = writer.partitionBy(*partitions)
         writer.parquet(staging.spark_location())
-        staged = staging.collect(data_schema, partition_by)
-        check_partition(staged, replace_partition if mode == "overwrite" else None, table=label)
-        check_not_null(staged, target_schema, table=label)
+        staged = staging.collect(data_schema, partitions)
+        return plan.staged(staging, staged, time.perf_counter() - started)
     except BaseException:
         staging.discard(published_too=False)
         raise
-    return StagedWrite(
-        uri=uri,
-        name=label,
-        mode=mode,
-        partition_by=partition_by,
-        replace_partition=replace_partition,
-        schema_mode=schema_mode,
-        num_rows=sum(f.stats["numRecords"] for f in staged),
-        num_files=len(staged),
-        num_bytes=sum(f.size for f in staged),
-        seconds=time.perf_counter() - started,
-        handle=BridgeStage(staging, staged, target_schema, new_fields, exists, storage_options),
-    )
 
 
 def discard_staged(staged: StagedWrite) -> None:
