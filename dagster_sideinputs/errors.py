@@ -155,6 +155,12 @@ class SparkJobError(SideInputError):
     executors, out of memory, an unreadable file...)."""
 
 
+class StorageError(SideInputError):
+    """The lake's filesystem or object store refused a read or a write made outside
+    Spark (the operator's state, staged files, a table's log): a file where a folder
+    should be, no space left, a permission, an unreachable store."""
+
+
 __all__ = [
     "BufferLimitExceededError",
     "ConcurrentWriteError",
@@ -179,6 +185,7 @@ __all__ = [
     "SingletonCardinalityError",
     "SparkJobError",
     "SparkStartupError",
+    "StorageError",
     "TableNotFoundError",
     "UndeclaredOutputTagError",
     "UnsupportedTableFeatureError",

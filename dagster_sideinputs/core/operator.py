@@ -33,6 +33,7 @@ from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
 from dagster_sideinputs.core.session import fit_shuffle_partitions
 from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.spark_errors import storage_errors
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.step import peek, step
@@ -210,7 +211,8 @@ class SideInputOperator:
         Uses no Spark unless windows of new records cannot be told from statistics.
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
-        return peek(self.recovery, now or _utc_now())
+        with storage_errors(self.operator_id, "planning the next batch"):
+            return peek(self.recovery, now or _utc_now())
 
     # --- running --------------------------------------------------------------------------
 
@@ -253,7 +255,7 @@ class SideInputOperator:
         stop = stop or threading.Event()
         batches: list[BatchMetrics] = []
         self._use_session(spark)
-        with self._lock(wait_for_lock):
+        with storage_errors(self.operator_id, "running the operator"), self._lock(wait_for_lock):
             context = self._context_for(spark)
             context.explain = explain
             verdict = identity.check(self.spec, self.state)
@@ -284,7 +286,7 @@ class SideInputOperator:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
         self._use_session(spark)
         fit_shuffle_partitions(spark)
-        with self._lock(0.0):
+        with storage_errors(self.operator_id, "running a batch"), self._lock(0.0):
             verdict = identity.check(self.spec, self.state)
             return self._step(self._context_for(spark), now or _utc_now(), verdict)
 
@@ -356,7 +358,7 @@ class SideInputOperator:
         Returns:
             The reset batch's id.
         """
-        with self._lock(wait_for_lock):
+        with storage_errors(self.operator_id, "resetting the operator"), self._lock(wait_for_lock):
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
 
 

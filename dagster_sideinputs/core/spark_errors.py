@@ -1,4 +1,4 @@
-"""Spark's errors as the project's errors.
+"""Spark's errors, and the storage's, as the project's errors.
 
 Errors raised inside Spark jobs (on executors) reach the driver as Py4J / PySpark
 exceptions whose text holds the original. The operator's own checks inside Spark mark
@@ -12,12 +12,18 @@ Spark's own data errors (ANSI mode's bad casts, overflows, division by zero, and
 :class:`FunctionError` naming what was being computed. Anything else becomes a
 :class:`FunctionError` (the user's code) or a :class:`SparkJobError`, the Spark error
 kept as the cause.
+
+A filesystem or object-store failure outside Spark (an ``OSError`` of the operator's own
+file access) becomes a :class:`StorageError` naming the path. A commit that fails after
+other tables of the batch committed says which tables hold the batch and which the next
+run's replay completes, instead of "nothing was written".
 """
 
 import base64
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from py4j.protocol import Py4JJavaError
@@ -34,6 +40,7 @@ from dagster_sideinputs.errors import (
     SideInputDataError,
     SideInputError,
     SparkJobError,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +49,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 _ENCODED = "dsi-encoded-error:"
 NOTHING_WRITTEN = "Nothing was written; buffered records are intact."
+NOTHING_LOST = (
+    "Nothing is lost: what some table committed stays committed and is not written twice, "
+    "and the batch's plan is kept, so the next run resumes exactly there."
+)
 
 
 def encode(error: SideInputError) -> str:
@@ -262,3 +273,57 @@ def translated(
         raise
     except (PySparkException, Py4JJavaError) as exc:
         raise translate(context, exc, views, what=what) from exc
+    except OSError as exc:
+        raise storage_error(context.spec.operator_id, exc, what or "running a batch") from exc
+
+
+def storage_error(operator_id: str, exc: OSError, doing: str) -> StorageError:
+    """A filesystem or object-store failure outside Spark as the project's error."""
+    path = exc.filename if isinstance(exc.filename, str) else None
+    where = f" at {path}" if path else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return StorageError(
+        f"Operator {operator_id!r}: the lake's storage failed{where} while {doing}: "
+        f"{type(exc).__name__}: {reason}. {NOTHING_LOST}",
+        fix=f"make {path or 'the lake'} readable and writable (a folder where one is "
+        "expected, free space, permissions, the store reachable), then rerun",
+    )
+
+
+def partly_committed(
+    context: "StageContext",
+    exc: BaseException,
+    *,
+    batch_id: int,
+    committed: list[str],
+    rest: list[str],
+    views: "Views | None" = None,
+) -> BaseException:
+    """The error of a commit that failed after other tables of the batch committed, with a
+    message that says so (not "nothing was written"): those tables keep the batch, and the
+    next run replays it for the others only. Errors the operator does not translate
+    (an injected crash, an interrupt) are returned as they are."""
+    if isinstance(exc, (PySparkException, Py4JJavaError)):
+        error: SideInputError = translate(context, exc, views, what=f"committing {rest[0]!r}")
+    elif isinstance(exc, OSError):
+        error = storage_error(context.spec.operator_id, exc, f"committing {rest[0]!r}")
+    elif isinstance(exc, SideInputError):
+        error = exc
+    else:
+        return exc
+    told = error.message.replace(NOTHING_WRITTEN, "").replace(NOTHING_LOST, "").rstrip()
+    return type(error)(
+        f"{told} Batch {batch_id} is committed to {committed} but not to {rest}. Nothing is "
+        "lost: the next run replays the batch from its plan for those tables only, and "
+        "each table holds it once.",
+        fix=error.fix,
+    )
+
+
+@contextmanager
+def storage_errors(operator_id: str, doing: str) -> Iterator[None]:
+    """Raise a filesystem or object-store failure of the block as a :class:`StorageError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise storage_error(operator_id, exc, doing) from exc

@@ -23,7 +23,7 @@ from dagster_sideinputs.core.columns import SLOT, TAG
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.spark_errors import translated
+from dagster_sideinputs.core.spark_errors import partly_committed, translated
 from dagster_sideinputs.core.state import COMMIT
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -92,15 +92,27 @@ def write(context: StageContext, batch: Batch) -> Batch:
         )
     removed = released_files(batch.buffer, plan)
     meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
+    committed = [label for label, done in writes.items() if done.skipped]
     for index, (target, stage) in enumerate(staged):
         try:
             result = _commit(context, target, stage, txn, meta, removed)
-        except BaseException:
+        except BaseException as exc:
             for _, later in staged[index + 1 :]:
                 if later is not None:
                     spec.engine.discard(later)
-            raise
+            if not committed:
+                raise
+            rest = [t.label for t, _ in staged[index:]]
+            raise partly_committed(
+                context,
+                exc,
+                batch_id=plan.batch_id,
+                committed=committed,
+                rest=rest,
+                views=batch.views,
+            ) from exc
         writes[target.label] = _table_write(target, result)
+        committed.append(target.label)
     ledger = context.source.record_read(plan.main, txn)
     if ledger is not None:
         writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
