@@ -193,16 +193,19 @@ class SideInputOperator:
 
     def buffer(self) -> BufferState:
         """The buffer's current state (from the Delta log; no Spark needed)."""
-        return load_state(self.spec)
+        with storage_errors(self.operator_id, "reading the buffer's state"):
+            return load_state(self.spec)
 
     def last_committed_batch(self) -> int | None:
-        return self.state.last_committed()
+        with storage_errors(self.operator_id, "reading the commit records"):
+            return self.state.last_committed()
 
     def last_plan(self) -> BatchPlan | None:
-        planned = self.state.last_planned()
-        if planned is None:
-            return None
-        loaded = self.state.load_plan(planned)
+        with storage_errors(self.operator_id, "reading the batch plans"):
+            planned = self.state.last_planned()
+            if planned is None:
+                return None
+            loaded = self.state.load_plan(planned)
         return None if isinstance(loaded, Unreadable) else loaded
 
     def peek(self, *, now: dt.datetime | None = None) -> BatchPlan | None:

@@ -155,7 +155,7 @@ class TableFiles:
         """Every file below a directory, recursively, paths relative to the root."""
         if self._local:
             base = self._abs(relative_dir)
-            for directory, _, names in os.walk(base):
+            for directory, _, names in os.walk(base, onerror=_missing_is_empty):
                 for name in names:
                     full = os.path.join(directory, name)
                     stat = os.stat(full)
@@ -253,3 +253,10 @@ class TableFiles:
         assert self._fs is not None
         with self._fs.open_input_file(relative) as handle:
             return pq.read_metadata(handle)
+
+
+def _missing_is_empty(error: OSError) -> None:
+    """A folder that does not exist (yet, or any more) lists as empty; any other failure
+    (a file where the folder should be, a permission) is raised, not read as "empty"."""
+    if not isinstance(error, FileNotFoundError):
+        raise error

@@ -90,3 +90,19 @@ def test_a_file_where_an_output_table_goes_fails_the_batch_and_the_rerun_complet
     unblock(big)
     lake.run(operator(lake))
     assert_exact(lake)
+
+
+def test_the_operators_introspection_raises_a_storage_error_too(lake):
+    fill(lake, [(1, 10, 50.0)])
+    op = operator(lake)
+    lake.run(op)
+    folder = state_folder(lake, op)
+    aside = folder.with_name(folder.name + ".aside")
+    folder.rename(aside)
+    block(folder)
+    for look in (op.last_committed_batch, op.last_plan, op.peek):
+        with pytest.raises(dsi.StorageError, match=str(folder.name)):
+            look()
+    unblock(folder)
+    aside.rename(folder)
+    assert op.last_committed_batch() == 0
