@@ -55,6 +55,7 @@ from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partition
 from dagster_sideinputs.delta.spark_read import read_delta, read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
 from dagster_sideinputs.delta.spark_stage import SparkStage, materialize_and_check, plan_rows
+from dagster_sideinputs.delta.staging import refuse_blocked_location
 from dagster_sideinputs.errors import DeltaTableError
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -233,6 +234,8 @@ class DeltaSparkEngine:
         uri = normalize_uri(uri)
         label = name or uri
         current = self.snapshot(uri, name=label) if self.exists(uri) else None
+        if current is None:  # delta-spark creates the table's log only when it commits
+            refuse_blocked_location(uri, label)
         projected, schema, partitions = plan_rows(
             df, uri, label, current, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,

@@ -16,10 +16,10 @@ from urllib.parse import unquote
 
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.files import TableFiles, spark_uri
+from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.schema import partition_string
 from dagster_sideinputs.delta.stats import file_stats
-from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
+from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError, StorageError
 
 STAGING_DIR = "_dsi_staging"
 CREATING_MARKER = f"{STAGING_DIR}/_creating"
@@ -153,6 +153,22 @@ class BridgeStage:
     new_fields: list[T.StructField]
     table_existed: bool
     storage_options: Mapping[str, str] | None
+
+
+def refuse_blocked_location(uri: str, label: str) -> None:
+    """A new local table's folder must be creatable: a file at its path, or at a folder
+    above it, fails the write while staging, before any table of the batch commits."""
+    if not is_local(uri):
+        return  # object stores have no folders to block
+    path = normalize_uri(uri)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise StorageError(
+            f"Cannot create table {label} at {normalize_uri(uri)}: {path} is a file, not a "
+            "folder. Nothing was written.",
+            fix=f"move {path} away (or choose another location for the table), then rerun",
+        )
 
 
 def refuse_foreign_folder(files: TableFiles, label: str) -> None:

@@ -53,6 +53,7 @@ from dagster_sideinputs.delta.staging import (
     Staging,
     check_not_null,
     check_partition,
+    refuse_blocked_location,
     refuse_foreign_folder,
 )
 from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
@@ -133,6 +134,7 @@ def plan_table(
     files = TableFiles(uri, storage_options)
     exists = is_table(uri, storage_options)
     if not exists:
+        refuse_blocked_location(uri, label)
         refuse_foreign_folder(files, label)
     snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
     schema, projected, new_fields, partitions = plan_write_schema(
