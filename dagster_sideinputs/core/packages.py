@@ -10,12 +10,21 @@ once, so later starts read the cache only (the command lives in
 ``dagster_sideinputs.core.jars``); :func:`resolve_session_packages` does it for a
 session about to start when something is missing. See docs/JVM_PACKAGES.md.
 
+Even from the cache, a start that names packages costs seconds: Ivy resolves them again,
+and PySpark copies every resolved jar into the session's temporary folder (86 MB for
+Delta, 712 MB with S3A's SDK bundle). So the first start of a package list records the
+jars it resolved (:func:`remember_jar_list`), and later starts of the same list name those
+jars in ``spark.jars`` (:func:`cached_jar_list`): no resolution, no copy.
+
 The versions are the newest that Maven Central serves *with their dependencies* for
 pyspark 4.1.1 (pinned in pyproject.toml). Delta's own coordinate is not here: it follows
 the ``delta-spark`` pip package (``dagster_sideinputs.delta.spark_setup``).
 """
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import re
@@ -23,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
@@ -217,6 +227,76 @@ def fetch_packages(
     if proc.returncode != 0 or missing:
         return FetchResult(False, seconds, jars, _failure_reason(output, proc.returncode), output)
     return FetchResult(True, seconds, jars, "", output)
+
+
+JAR_LISTS = "dagster-sideinputs-jar-lists"
+"""The folder in the Ivy directory that keeps one resolved jar list per package list."""
+
+
+def _jar_list_file(coordinates: Sequence[str], settings: Mapping[str, str]) -> str:
+    # What changes a resolution's result: the coordinates, in order, and the exclusions.
+    key = json.dumps([list(coordinates), settings.get("spark.jars.excludes", "")])
+    name = hashlib.sha256(key.encode()).hexdigest()[:20] + ".json"
+    return os.path.join(ivy_dir_of(settings), JAR_LISTS, name)
+
+
+def cached_jar_list(coordinates: Sequence[str], settings: Mapping[str, str]) -> list[str] | None:
+    """The jars an earlier start resolved for exactly these coordinates, if all still exist.
+
+    None when there is no list yet, it cannot be read, or a jar went away (the start then
+    resolves through ``spark.jars.packages`` again, and records a new list).
+    """
+    if not coordinates:
+        return None
+    try:
+        with open(_jar_list_file(coordinates, settings)) as source:
+            recorded = json.load(source)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or recorded.get("coordinates") != list(coordinates):
+        return None
+    jars = recorded.get("jars")
+    if not isinstance(jars, list) or not jars:
+        return None
+    if not all(isinstance(jar, str) and os.path.isfile(jar) for jar in jars):
+        return None
+    return jars
+
+
+def remember_jar_list(
+    coordinates: Sequence[str], settings: Mapping[str, str], spark_jars: str
+) -> list[str]:
+    """Record the jars a start resolved for ``coordinates``, from its ``spark.jars``.
+
+    Only the jars in the Ivy directory's ``jars`` folder are kept (``spark.jars`` also
+    holds the user's own). Written whole or not at all; a failure to write is only
+    logged, since the list is a shortcut. Returns the jars recorded.
+    """
+    retrieved = os.path.abspath(os.path.join(ivy_dir_of(settings), "jars"))
+    jars: list[str] = []
+    for entry in (item.strip() for item in spark_jars.split(",")):
+        path = urllib.parse.urlparse(entry).path if entry.startswith("file:") else entry
+        if path and os.path.dirname(os.path.abspath(path)) == retrieved and path not in jars:
+            jars.append(path)
+    if not jars:
+        return []
+    target = _jar_list_file(coordinates, settings)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        scratch = f"{target}.{os.getpid()}.tmp"
+        with open(scratch, "w") as out:
+            json.dump({"coordinates": list(coordinates), "jars": jars}, out, indent=1)
+        os.replace(scratch, target)
+    except OSError as exc:
+        log.debug("Could not record the jars of %s in %s: %s", coordinates, target, exc)
+        return []
+    return jars
+
+
+def forget_jar_list(coordinates: Sequence[str], settings: Mapping[str, str]) -> None:
+    """Drop the recorded jar list of these coordinates (a start from it failed)."""
+    with contextlib.suppress(OSError):
+        os.remove(_jar_list_file(coordinates, settings))
 
 
 DeltaMode = Literal["auto"] | bool

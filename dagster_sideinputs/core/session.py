@@ -7,17 +7,25 @@ packages (:mod:`~dagster_sideinputs.core.packages`) and Spark Connect
 (:mod:`~dagster_sideinputs.core.spark_connect`).
 """
 
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.java_runtime import check_java
-from dagster_sideinputs.core.packages import DeltaMode, parse_packages, resolve_session_packages
+from dagster_sideinputs.core.packages import (
+    DeltaMode,
+    cached_jar_list,
+    forget_jar_list,
+    parse_packages,
+    remember_jar_list,
+    resolve_session_packages,
+)
 from dagster_sideinputs.core.spark_connect import (
     apply_remote_settings,
     check_remote_delta,
@@ -113,22 +121,96 @@ def _choose_worker_python(master: str, settings: Mapping[str, str]) -> None:
         os.environ["PYSPARK_PYTHON"] = chosen
 
 
+DIST_CLASS_PATH = "SPARK_DIST_CLASSPATH"
+
+PACKAGES_KEY = "spark.dsi.packages"
+"""Set on every local session that loads Maven packages: their coordinates, Delta's first.
+(``spark.jars.packages`` is set only when a start resolves them; see
+:func:`~dagster_sideinputs.core.packages.cached_jar_list`.)"""
+
+
+def _coordinates(delta: bool, packages: list[str]) -> list[str]:
+    """Every coordinate a session loads, in the order ``spark.jars.packages`` would get."""
+    if not delta:
+        return packages
+    from dagster_sideinputs.delta.spark_setup import delta_package
+
+    return [delta_package(), *packages]
+
+
 def _local_builder(
-    app_name: str, master: str, settings: Mapping[str, str], *, delta: bool, packages: list[str]
+    app_name: str,
+    master: str,
+    settings: Mapping[str, str],
+    *,
+    delta: bool,
+    packages: list[str],
+    jars: list[str] | None,
 ) -> SparkSession.Builder:
-    """A classic builder with every setting, Delta (through delta-spark) and the packages."""
+    """A classic builder with every setting, Delta (through delta-spark) and the packages.
+
+    With ``jars`` (the list an earlier start resolved for these packages) they are not
+    resolved again: a cluster's go into ``spark.jars`` after any the user named, a local
+    master's onto the JVM's class path (:func:`_launch_class_path`).
+    """
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    coordinates = _coordinates(delta, packages)
+    if coordinates:
+        builder = builder.config(PACKAGES_KEY, ",".join(coordinates))
+    if jars and not master.startswith("local"):
+        # Executors elsewhere fetch them from the driver (a local master's go on the
+        # launched JVM's class path instead: _launch_class_path).
+        own = [jar.strip() for jar in settings.get("spark.jars", "").split(",")]
+        builder = builder.config("spark.jars", ",".join([*filter(None, own), *jars]))
     if delta:
         from dagster_sideinputs.delta.spark_setup import configure_delta
 
         return configure_delta(
-            builder, extensions=settings.get("spark.sql.extensions"), extra_packages=packages
+            builder,
+            extensions=settings.get("spark.sql.extensions"),
+            extra_packages=packages,
+            jars_given=bool(jars),
         )
-    if packages:
+    if packages and not jars:
         builder = builder.config("spark.jars.packages", ",".join(packages))
     return builder
+
+
+@contextlib.contextmanager
+def _launch_class_path(jars: list[str] | None) -> Iterator[None]:
+    """Put ``jars`` after Spark's own on the class path of a local JVM launched inside.
+
+    ``SPARK_DIST_CLASSPATH`` is Spark's launcher hook for jars that follow Spark's, so a
+    class both have resolves to Spark's, as with ``spark.jars`` (whose loader asks
+    Spark's first), and a local master's executors share the driver's class path. Unlike
+    ``spark.jars``, nothing is copied into the session's temporary folder (712 MB with
+    the S3A bundle) and no loader is added. Set only while the JVM launches.
+    """
+    if not jars:
+        yield
+        return
+    before = os.environ.get(DIST_CLASS_PATH)
+    os.environ[DIST_CLASS_PATH] = os.pathsep.join([*filter(None, [before]), *jars])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DIST_CLASS_PATH, None)
+        else:
+            os.environ[DIST_CLASS_PATH] = before
+
+
+def _remember_jars(
+    spark: SparkSession, coordinates: list[str], settings: Mapping[str, str]
+) -> None:
+    """After a start that resolved ``coordinates``, record its jars for the next start."""
+    conf = spark.sparkContext.getConf()
+    # A session that was already running may have been started with other packages.
+    if conf.get("spark.jars.packages", "") != ",".join(coordinates):
+        return
+    remember_jar_list(coordinates, settings, conf.get("spark.jars", ""))
 
 
 def build_spark_session(
@@ -217,6 +299,8 @@ def build_spark_session(
             "'org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1'",
         ) from exc
 
+    coordinates: list[str] = []  # the Maven packages of a local session, Delta's first
+    jars: list[str] | None = None  # their jars, as an earlier start of them resolved them
     if remote is not None:
         if wanted:
             raise SparkStartupError(
@@ -232,25 +316,37 @@ def build_spark_session(
         check_java()
         _choose_worker_python(master, settings)
         use_delta = resolve_session_packages(delta, wanted, settings)
+        coordinates = _coordinates(use_delta, wanted)
+        jars = cached_jar_list(coordinates, settings)
         if use_delta and partitions is not None and default_shuffle_partitions(master):
             # Delta rebuilds a table's state from its log in 50 tasks by default; on a local
             # master that made every first read after a commit 10-20 s slower (measured on
             # two cores), for tables whose log is a few files.
             settings.setdefault("spark.databricks.delta.snapshotPartitions", str(partitions))
-        builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
+        builder = _local_builder(
+            app_name, master, settings, delta=use_delta, packages=wanted, jars=jars
+        )
     try:
         try:
-            spark = builder.getOrCreate()
+            with _launch_class_path(jars if master.startswith("local") else None):
+                spark = builder.getOrCreate()
         except PySparkRuntimeError as exc:
             if remote is not None or not (use_delta or wanted):
                 raise
             if exc.getCondition() != "JAVA_GATEWAY_EXITED":
                 raise
             # The jars were there, yet Ivy could not resolve them offline (its metadata may
-            # point at a ~/.m2 that was cleaned): resolve again, capturing why, and retry.
+            # point at a ~/.m2 that was cleaned), or a start from the recorded jar list
+            # failed: resolve again, capturing why, and retry through Ivy.
+            forget_jar_list(coordinates, settings)
             use_delta = resolve_session_packages(delta, wanted, settings, trust_cache=False)
-            builder = _local_builder(app_name, master, settings, delta=use_delta, packages=wanted)
+            coordinates, jars = _coordinates(use_delta, wanted), None
+            builder = _local_builder(
+                app_name, master, settings, delta=use_delta, packages=wanted, jars=None
+            )
             spark = builder.getOrCreate()
+        if remote is None and coordinates and not jars:
+            _remember_jars(spark, coordinates, settings)
         if remote is not None:
             try:
                 apply_remote_settings(spark, settings, remote=remote, required=REQUIRED_CONFIGS)

@@ -47,6 +47,7 @@ def configure_delta(
     *,
     extensions: str | None = None,
     extra_packages: Sequence[str] = (),
+    jars_given: bool = False,
 ) -> SparkSession.Builder:
     """Make a (classic, not Connect) builder start a session with Delta Lake.
 
@@ -59,11 +60,15 @@ def configure_delta(
         builder: a ``SparkSession.builder`` with master, app name and settings applied.
         extensions: the ``spark.sql.extensions`` the builder already has, kept first.
         extra_packages: other Maven coordinates (Kafka, S3A, ...).
+        jars_given: the builder's ``spark.jars`` already names the jars an earlier start
+            resolved for :func:`delta_package` plus ``extra_packages``; only the extension
+            and the catalog are set.
 
     Returns:
         The same builder.
     """
-    builder = configure_spark_with_delta_pip(builder, extra_packages=list(extra_packages))
+    if not jars_given:
+        builder = configure_spark_with_delta_pip(builder, extra_packages=list(extra_packages))
     return builder.config(EXTENSIONS_KEY, with_delta_extension(extensions)).config(
         CATALOG_KEY, DELTA_CATALOG
     )

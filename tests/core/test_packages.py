@@ -2,6 +2,8 @@
 shared test session really loaded them (one JVM for every engine and connector test).
 """
 
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -16,12 +18,16 @@ from dagster_sideinputs.core.packages import (
     AVRO,
     AWS_SDK_BUNDLE,
     HADOOP_AWS,
+    JAR_LISTS,
     KAFKA,
     OPTIONAL_PACKAGES,
+    cached_jar_list,
     default_ivy_dir,
+    forget_jar_list,
     ivy_dir_of,
     missing_packages,
     parse_packages,
+    remember_jar_list,
     retrieved_jar,
 )
 from dagster_sideinputs.delta.spark_setup import delta_package
@@ -118,12 +124,82 @@ def test_fetch_without_maven_exits_2_naming_each_package_and_the_fix():
         assert not list(ivy.rglob("*.jar"))
 
 
+# --- the jar list a start records for the next one ---------------------------------------------
+
+
+def ivy_with_jars(tmp_path: Path, *names: str) -> tuple[dict[str, str], list[str]]:
+    """Settings naming an Ivy directory under tmp_path, and jars retrieved into it."""
+    ivy = tmp_path / "ivy"
+    (ivy / "jars").mkdir(parents=True)
+    jars = []
+    for name in names:
+        (ivy / "jars" / name).write_bytes(b"PK")
+        jars.append(str(ivy / "jars" / name))
+    return {"spark.jars.ivy": str(ivy)}, jars
+
+
+def test_a_recorded_jar_list_keeps_the_ivy_jars_of_spark_jars_only(tmp_path):
+    settings, (delta, storage) = ivy_with_jars(tmp_path, "io.delta_a-1.jar", "io.delta_b-1.jar")
+    # spark.jars as Spark reports it: the user's own jar first, file: URIs, a repeat.
+    spark_jars = f"/opt/mine.jar,file://{delta},file:{storage},{delta}"
+    assert remember_jar_list(["io.delta:a:1"], settings, spark_jars) == [delta, storage]
+    assert cached_jar_list(["io.delta:a:1"], settings) == [delta, storage]
+    [recorded] = (tmp_path / "ivy" / JAR_LISTS).iterdir()
+    assert json.loads(recorded.read_text())["coordinates"] == ["io.delta:a:1"]
+
+
+def test_a_jar_list_is_per_package_list_order_and_exclusions(tmp_path):
+    settings, jars = ivy_with_jars(tmp_path, "g_a-1.jar", "g_b-1.jar")
+    remember_jar_list(["g:a:1", "g:b:1"], settings, ",".join(jars))
+    assert cached_jar_list(["g:a:1", "g:b:1"], settings) == jars
+    assert cached_jar_list(["g:b:1", "g:a:1"], settings) is None
+    assert cached_jar_list(["g:a:1"], settings) is None
+    assert cached_jar_list([], settings) is None
+    excluding = {**settings, "spark.jars.excludes": "g:c"}
+    assert cached_jar_list(["g:a:1", "g:b:1"], excluding) is None
+
+
+def test_a_jar_list_naming_a_jar_that_went_away_is_not_used(tmp_path):
+    settings, jars = ivy_with_jars(tmp_path, "g_a-1.jar", "g_b-1.jar")
+    remember_jar_list(["g:a:1"], settings, ",".join(jars))
+    os.remove(jars[1])
+    assert cached_jar_list(["g:a:1"], settings) is None
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"coordinates": ["g:a:1"], "jars": []}'])
+def test_an_unreadable_or_empty_jar_list_is_not_used(tmp_path, content):
+    settings, jars = ivy_with_jars(tmp_path, "g_a-1.jar")
+    remember_jar_list(["g:a:1"], settings, jars[0])
+    [recorded] = (tmp_path / "ivy" / JAR_LISTS).iterdir()
+    recorded.write_text(content)
+    assert cached_jar_list(["g:a:1"], settings) is None
+
+
+def test_nothing_is_recorded_when_no_jar_came_from_ivy_or_the_folder_cannot_be_written(tmp_path):
+    settings, jars = ivy_with_jars(tmp_path, "g_a-1.jar")
+    assert remember_jar_list(["g:a:1"], settings, "/opt/mine.jar") == []
+    (tmp_path / "ivy" / JAR_LISTS).write_text("a file where the folder goes")
+    assert remember_jar_list(["g:a:1"], settings, jars[0]) == []
+    assert cached_jar_list(["g:a:1"], settings) is None
+
+
+def test_a_forgotten_jar_list_is_resolved_again(tmp_path):
+    settings, jars = ivy_with_jars(tmp_path, "g_a-1.jar")
+    remember_jar_list(["g:a:1"], settings, jars[0])
+    forget_jar_list(["g:a:1"], settings)
+    forget_jar_list(["g:a:1"], settings)  # twice: nothing to forget is fine
+    assert cached_jar_list(["g:a:1"], settings) is None
+
+
 # --- the shared session loaded them -------------------------------------------------------------
 
 
 def test_shared_session_has_every_optional_jar_on_its_classpath(spark):
-    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
-    names = {Path(jar).name for jar in jars}
+    # Resolved by this start (spark.jars) or named by an earlier start's jar list (a local
+    # master's JVM class path).
+    jars = spark.sparkContext.getConf().get("spark.jars", "").split(",")
+    jvm = spark.sparkContext._jvm.java.lang.System.getProperty("java.class.path")
+    names = {Path(jar).name for jar in [*jars, *jvm.split(os.pathsep)]}
     for coordinate in OPTIONAL_PACKAGES:
         assert Path(retrieved_jar(coordinate, "/")).name in names
     # Dependencies come along: the Kafka client and the token provider.

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -23,7 +24,13 @@ from dagster_sideinputs.core.java_runtime import (
     find_java,
     java_major_version,
 )
-from dagster_sideinputs.core.packages import KAFKA, OPTIONAL_PACKAGES, retrieved_jar
+from dagster_sideinputs.core.packages import (
+    KAFKA,
+    OPTIONAL_PACKAGES,
+    default_ivy_dir,
+    forget_jar_list,
+    retrieved_jar,
+)
 from dagster_sideinputs.core.session import (
     REQUIRED_CONFIGS,
     _choose_worker_python,
@@ -248,7 +255,8 @@ def test_worker_python_defaults_to_this_interpreter_on_local_masters_only(
 # --- Delta and other JVM packages --------------------------------------------------------
 
 _OFFLINE_SESSION = """
-import json, logging, sys
+import glob, json, logging, sys
+from pyspark import SparkFiles
 
 warnings = []
 
@@ -270,7 +278,18 @@ except Exception as exc:
     report.update(error=type(exc).__name__, message=str(exc))
 else:
     report.update(delta=is_delta_configured(spark), count=spark.range(3).count())
-    report.update(packages=spark.sparkContext.getConf().get("spark.jars.packages", ""))
+    conf = spark.sparkContext.getConf()
+    report.update(
+        packages=conf.get("spark.dsi.packages", ""),
+        resolved=conf.get("spark.jars.packages", ""),
+        class_path=spark.sparkContext._jvm.java.lang.System.getProperty("java.class.path"),
+        copied=[p for p in glob.glob(SparkFiles.getRootDirectory() + "/**", recursive=True)
+                if p.endswith(".jar")],
+    )
+    if report["delta"]:
+        table = sys.argv[2] + "/table"
+        spark.range(4).write.format("delta").save(table)
+        report.update(delta_rows=spark.read.format("delta").load(table).count())
     spark.stop()
 print("REPORT " + json.dumps(report))
 """
@@ -296,7 +315,7 @@ def start_offline(
         extra["SPARK_SUBMIT_OPTS"] = f"-Duser.home={home}"
     env = spark_env(**extra)
     proc = subprocess.run(
-        [sys.executable, "-c", _OFFLINE_SESSION, json.dumps(args)],
+        [sys.executable, "-c", _OFFLINE_SESSION, json.dumps(args), str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,
@@ -376,7 +395,29 @@ def test_cached_packages_start_without_any_network(tmp_path):
     assert report.get("count") == 3, report
     assert report["delta"] is True
     assert report["packages"].split(",") == [delta_package(), *OPTIONAL_PACKAGES]
+    assert report["delta_rows"] == 4
     assert report["warnings"] == []
+
+
+@pytest.mark.slow
+def test_a_second_start_of_the_same_packages_neither_resolves_nor_copies_jars(tmp_path, request):
+    # An exclusion no package has gives these starts a jar list of their own.
+    configs = {"spark.jars.excludes": f"org.example:unused-{uuid.uuid4().hex}"}
+    request.addfinalizer(lambda: forget_jar_list([delta_package()], configs))
+    first = start_offline(tmp_path / "first", hide_m2=False, delta=True, configs=configs)
+    assert first.get("delta_rows") == 4, first
+    # Resolved through Ivy, and PySpark copied every jar into the session's folder.
+    assert first["resolved"] == first["packages"] == delta_package()
+    assert any(Path(jar).name.startswith("io.delta_delta-spark") for jar in first["copied"])
+    second = start_offline(tmp_path / "second", hide_m2=False, delta=True, configs=configs)
+    assert second.get("delta_rows") == 4, second
+    assert second["packages"] == delta_package()
+    assert second["resolved"] == ""  # no Ivy resolution at all
+    assert second["copied"] == []
+    assert str(Path(retrieved_jar(delta_package(), default_ivy_dir()))) in second[
+        "class_path"
+    ].split(os.pathsep)
+    assert second["warnings"] == []
 
 
 def test_packages_over_connect_fail_before_connecting():

@@ -13,6 +13,7 @@ from pathlib import Path
 import deltalake
 import pyarrow as pa
 import pytest
+from delta.pip_utils import configure_spark_with_delta_pip
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -68,10 +69,11 @@ def append_with_txn(spark: SparkSession, path: Path, data: DataFrame, version: i
 
 def test_shared_session_has_delta_from_configure_spark_with_delta_pip(spark):
     assert is_delta_configured(spark)
-    # configure_spark_with_delta_pip built this list; delta_package() (which make install
-    # fetches) must name the same jar.
-    packages = spark.conf.get("spark.jars.packages").split(",")
-    assert packages[0] == delta_package() == "io.delta:delta-spark_4.1_2.13:4.4.0"
+    # The session loads delta_package() (which make install fetches), and it is the jar
+    # configure_spark_with_delta_pip asks for.
+    packages = spark.conf.get("spark.dsi.packages").split(",")
+    asked = configure_spark_with_delta_pip(SparkSession.builder)._options["spark.jars.packages"]
+    assert packages[0] == delta_package() == asked == "io.delta:delta-spark_4.1_2.13:4.4.0"
 
 
 def test_history_names_the_spark_and_delta_versions(spark, table):
