@@ -26,6 +26,14 @@ from dagster_sideinputs.delta.object_store import open_object_store, put_if_abse
 from dagster_sideinputs.errors import DeclarationError
 
 
+def file_in_the_way(path: str) -> str | None:
+    """The file at a local path, or at the nearest folder above it that exists, when it
+    is not a folder: what keeps a table's folder from being read or created there."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
+
+
 def is_local(uri: str) -> bool:
     scheme = urlparse(uri).scheme
     return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")

@@ -233,9 +233,10 @@ class DeltaSparkEngine:
         started = time.perf_counter()
         uri = normalize_uri(uri)
         label = name or uri
+        # Before the log is read (which raises on a file in the path): delta-spark would
+        # find a blocked new table only when it creates the log, at commit time.
+        refuse_blocked_location(uri, label)
         current = self.snapshot(uri, name=label) if self.exists(uri) else None
-        if current is None:  # delta-spark creates the table's log only when it commits
-            refuse_blocked_location(uri, label)
         projected, schema, partitions = plan_rows(
             df, uri, label, current, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,

@@ -9,6 +9,7 @@ listing, ``text`` for commits, ``parquet`` for checkpoints), so it needs no cred
 but Spark's; each read is then a small Spark job.
 """
 
+import errno
 import functools
 import io
 import json
@@ -25,7 +26,13 @@ from obstore.exceptions import NotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.delta.files import is_local, join_uri, normalize_uri, spark_uri
+from dagster_sideinputs.delta.files import (
+    file_in_the_way,
+    is_local,
+    join_uri,
+    normalize_uri,
+    spark_uri,
+)
 from dagster_sideinputs.delta.object_store import open_object_store
 from dagster_sideinputs.errors import TableNotFoundError
 
@@ -104,15 +111,25 @@ class LocalLogFiles:
                         stat = entry.stat()
                         found.append(LogEntry(entry.name, stat.st_size, int(stat.st_mtime * 1000)))
                 return found
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return None
+        except NotADirectoryError as exc:
+            raise self._in_the_way() from exc
 
     def entry(self, name: str) -> LogEntry | None:
         try:
             stat = os.stat(os.path.join(self._log, name))
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return None
+        except NotADirectoryError as exc:
+            raise self._in_the_way() from exc
         return LogEntry(name, stat.st_size, int(stat.st_mtime * 1000))
+
+    def _in_the_way(self) -> NotADirectoryError:
+        """A file where the log's folder (or one above it) should be is not "no table":
+        the error goes up (the operator raises it as a StorageError naming the file)."""
+        blocker = file_in_the_way(self._log) or self._log
+        return NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, not a folder", blocker)
 
     def read_json_lines(self, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         result = {}

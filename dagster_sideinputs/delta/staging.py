@@ -16,7 +16,13 @@ from urllib.parse import unquote
 
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
+from dagster_sideinputs.delta.files import (
+    TableFiles,
+    file_in_the_way,
+    is_local,
+    normalize_uri,
+    spark_uri,
+)
 from dagster_sideinputs.delta.schema import partition_string
 from dagster_sideinputs.delta.stats import file_stats
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError, StorageError
@@ -156,14 +162,13 @@ class BridgeStage:
 
 
 def refuse_blocked_location(uri: str, label: str) -> None:
-    """A new local table's folder must be creatable: a file at its path, or at a folder
-    above it, fails the write while staging, before any table of the batch commits."""
+    """A local table's folder must be a folder or creatable: a file at its path, or at a
+    folder above it, fails the write while staging, before any table of the batch commits
+    (a few stats: called for every table staged)."""
     if not is_local(uri):
         return  # object stores have no folders to block
-    path = normalize_uri(uri)
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
+    path = file_in_the_way(normalize_uri(uri))
+    if path is not None:
         raise StorageError(
             f"Cannot create table {label} at {normalize_uri(uri)}: {path} is a file, not a "
             "folder. Nothing was written.",

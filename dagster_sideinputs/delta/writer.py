@@ -132,9 +132,9 @@ def plan_table(
     uri = normalize_uri(uri)
     label = name or uri
     files = TableFiles(uri, storage_options)
+    refuse_blocked_location(uri, label)  # first: the log reader raises on a file in the path
     exists = is_table(uri, storage_options)
     if not exists:
-        refuse_blocked_location(uri, label)
         refuse_foreign_folder(files, label)
     snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
     schema, projected, new_fields, partitions = plan_write_schema(

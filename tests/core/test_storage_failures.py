@@ -81,7 +81,7 @@ def test_the_operators_introspection_raises_a_storage_error_too(lake):
     lake.run(op)
     folder = state_folder(op)
     with replaced_by_a_file(folder):
-        for look in (op.last_committed_batch, op.last_plan, op.peek):
+        for look in (op.last_committed_batch, op.last_plan, op.peek, op.buffer):
             with pytest.raises(dsi.StorageError, match=folder.name):
                 look()
     assert op.last_committed_batch() == 0
@@ -98,6 +98,42 @@ def test_a_file_where_a_new_output_table_goes_fails_the_batch_before_any_commit(
     assert failure.value.fix
     assert not lake.exists("enriched")
     big.unlink()
+    lake.run(operator(lake))
+    assert_exact(lake)
+
+
+def table_folder(lake, name: str) -> Path:
+    return Path(lake.storage.table_uri(name).removeprefix("file://"))
+
+
+def test_an_existing_output_table_turned_into_a_file_fails_the_batch_before_any_commit(lake):
+    fill(lake, [(1, 10, 50.0)])
+    lake.run(operator(lake))
+    fill(lake, [(2, 11, 500.0), (3, 12, 900.0)])
+    big = table_folder(lake, "big")
+    with replaced_by_a_file(big):
+        with pytest.raises(dsi.StorageError, match=f"{big} is a file"):
+            lake.run(operator(lake))
+        assert lake.rows("enriched") == [(1, "ann")]
+    lake.run(operator(lake))
+    assert_exact(lake)
+
+
+@pytest.mark.parametrize("what", ["table", "log"])
+def test_a_side_input_whose_folder_turned_into_a_file_is_a_storage_error_not_a_missing_table(
+    lake, what
+):
+    """Read as "no table", the side input would look not ready and the records would
+    wait for a profile table that is there all along, out of reach."""
+    fill(lake, [(1, 10, 50.0)])
+    lake.run(operator(lake))
+    fill(lake, [(2, 11, 500.0), (3, 12, 900.0)])
+    profiles = table_folder(lake, "profiles")
+    with replaced_by_a_file(profiles if what == "table" else profiles / "_delta_log"):
+        with pytest.raises(dsi.StorageError, match="profiles") as failure:
+            lake.run(operator(lake))
+        assert "Nothing is lost" in str(failure.value)
+        assert lake.rows("enriched") == [(1, "ann")]
     lake.run(operator(lake))
     assert_exact(lake)
 
