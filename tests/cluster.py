@@ -429,40 +429,58 @@ def run_delta_client(url: str, path: Path, *, delta: object) -> dict:
 
 @dataclass(frozen=True)
 class DemoRun:
-    """A finished run of ``python -m assets.demo``."""
+    """A finished run of ``python -m assets.demo``: ``log`` holds what it printed,
+    ``errors`` its error output, and Spark's, py4j's and Dagster's logs are in
+    ``lake.parent / "demo.log"`` (the demo's own file)."""
 
     lake: Path
     log: Path
+    errors: Path
     seconds: float
 
 
 def run_subprocess(
-    args: Sequence[str], *, env: Mapping[str, str], log: Path, timeout_s: float
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log: Path,
+    timeout_s: float,
+    errors: Path | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess:
-    """Run a command in its own process group; kill the group if it outlives the timeout."""
-    with open(log, "wb") as out:
+    """Run a command in its own process group; kill the group if it outlives the timeout.
+
+    Its output goes to ``log``, and so does its error output unless ``errors`` is given.
+    """
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(log, "wb"))
+        err = files.enter_context(open(errors, "wb")) if errors else subprocess.STDOUT
         popen = subprocess.Popen(
             list(args),
-            cwd=REPO,
+            cwd=cwd,
             env=dict(env),
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+        def what_it_printed(lines: int) -> str:
+            return tail(log, lines) + (f"\nstderr:\n{tail(errors, lines)}" if errors else "")
+
         try:
             popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             terminate_group(popen)
             raise AssertionError(
-                f"{' '.join(args)} did not finish within {timeout_s:.0f}s:\n{tail(log)}"
+                f"{' '.join(args)} did not finish within {timeout_s:.0f}s:\n{what_it_printed(40)}"
             ) from None
         finally:
             # Python workers or a JVM left behind by the driver process.
             terminate_group(popen, grace_s=5.0)
     if popen.returncode != 0:
         raise AssertionError(
-            f"{' '.join(args)} exited with code {popen.returncode}:\n{tail(log, 60)}"
+            f"{' '.join(args)} exited with code {popen.returncode}:\n{what_it_printed(60)}"
         )
     return subprocess.CompletedProcess(list(args), popen.returncode)
 
@@ -480,6 +498,9 @@ def run_demo(
 ) -> DemoRun:
     """The example pipeline end to end through Dagster, in a subprocess, on fresh tables.
 
+    Laid out as ``make demo`` lays out the repository (``data/lake``, ``.dagster_home``),
+    in ``work``, its working folder: so it prints what ``make demo`` prints.
+
     Args:
         work: folder for the lake, the Dagster instance and the log.
         seed / hour: pin the generated input (``--seed`` / ``--hour`` of the demo).
@@ -487,10 +508,11 @@ def run_demo(
         master: ``DSI_SPARK_MASTER``; remote: ``DSI_SPARK_REMOTE`` (Spark Connect).
     """
     work.mkdir(parents=True, exist_ok=True)
-    lake = work / "lake"
+    lake = work / "data" / "lake"
     env = spark_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         DSI_LAKE_ROOT=str(lake),
-        DAGSTER_HOME=str(work / "dagster_home"),
+        DAGSTER_HOME=str(work / ".dagster_home"),
         DSI_SPARK_UI="false",
         DSI_SPARK_MASTER=master,
         DSI_SPARK_REMOTE=remote or "",
@@ -507,10 +529,10 @@ def run_demo(
         str(timeout_seconds),
         *extra_args,
     ]
-    log = work / "demo.log"
+    log, errors = work / "demo.out", work / "demo.err"
     started = time.monotonic()
-    run_subprocess(args, env=env, log=log, timeout_s=deadline_s)
-    return DemoRun(lake, log, time.monotonic() - started)
+    run_subprocess(args, env=env, log=log, errors=errors, timeout_s=deadline_s, cwd=work)
+    return DemoRun(lake, log, errors, time.monotonic() - started)
 
 
 # The input every demo run of the test session processes: a fixed seed, and the hour the
@@ -526,7 +548,8 @@ def local_reference(tmp_path_factory: Any) -> Future[DemoRun]:
     """The demo on ``local[*]`` with the session's input, started once per test session.
 
     Runs in the background (the caller runs its own variant meanwhile); later callers
-    get the same run.
+    get the same run: the Kafka demo's reference, and the run whose output test_docs
+    compares with the README's sample.
     """
     if "local" not in _reference:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-reference")

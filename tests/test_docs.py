@@ -4,16 +4,14 @@ sample ``make demo`` output is what the demo prints."""
 
 import doctest
 import importlib
-import os
 import pkgutil
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import dagster_sideinputs
+from tests.cluster import local_reference
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -131,30 +129,17 @@ def _shape(line: str) -> str:
 
 
 @pytest.mark.slow
-def test_demo_prints_what_the_readme_shows(tmp_path):
+def test_demo_prints_what_the_readme_shows(tmp_path_factory):
     """``python -m assets.demo`` as ``make demo`` runs it, in a scratch instance and lake
-    (with a shorter profile timeout: the demo waits for it on purpose)."""
+    (with a shorter profile timeout: the demo waits for it on purpose). The run is the
+    test session's local demo run (test_demo_kafka compares its tables with the Kafka
+    run's); the seed makes its figures, not only their shape, repeatable."""
     quick_start = readme_section("## Quick start", "## The example pipeline, in the UI")
     [sample] = re.findall(r"A run of it.*?:\n\n```\n(.*?)```", quick_start, flags=re.S)
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(tmp_path / ".dagster_home"),
-        "DSI_LAKE_ROOT": str(tmp_path / "data" / "lake"),
-    }
-    # The seed makes the run's figures (not only their shape) repeatable.
-    finished = subprocess.run(
-        # A 20 s profile timeout instead of 60 s: the same steps, 40 s less waiting.
-        [sys.executable, "-m", "assets.demo", "--seed", "11", "--timeout-seconds", "20"],
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    printed = finished.stdout.splitlines()
-    assert (tmp_path / "data" / "demo.log").stat().st_size > 0  # the logs went there
-    assert finished.stderr == ""  # quiet by default
+    run = local_reference(tmp_path_factory).result()
+    printed = run.log.read_text().splitlines()
+    assert (run.lake.parent / "demo.log").stat().st_size > 0  # the logs went there
+    assert run.errors.read_text() == ""  # quiet by default
     assert [_shape(line) for line in printed] == [_shape(line) for line in sample.splitlines()]
 
 
