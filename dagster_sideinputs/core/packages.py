@@ -13,8 +13,9 @@ session about to start when something is missing. See docs/JVM_PACKAGES.md.
 Even from the cache, a start that names packages costs seconds: Ivy resolves them again,
 and PySpark copies every resolved jar into the session's temporary folder (86 MB for
 Delta, 712 MB with S3A's SDK bundle). So the first start of a package list records the
-jars it resolved (:func:`remember_jar_list`), and later starts of the same list name those
-jars in ``spark.jars`` (:func:`cached_jar_list`): no resolution, no copy.
+jars it resolved (:func:`remember_jar_list`), and later starts of the same list load
+those jars (:func:`cached_jar_list`; ``core.session`` puts them on a local JVM's class
+path, or in a cluster's ``spark.jars``): no resolution, no copy.
 
 The versions are the newest that Maven Central serves *with their dependencies* for
 pyspark 4.1.1 (pinned in pyproject.toml). Delta's own coordinate is not here: it follows

@@ -59,9 +59,18 @@ DEFAULT_CONFIGS: Mapping[str, str] = {
 }
 
 
+_LOCAL_MASTER = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?")
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: executors in the driver's JVM
+    (not ``local-cluster[...]``, whose executors are processes of their own)."""
+    return _LOCAL_MASTER.fullmatch(master) is not None
+
+
 def default_shuffle_partitions(master: str) -> int | None:
     """A shuffle partition count that suits a local master: two per core, at least 4."""
-    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
+    match = _LOCAL_MASTER.fullmatch(master)
     if match is None:
         return None  # a cluster: keep Spark's default, AQE coalesces small partitions
     threads = match.group(1)
@@ -159,7 +168,7 @@ def _local_builder(
     coordinates = _coordinates(delta, packages)
     if coordinates:
         builder = builder.config(PACKAGES_KEY, ",".join(coordinates))
-    if jars and not master.startswith("local"):
+    if jars and not is_local_master(master):
         # Executors elsewhere fetch them from the driver (a local master's go on the
         # launched JVM's class path instead: _launch_class_path).
         own = [jar.strip() for jar in settings.get("spark.jars", "").split(",")]
@@ -328,7 +337,7 @@ def build_spark_session(
         )
     try:
         try:
-            with _launch_class_path(jars if master.startswith("local") else None):
+            with _launch_class_path(jars if is_local_master(master) else None):
                 spark = builder.getOrCreate()
         except PySparkRuntimeError as exc:
             if remote is not None or not (use_delta or wanted):

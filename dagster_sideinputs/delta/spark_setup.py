@@ -2,7 +2,8 @@
 session has it.
 
 The jar is never named by hand: :func:`configure_delta` goes through delta-spark's own
-``configure_spark_with_delta_pip``, which asks Maven for
+``configure_spark_with_delta_pip`` (or, with ``jars_given``, the jars an earlier start of
+the same packages resolved through it), which asks Maven for
 ``io.delta:delta-spark_<spark major.minor>_2.13:<installed delta-spark version>``, so the
 pip package and the jar cannot drift apart (pyproject.toml pins delta-spark to a version
 whose jar Maven Central serves). :func:`is_delta_configured` reads the session's settings,

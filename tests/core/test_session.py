@@ -34,8 +34,10 @@ from dagster_sideinputs.core.packages import (
 from dagster_sideinputs.core.session import (
     REQUIRED_CONFIGS,
     _choose_worker_python,
+    _launch_class_path,
     build_spark_session,
     default_shuffle_partitions,
+    is_local_master,
 )
 from dagster_sideinputs.delta.spark_setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
@@ -471,3 +473,31 @@ def test_the_operator_fits_cluster_shuffle_partitions_until_the_user_sets_them(s
         spark.conf.unset(FOLLOW_CORES)
         spark.conf.unset(FOLLOW_CORES + ".applied")
         spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [
+        ("local", True),
+        ("local[2]", True),
+        ("local[*]", True),
+        ("local[2,3]", True),
+        ("local-cluster[2,1,1024]", False),
+        ("spark://127.0.0.1:7077", False),
+    ],
+)
+def test_only_masters_whose_executors_share_the_drivers_jvm_are_local(master, local):
+    assert is_local_master(master) is local
+
+
+def test_recorded_jars_follow_the_users_dist_class_path_during_the_launch_only(monkeypatch):
+    monkeypatch.setenv("SPARK_DIST_CLASSPATH", "/opt/hadoop/*")
+    with _launch_class_path(["/ivy/jars/a.jar", "/ivy/jars/b.jar"]):
+        assert os.environ["SPARK_DIST_CLASSPATH"] == os.pathsep.join(
+            ["/opt/hadoop/*", "/ivy/jars/a.jar", "/ivy/jars/b.jar"]
+        )
+    assert os.environ["SPARK_DIST_CLASSPATH"] == "/opt/hadoop/*"
+    monkeypatch.delenv("SPARK_DIST_CLASSPATH")
+    with _launch_class_path(["/ivy/jars/a.jar"]):
+        assert os.environ["SPARK_DIST_CLASSPATH"] == "/ivy/jars/a.jar"
+    assert "SPARK_DIST_CLASSPATH" not in os.environ
