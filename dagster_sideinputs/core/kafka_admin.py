@@ -25,6 +25,29 @@ from dagster_sideinputs.errors import DeclarationError, KafkaSourceError
 
 REQUEST_TIMEOUT_S = 30.0
 
+LEADERSHIP_IN_FLUX = (
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "UNKNOWN_TOPIC_OR_PART",
+    "UNKNOWN_LEADER_EPOCH",
+    "FENCED_LEADER_EPOCH",
+    "REPLICA_NOT_AVAILABLE",
+    "ELIGIBLE_LEADERS_NOT_AVAILABLE",
+)
+"""librdkafka's names of the errors a partition answers with while its leadership is
+still being set up or moving: just created, added, or recreated under the same name (the
+metadata then names a leader, or a leader epoch, that the broker does not serve yet).
+They pass within moments; librdkafka does not mark them retriable."""
+
+
+def leadership_in_flux(error: Any) -> bool:
+    """Whether a ``KafkaError`` is one of :data:`LEADERSHIP_IN_FLUX` (worth retrying)."""
+    from confluent_kafka import KafkaError
+
+    codes = {getattr(KafkaError, name, None) for name in LEADERSHIP_IN_FLUX}
+    return error.code() in codes - {None}
+
+
 # Java client settings with the same name and meaning in librdkafka.
 _SAME = {
     "client.id",
@@ -221,12 +244,8 @@ class KafkaMetadata:
         extra = {}
         if self._read_committed:
             extra["isolation_level"] = self._module.IsolationLevel.READ_COMMITTED
-        not_ready = {
-            self._module.KafkaError.NOT_LEADER_FOR_PARTITION,
-            self._module.KafkaError.LEADER_NOT_AVAILABLE,
-            self._module.KafkaError.UNKNOWN_TOPIC_OR_PART,
-        }
-        # A partition just created or added may name a leader that does not serve it yet.
+        # A partition just created, added or recreated may name a leader (or a leader
+        # epoch) that does not serve it yet.
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while True:
             request = {self._module.TopicPartition(t, p): spec for t, p in wanted}
@@ -239,7 +258,7 @@ class KafkaMetadata:
                     for tp, f in futures.items()
                 }
             except self._module.KafkaException as exc:
-                if exc.args[0].code() in not_ready and time.monotonic() < deadline:
+                if leadership_in_flux(exc.args[0]) and time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
                 raise self._fail(f"read the {which} offsets", exc) from exc

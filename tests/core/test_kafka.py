@@ -13,7 +13,12 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_admin import KafkaMetadata, admin_config
+from dagster_sideinputs.core.kafka_admin import (
+    LEADERSHIP_IN_FLUX,
+    KafkaMetadata,
+    admin_config,
+    leadership_in_flux,
+)
 from dagster_sideinputs.core.kafka_input import REDACTED
 from dagster_sideinputs.core.kafka_offsets import share_out
 from dagster_sideinputs.core.kafka_source import KafkaSource
@@ -139,6 +144,18 @@ def test_untranslatable_security_settings_name_the_option_and_the_fix():
         admin_options={"ssl.ca.location": "/x/ca.pem"},
     )
     assert admin_config(fixed.kafka_input, "x")["ssl.ca.location"] == "/x/ca.pem"  # type: ignore[arg-type]
+
+
+def test_leadership_errors_are_retried_and_others_are_not():
+    """A partition just recreated can answer UNKNOWN_LEADER_EPOCH for a moment (seen in CI:
+    the broker's metadata named the new leader epoch before the leader served it)."""
+    from confluent_kafka import KafkaError
+
+    for name in LEADERSHIP_IN_FLUX:
+        assert isinstance(getattr(KafkaError, name), int), f"librdkafka has no {name}"
+        assert leadership_in_flux(KafkaError(getattr(KafkaError, name)))
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.OFFSET_OUT_OF_RANGE):
+        assert not leadership_in_flux(KafkaError(code))
 
 
 def test_kafka_range_has_an_exact_json_round_trip():

@@ -38,13 +38,14 @@ from typing import Any
 
 from confluent_kafka import (
     Consumer,
-    KafkaError,
     KafkaException,
     Producer,
     TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+
+from dagster_sideinputs.core.kafka_admin import leadership_in_flux
 
 KAFKA_VERSION = "4.1.1"
 SCALA_BINARY = "2.13"
@@ -100,16 +101,6 @@ logger.kafka.level = INFO
 logger.apache.name = org.apache.kafka
 logger.apache.level = WARN
 """
-
-
-# Errors of a partition the broker has not finished setting up (just created or added).
-_NOT_READY = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-    }
-)
 
 
 class KafkaSetupError(RuntimeError):
@@ -557,15 +548,15 @@ class KafkaBroker:
     def _list_offsets(
         self, name: str, spec: OffsetSpec, *, timeout_s: float = 30.0
     ) -> dict[int, int]:
-        # Right after a topic is created or grown, the metadata can name a leader that
-        # does not serve the new partition yet (NOT_LEADER_FOR_PARTITION): retry those.
+        # Right after a topic is created, grown or recreated, the metadata can name a
+        # leader (or leader epoch) that does not serve the partition yet: retry those.
         deadline = time.monotonic() + timeout_s
         while True:
             request = {TopicPartition(name, p): spec for p in range(self.partition_count(name))}
             try:
                 done = _results(self.admin().list_offsets(request, request_timeout=30), 30.0)
             except KafkaException as exc:
-                if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                if not leadership_in_flux(exc.args[0]) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
                 continue
