@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install jars kafka-jars demo demo-kafka dev test test-fast test-extended lint bench bench-scale crash clean
+.PHONY: install jars kafka-jars demo demo-kafka dev test test-fast test-extended test-engines lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ test: install  ## run the whole test suite (real Spark, Delta, Dagster)
 
 test-extended: install  ## the long end-to-end runs the default suite leaves out (about 10 minutes)
 	$(BIN)/python -m pytest -m extended
+
+test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)
+	DSI_BOTH_ENGINES=1 $(BIN)/python -m pytest tests/core
 
 test-fast: install  ## the suite without the slow tests
 	$(BIN)/python -m pytest -m "not slow"

@@ -1,6 +1,7 @@
 """Helpers for operator tests: a lake of small Delta tables and a controllable clock."""
 
 import datetime as dt
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -96,15 +97,45 @@ class Lake:
         return op.run(self.spark, **kwargs)
 
 
+ALTERNATE = "alternate"
+"""``ENGINE_MATRIX = ALTERNATE`` in a module that sets ``DELTA_ENGINES``: its tests take
+the engines in turn, in the order they are defined (the first under the bridge, the
+next under delta-spark...), so that each engine runs about half of them. Tests marked
+``both_engines`` still run under both, and so does every test when ``DSI_BOTH_ENGINES=1``
+(``make test-engines``): the whole matrix.
+
+For modules whose subject is the operator's logic (semantics, limits, bad input caught
+before anything is written), where the engines differ only in how the same tables are
+read and written. The modules about writing, staging and committing
+(test_one_pass, test_storage_failures, test_bad_input_halfway) keep every test under both."""
+
+
+def _engines_of(metafunc: pytest.Metafunc, engines: tuple[str, ...]) -> tuple[str, ...]:
+    if getattr(metafunc.module, "ENGINE_MATRIX", None) != ALTERNATE:
+        return engines
+    if os.environ.get("DSI_BOTH_ENGINES") == "1":
+        return engines
+    if metafunc.definition.get_closest_marker("both_engines") is not None:
+        return engines
+    tests = sorted(
+        (obj.__code__.co_firstlineno, name)
+        for name, obj in vars(metafunc.module).items()
+        if name.startswith("test_") and callable(obj) and hasattr(obj, "__code__")
+    )
+    turn = [name for _, name in tests].index(metafunc.function.__name__)
+    return (engines[turn % len(engines)],)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Modules that set ``DELTA_ENGINES = ("rs", "spark")`` run each test using the
-    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``); an ``each_storage`` test
-    runs under its storage case's engine instead (tests/conftest.py STORAGE_CASES)."""
+    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``), or under one of them in
+    turn (:data:`ALTERNATE`); an ``each_storage`` test runs under its storage case's
+    engine instead (tests/conftest.py STORAGE_CASES)."""
     engines = getattr(metafunc.module, "DELTA_ENGINES", None)
     if engines and "delta_engine" in metafunc.fixturenames:
         if metafunc.definition.get_closest_marker("each_storage") is not None:
             return
-        metafunc.parametrize("delta_engine", list(engines), scope="function")
+        metafunc.parametrize("delta_engine", list(_engines_of(metafunc, engines)), scope="function")
 
 
 @pytest.fixture

@@ -14,10 +14,12 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.engine import DeltaEngine
-from tests.core.conftest import T0, Clock, Lake, hours
+from tests.core.conftest import ALTERNATE, T0, Clock, Lake, hours
 
 DELTA_ENGINES = ("rs", "spark")
-"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+ENGINE_MATRIX = ALTERNATE
+"""The tests take the delta-rs bridge and delta-spark in turn; ``both_engines`` ones, and
+all under ``DSI_BOTH_ENGINES=1``, run under both (tests/core/conftest.py)."""
 TX = "tx_id long, customer_id long, amount double"
 TXT = "tx_id long, customer_id long, amount double, ts timestamp"
 PROFILES = "customer_id long, name string"
@@ -106,6 +108,7 @@ def test_mistyped_key_is_a_declaration_error_naming_both_types(lake):
 # --- schema drift of the main input --------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 def test_main_input_with_a_new_column_is_refused_before_writing_unless_merging(ready):
     op = operator(ready, fn=lambda main, sides: main.drop("profile"))
     ready.append("transactions", [(1, 10, 1.0)], TX)
@@ -125,6 +128,7 @@ def test_main_input_with_a_new_column_is_refused_before_writing_unless_merging(r
     assert ready.rows("enriched", "tx_id", "channel") == [(1, None), (2, "web")]
 
 
+@pytest.mark.both_engines
 def test_main_input_overwritten_with_another_schema_names_the_version(ready):
     op = operator(ready)
     before = with_buffered_record(ready, op)
@@ -210,6 +214,7 @@ def test_empty_files_in_a_landing_folder_are_consumed_without_rows(ready, tmp_pa
 # --- side inputs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 def test_side_table_deleted_after_use_is_an_error_and_buffer_is_kept(ready):
     import shutil
 
@@ -251,6 +256,7 @@ def test_side_table_overwritten_without_its_key_column_is_named(ready):
     assert state(ready, op) == before
 
 
+@pytest.mark.both_engines
 def test_side_table_with_new_columns_changes_the_output_schema_clearly(ready):
     op = operator(ready, fn=lambda main, sides: main.select("tx_id", "profile"))
     ready.append("transactions", [(1, 10, 1.0)], TX)
@@ -309,6 +315,7 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
     assert not lake.exists("named")
 
 
+@pytest.mark.both_engines
 def test_side_table_with_column_mapping_is_refused_by_the_bridge_only(lake):
     write_deltalake(
         lake.storage.table_uri("profiles"),
@@ -325,6 +332,7 @@ def test_side_table_with_column_mapping_is_refused_by_the_bridge_only(lake):
     assert not lake.exists("enriched")
 
 
+@pytest.mark.both_engines
 def test_main_table_with_column_mapping_is_refused_by_the_bridge_only(ready):
     write_deltalake(
         ready.storage.table_uri("transactions"),
@@ -339,6 +347,7 @@ def test_main_table_with_column_mapping_is_refused_by_the_bridge_only(ready):
         ready.run(operator(ready))
 
 
+@pytest.mark.both_engines
 def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(ready):
     op = operator(ready)
     before = with_buffered_record(ready, op)
@@ -353,6 +362,7 @@ def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(r
     assert state(ready, op) == before
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize(
     "damage",
     ['{"add": {"path": "part-0.parquet", "partitionVal', '{"add": {"size": 1}}', "not json"],
@@ -381,6 +391,7 @@ def test_main_table_with_a_damaged_commit_is_named_and_a_restored_one_resumes(re
     assert ready.rows("enriched") == [(1, 10, "ann"), (2, 10, "ann")]
 
 
+@pytest.mark.both_engines
 def test_main_input_folder_that_is_not_delta_is_named(ready, tmp_path):
     ready.spark.range(3).write.parquet(ready.storage.table_uri("transactions"))
     with pytest.raises(dsi.NotADeltaTableError, match="convert_to_deltalake"):
@@ -482,6 +493,7 @@ class InterferingEngine:
         return getattr(self.inner, name)
 
 
+@pytest.mark.both_engines
 def test_a_concurrent_writer_to_an_output_table_does_not_break_exactly_once(ready):
     op = operator(ready)
     with_buffered_record(ready, op)

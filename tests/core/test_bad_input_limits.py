@@ -30,10 +30,12 @@ from tests.core.catalogue import (
     put,
     refused,
 )
-from tests.core.conftest import Clock, Lake
+from tests.core.conftest import ALTERNATE, Clock, Lake
 
 DELTA_ENGINES = ("rs", "spark")
-"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+ENGINE_MATRIX = ALTERNATE
+"""The tests take the delta-rs bridge and delta-spark in turn; ``both_engines`` ones, and
+all under ``DSI_BOTH_ENGINES=1``, run under both (tests/core/conftest.py)."""
 
 
 def waiting(

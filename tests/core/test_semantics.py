@@ -7,10 +7,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from tests.core.conftest import T0, Clock, hours, passthrough
+from tests.core.conftest import ALTERNATE, T0, Clock, hours, passthrough
 
 DELTA_ENGINES = ("rs", "spark")
-"""Every test runs under the delta-rs bridge and under delta-spark (tests/core/conftest.py)."""
+ENGINE_MATRIX = ALTERNATE
+"""The tests take the delta-rs bridge and delta-spark in turn; ``both_engines`` ones, and
+all under ``DSI_BOTH_ENGINES=1``, run under both (tests/core/conftest.py)."""
 TX = "tx_id long, customer_id long, amount double"
 PROFILES = "customer_id long, name string"
 
@@ -76,6 +78,7 @@ def test_successive_batches_see_the_updated_side_input(lake):
     assert result.batches[0].side_versions["profile"] == 1
 
 
+@pytest.mark.both_engines
 def test_replayed_batch_plan_pins_side_versions(lake):
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, 10, 5.0)], TX)
@@ -121,6 +124,7 @@ def test_present_side_input_with_no_rows_is_not_ready(lake):
     assert "no rows yet" in batch.readiness["profile"]["global"]["reason"]
 
 
+@pytest.mark.both_engines
 def test_complete_side_input_with_no_rows_gives_an_empty_view(lake):
     lake.append("profiles", [], PROFILES)
     lake.append("transactions", [(1, 10, 5.0)], TX)
@@ -598,6 +602,7 @@ def test_every_record_is_accounted_for_in_the_metrics(lake):
     assert lake.rows("enriched", "tx_id") + lake.rows("unmatched", "tx_id") == [(1,), (2,)]
 
 
+@pytest.mark.both_engines
 def test_a_batch_releasing_every_record_counts_them_from_delta_statistics(lake):
     statistics = "routes counted from file statistics"
     invalid = dsi.OutputTag("invalid_transactions")
