@@ -16,7 +16,10 @@ from tests.cluster import (
     run_demo,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# Extended (CI's time): the Kafka main input runs end to end through Dagster in the
+# default suite too (tests/dagster_layer/test_kafka_assets.py), with SIGKILLs at each step
+# of a batch (tests/core/test_kafka_crash.py).
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.extended]
 
 
 def test_demo_reading_kafka_gives_the_outputs_of_the_demo_reading_delta(tmp_path, tmp_path_factory):

@@ -132,8 +132,8 @@ def _shape(line: str) -> str:
 def test_demo_prints_what_the_readme_shows(tmp_path_factory):
     """``python -m assets.demo`` as ``make demo`` runs it, in a scratch instance and lake
     (with a shorter profile timeout: the demo waits for it on purpose). The run is the
-    test session's local demo run (test_demo_kafka compares its tables with the Kafka
-    run's); the seed makes its figures, not only their shape, repeatable."""
+    test session's local demo run (the extended demo tests compare their tables with
+    it); the seed makes its figures, not only their shape, repeatable."""
     quick_start = readme_section("## Quick start", "## The example pipeline, in the UI")
     [sample] = re.findall(r"A run of it.*?:\n\n```\n(.*?)```", quick_start, flags=re.S)
     run = local_reference(tmp_path_factory).result()
