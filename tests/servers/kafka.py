@@ -84,8 +84,13 @@ BROKER_DEFAULTS: Mapping[str, str] = {
 
 # The JIT's second tier (C2) roughly doubles the CPU a broker start takes (6.1 s of CPU
 # against 3.6 s measured, 12.8 s against 5.5 s to ready on a loaded 2-core machine);
-# the test loads are too small for the faster code it produces to pay that back.
-JVM_OPTIONS: Sequence[str] = ("-XX:+ExitOnOutOfMemoryError", "-XX:TieredStopAtLevel=1")
+# the test loads are too small for the faster code it produces to pay that back. One GC
+# thread, as the tests' Spark drivers have (tests/conftest.py).
+JVM_OPTIONS: Sequence[str] = (
+    "-XX:+ExitOnOutOfMemoryError",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+)
 
 _LOG4J2 = """\
 status = warn
