@@ -35,6 +35,7 @@ from dagster_sideinputs.core.session import (
     REQUIRED_CONFIGS,
     _choose_worker_python,
     _launch_class_path,
+    _local_builder,
     build_spark_session,
     default_shuffle_partitions,
     is_local_master,
@@ -501,3 +502,29 @@ def test_recorded_jars_follow_the_users_dist_class_path_during_the_launch_only(m
     with _launch_class_path(["/ivy/jars/a.jar"]):
         assert os.environ["SPARK_DIST_CLASSPATH"] == "/ivy/jars/a.jar"
     assert "SPARK_DIST_CLASSPATH" not in os.environ
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["packages", "delta"])
+@pytest.mark.parametrize(
+    ("master", "in_spark_jars"),
+    [("spark://127.0.0.1:7077", True), ("local-cluster[2,1,1024]", True), ("local[2]", False)],
+)
+def test_recorded_jars_go_to_a_clusters_spark_jars_after_the_users_own(
+    master, in_spark_jars, delta
+):
+    """A start from a recorded jar list resolves nothing: a cluster's executors fetch the
+    jars from the driver (``spark.jars``, after any the user named); a local master gets
+    them on the launched JVM's class path instead (the test above)."""
+    recorded = ["/ivy/jars/io.delta_delta-spark.jar", "/ivy/jars/org.example_kafka.jar"]
+    settings = {"spark.jars": "/opt/own.jar"}
+    builder = _local_builder("t", master, settings, delta=delta, packages=[KAFKA], jars=recorded)
+    options = dict(builder._options)
+    assert "spark.jars.packages" not in options
+    expected = ",".join(["/opt/own.jar", *recorded]) if in_spark_jars else "/opt/own.jar"
+    assert options["spark.jars"] == expected
+    coordinates = options["spark.dsi.packages"].split(",")
+    assert coordinates == ([delta_package()] if delta else []) + [KAFKA]
+    # Without a recorded list the same builder asks Ivy for the packages.
+    fresh = dict(_local_builder("t", master, {}, delta=delta, packages=[KAFKA], jars=None)._options)
+    assert KAFKA in fresh["spark.jars.packages"].split(",")
+    assert "spark.jars" not in fresh
