@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.dagster_layer.conftest import MAIN_OUTPUT, Story
-from tests.dagster_layer.webserver import REPO, Webserver
+from tests.dagster_layer.webserver import POLL_S, REPO, Webserver
 
 pytestmark = [pytest.mark.browser, pytest.mark.webserver, pytest.mark.slow]
 
@@ -156,7 +156,7 @@ def test_a_check_is_executed_from_its_page(story: Story, page, shots):
         if new and new[0]["status"] != "IN_PROGRESS":
             break
         assert time.monotonic() < deadline, "the check run launched from the UI did not finish"
-        time.sleep(1)
+        time.sleep(POLL_S)
     assert new[0]["status"] == "SUCCEEDED", new[0]
     # The operator did not run: the check read its state.
     assert server.materializations(MAIN_OUTPUT, new[0]["runId"]) == []

@@ -29,6 +29,7 @@ REPOSITORY = "__repository__"
 ASSET_JOB = "__ASSET_JOB"
 STARTUP_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 420
+POLL_S = 0.25  # between GraphQL polls of a run's status (each run is waited for)
 
 LAUNCH = """
 mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
@@ -221,7 +222,7 @@ class Webserver:
                 return
             if seen in ("FAILURE", "CANCELED", "SUCCESS"):
                 break
-            time.sleep(1)
+            time.sleep(POLL_S)
         pytest.fail(f"run {run_id} is {seen}, expected {status}:\n{self.run_errors(run_id)}")
 
     def run(self, job: str, assets: list[str] | None = None, **kwargs: Any) -> str:
@@ -275,7 +276,7 @@ class Webserver:
                 pytest.fail(f"run {run_id} is {status}:\n{self.run_errors(run_id)}")
             if time.monotonic() > deadline:
                 pytest.fail(f"no micro-batch of {asset} in run {run_id} after {timeout}s")
-            time.sleep(1)
+            time.sleep(POLL_S)
 
 
 def _free_port() -> int:
@@ -305,7 +306,7 @@ def _wait_until_loaded(server: Webserver, process: subprocess.Popen) -> None:
                 return
         except (urllib.error.URLError, ConnectionError):
             pass
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     pytest.fail(f"code location not loaded in {STARTUP_TIMEOUT_S}s:\n{server.log.read_text()}")
 
 
