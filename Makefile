@@ -39,7 +39,7 @@ dev: install  ## open the Dagster UI on the example code location
 test: install  ## run the whole test suite (real Spark, Delta, Dagster)
 	$(BIN)/python -m pytest
 
-test-extended: install  ## the long end-to-end runs the default suite leaves out (about 10 minutes)
+test-extended: install  ## the long end-to-end runs the default suite leaves out (about 15 minutes)
 	$(BIN)/python -m pytest -m extended
 
 test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)

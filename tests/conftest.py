@@ -28,9 +28,10 @@ os.environ.setdefault("DSI_DELTA_ENGINE", "delta-rs")
 
 # Every Spark driver of the tests (this session's, and those tests start in subprocesses:
 # workers, demo runs, Connect servers inherit it) collects garbage in one thread. Their
-# heaps are small; on 2 cores this measured 8% faster than the default G1 (tests/core/
-# test_recovery.py: 95-100 s against 103-111 s, same machine, back to back). A value the
-# environment already has is kept.
+# heaps are small; on 2 cores this measured faster than the default G1, back to back on
+# the same machine: tests/core/test_recovery.py 95-100 s against 104-111 s (bridge),
+# test_one_pass.py 104-108 s against 110 s (both engines). A value the environment
+# already has is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
 
 if TYPE_CHECKING:
