@@ -1,4 +1,6 @@
-"""Committing for the delta-spark engine: one ``format("delta")`` write per commit.
+"""Committing for the delta-spark engine: one ``format("delta")`` write per commit (a
+plain append with its transaction, on a classic session, through Delta's transaction:
+:mod:`~dagster_sideinputs.delta.spark_direct`).
 
 - The write carries the batch's application transaction (``txnAppId`` / ``txnVersion``):
   Delta skips it when the table already holds the transaction.
@@ -20,6 +22,7 @@ from pyspark.sql import DataFrame
 
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
 from dagster_sideinputs.delta.files import spark_uri
+from dagster_sideinputs.delta.spark_direct import direct_append, qualifies
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LogFiles, is_path_not_found
 from dagster_sideinputs.delta.spark_log_state import LogState
@@ -85,13 +88,24 @@ def save(
     uri, label, mode = target.uri, target.name, target.mode
     replace_partition, schema_mode = target.replace_partition, target.schema_mode
     token = uuid.uuid4().hex
-    writer = frame.write.format("delta").option(
-        "userMetadata",
-        json.dumps(
-            {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-            default=str,
-        ),
+    user_metadata = json.dumps(
+        {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+        default=str,
     )
+    before = -1 if current is None else current.version
+    if (
+        current is not None
+        and app_transaction is not None
+        and not remove_files
+        and qualifies(frame, target, current)
+    ):
+        try:
+            committed = direct_append(frame, uri, current, app_transaction, user_metadata)
+        except Exception as exc:
+            raise _translated(exc, label, replace_partition) from exc
+        if committed:
+            return _result_of(files, uri, label, before, token)
+    writer = frame.write.format("delta").option("userMetadata", user_metadata)
     relax_constraint = False
     if remove_files:
         assert current is not None
@@ -116,7 +130,6 @@ def save(
         writer = writer.option("txnAppId", app_transaction.app_id).option(
             "txnVersion", str(app_transaction.version)
         )
-    before = -1 if current is None else current.version
     spark = frame.sparkSession
     try:
         with session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None):

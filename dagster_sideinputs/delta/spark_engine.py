@@ -5,8 +5,10 @@ in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replac
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
 readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
 logs are read directly, and logs on an object store with the lake's storage options
-are read with ``obstore`` and those options). No py4j, no ``delta.tables.DeltaTable``
-(its Connect plugin is not available), no delta-rs: one set of storage credentials.
+are read with ``obstore`` and those options). No ``delta.tables.DeltaTable`` (its Connect
+plugin is not available), no delta-rs: one set of storage credentials. py4j only where
+the session is classic, for one fast path with a Connect-safe fallback: a plain append
+with its transaction (:mod:`~dagster_sideinputs.delta.spark_direct`).
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
 live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_read``

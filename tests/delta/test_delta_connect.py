@@ -6,8 +6,8 @@ Delta's Connect server plugin (``io.delta:delta-connect-server_4.1_2.13``, for t
 project can reach (404 for 4.4.0, no maven-metadata.xml), so the server has delta-spark
 only: DataFrame reads and writes in ``format("delta")`` and Delta SQL (MERGE, DESCRIBE
 HISTORY, VACUUM) work; ``DeltaTable`` over Connect does not. The native engine needs
-nothing more: it uses only those (no py4j, no ``DeltaTable``), so the operator runs
-over Connect with it.
+nothing more: over Connect it uses only those (no ``DeltaTable``; its one py4j fast path,
+delta/spark_direct.py, is for classic sessions), so the operator runs over Connect with it.
 """
 
 from collections.abc import Iterator

@@ -1,0 +1,108 @@
+"""Benchmark: what one delta-spark commit of a small append costs, by how it is made.
+
+    python bench/delta_commit.py --rows 10000 --commits 12 --repeats 2
+
+The same persisted rows are appended ``--commits`` times to a fresh table, each way in
+turn, ``--repeats`` times:
+
+- ``writer``: ``df.write.format("delta").mode("append").save(uri)``, no transaction: the
+  floor for a commit of these rows;
+- ``writer+txn``: the same with ``txnAppId`` / ``txnVersion``: how the engine committed
+  before delta/spark_direct.py (Delta reconstructs the table's state to look the
+  transaction up, every commit);
+- ``engine``: ``DeltaSparkEngine.write`` with an ``AppTransaction``: the engine's commit,
+  through Delta's transaction when the append qualifies (the same commit contents as
+  ``writer+txn``), plus the engine's own log reads and checks.
+
+Prints the median and spread of each way's commits (the first two of a table left out:
+its creation and the first read of its log), and each way's ratio to ``writer``, all
+measured in this run. Every 10th commit also writes a checkpoint, for every way alike.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta.engine import AppTransaction
+from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+
+
+def writer(frame: DataFrame, uri: str, batch: int) -> None:
+    frame.write.format("delta").mode("append").save(uri)
+
+
+def writer_txn(frame: DataFrame, uri: str, batch: int) -> None:
+    (
+        frame.write.format("delta")
+        .mode("append")
+        .option("txnAppId", "bench")
+        .option("txnVersion", str(batch))
+        .save(uri)
+    )
+
+
+def engine_write(spark: SparkSession) -> Callable[[DataFrame, str, int], None]:
+    engine = DeltaSparkEngine(spark)
+
+    def write(frame: DataFrame, uri: str, batch: int) -> None:
+        engine.write(frame, uri, app_transaction=AppTransaction("bench", batch))
+
+    return write
+
+
+def commits(
+    way: Callable[[DataFrame, str, int], None], frame: DataFrame, uri: str, n: int
+) -> list[float]:
+    shutil.rmtree(uri, ignore_errors=True)
+    times = []
+    for batch in range(n):
+        started = time.perf_counter()
+        way(frame, uri, batch)
+        times.append(time.perf_counter() - started)
+    return times[2:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--commits", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    spark = build_spark_session(master=args.master, ui_enabled=False, delta=True)
+    frame = spark.range(args.rows).selectExpr(
+        "id", "id % 1000 AS customer_id", "CAST(id AS DOUBLE) AS amount"
+    )
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    frame.count()
+    ways = {"writer": writer, "writer+txn": writer_txn, "engine": engine_write(spark)}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    root = tempfile.mkdtemp(prefix="bench-delta-commit-")
+    try:
+        for _ in range(args.repeats):
+            for name, way in ways.items():
+                times[name] += commits(way, frame, os.path.join(root, name), args.commits)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    floor = statistics.median(times["writer"])
+    print(f"{args.rows} rows a commit, {args.commits} commits x {args.repeats}, {args.master}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(
+            f"  {name:11s} median {median:.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+            f"  {median / floor:.2f}x the plain writer"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""delta-spark appends with their transaction, committed through Delta's transaction
+(delta/spark_direct.py): the same commit as the writer's, without the state lookup."""
+
+import json
+from pathlib import Path
+from urllib.parse import unquote
+
+import deltalake
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta import spark_commit
+from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
+from dagster_sideinputs.delta.spark_direct import open_append, qualifies
+from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark_predicates import sql_table
+from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
+
+TX = "tx_id long, customer_id long, amount double"
+
+
+def commit_file(uri: str, version: int) -> list[dict]:
+    text = (Path(uri) / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def jobs_of(spark, group: str, action) -> tuple[object, int]:
+    """What ``action`` returns, and how many Spark jobs it ran."""
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(context.statusTracker().getJobIdsForGroup(group))
+
+
+def rows(spark, uri: str) -> list[tuple]:
+    return sorted(tuple(r) for r in spark.read.format("delta").load(uri).collect())
+
+
+def test_an_append_commits_with_its_transaction_in_fewer_jobs_than_the_writer(
+    spark, tmp_path, monkeypatch
+):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(
+        spark.createDataFrame([(0, 1, 0.5)], TX), uri, app_transaction=AppTransaction("op", 1)
+    )
+    data = spark.createDataFrame([(i, i % 3, float(i)) for i in range(1, 51)], TX)
+
+    direct, direct_jobs = jobs_of(
+        spark, "direct", lambda: engine.write(data, uri, app_transaction=AppTransaction("op", 2))
+    )
+    monkeypatch.setattr(spark_commit, "qualifies", lambda *args: False)
+    written, writer_jobs = jobs_of(
+        spark, "writer", lambda: engine.write(data, uri, app_transaction=AppTransaction("op", 3))
+    )
+
+    # The writer reconstructs the table's state to look the transaction up; the direct
+    # commit runs the write's own job only.
+    assert direct_jobs < writer_jobs, (direct_jobs, writer_jobs)
+    assert (direct.version, direct.num_rows, direct.skipped) == (1, 50, False)
+    assert (written.version, written.num_rows) == (2, 50)
+    for version, batch in ((1, 2), (2, 3)):
+        actions = commit_file(uri, version)
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        assert info["operation"] == "WRITE"
+        assert info["isBlindAppend"] is True
+        assert info["operationParameters"]["mode"] == "Append"
+        assert "dsi.write" in json.loads(info["userMetadata"])
+        assert [a["txn"]["appId"] for a in actions if "txn" in a] == ["op"]
+        assert [a["txn"]["version"] for a in actions if "txn" in a] == [batch]
+        assert sum(json.loads(a["add"]["stats"])["numRecords"] for a in actions if "add" in a) == 50
+    monkeypatch.undo()
+    again = engine.write(data, uri, app_transaction=AppTransaction("op", 2))
+    assert again.skipped
+    assert len(rows(spark, uri)) == 101
+    assert deltalake.DeltaTable(uri).transaction_version("op") == 3
+
+
+def test_a_concurrent_commit_of_the_same_transaction_fails_the_direct_commit(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    state = engine._state(uri)
+    ours = spark.createDataFrame([(1, 1, 1.0)], TX)
+    commit = open_append(ours, uri, state, AppTransaction("op", 5), "{}")
+    assert commit is not None
+    # Another writer commits the same batch between our check and our commit.
+    engine.write(
+        spark.createDataFrame([(2, 1, 2.0)], TX), uri, app_transaction=AppTransaction("op", 5)
+    )
+
+    with pytest.raises(Exception, match="ConcurrentTransaction") as failure:
+        commit()
+    assert isinstance(spark_commit._translated(failure.value, "t", None), ConcurrentWriteError)
+    assert rows(spark, uri) == [(0, 1, 0.5), (2, 1, 2.0)]
+
+
+def test_a_table_that_moved_since_the_check_is_left_to_the_writer(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    stale = engine._state(uri)
+    engine.write(
+        spark.createDataFrame([(2, 1, 2.0)], TX), uri, app_transaction=AppTransaction("op", 5)
+    )
+    frame = spark.createDataFrame([(1, 1, 1.0)], TX)
+
+    assert open_append(frame, uri, stale, AppTransaction("op", 5), "{}") is None
+    # Through the engine: the writer finds the transaction held, and nothing is added.
+    assert engine.write(frame, uri, app_transaction=AppTransaction("op", 5)).skipped
+    assert rows(spark, uri) == [(0, 1, 0.5), (2, 1, 2.0)]
+
+
+def test_a_partitioned_column_mapped_table_gets_the_writers_files(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    (
+        spark.createDataFrame([(0, "a", 0.5)], "id long, slot string, amount double")
+        .write.format("delta")
+        .partitionBy("slot")
+        .option("delta.columnMapping.mode", "name")
+        .save(uri)
+    )
+    spark.sql(f"ALTER TABLE {sql_table(uri)} RENAME COLUMN amount TO value")
+    engine = DeltaSparkEngine(spark)
+    data = spark.createDataFrame(
+        [(1, "a", 1.0), (2, "b", 2.0)], "id long, slot string, value double"
+    )
+    staged = engine.stage(data, uri)
+    assert qualifies(staged.handle.frame, staged, engine._state(uri))
+
+    result = engine.commit(staged, app_transaction=AppTransaction("op", 1))
+
+    assert (result.num_rows, result.num_files) == (2, 2)
+    adds = [a["add"] for a in commit_file(uri, result.version) if "add" in a]
+    # Under column mapping the partition column goes by its physical name.
+    assert sorted(v for a in adds for v in a["partitionValues"].values()) == ["a", "b"]
+    assert rows(spark, uri) == [(0, "a", 0.5), (1, "a", 1.0), (2, "b", 2.0)]
+    for add in adds:  # the files hold the columns by their physical names
+        names = pq.read_schema(str(Path(uri) / unquote(add["path"]))).names
+        assert names
+        assert all(name.startswith("col-") for name in names), names
+
+
+def test_a_check_constraint_refuses_the_append_and_the_table_is_unchanged(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    spark.sql(f"ALTER TABLE {sql_table(uri)} ADD CONSTRAINT positive CHECK (amount > 0)")
+    staged = engine.stage(spark.createDataFrame([(1, 1, -1.0)], TX), uri)
+    assert qualifies(staged.handle.frame, staged, engine._state(uri))
+
+    with pytest.raises(SchemaMismatchError, match="constraint"):
+        engine.commit(staged, app_transaction=AppTransaction("op", 1))
+    assert rows(spark, uri) == [(0, 1, 0.5)]
+    assert deltalake.DeltaTable(uri).transaction_version("op") is None
+
+
+def _target(uri: str, **kwargs) -> StagedWrite:
+    fields = {"mode": "append", "partition_by": [], "replace_partition": None, "schema_mode": None}
+    return StagedWrite(uri=uri, name="t", **{**fields, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("case", "table_ddl", "frame_ddl", "target"),
+    [
+        ("a new column", TX, TX + ", note string", {"schema_mode": "merge"}),
+        ("another column order", TX, "customer_id long, tx_id long, amount double", {}),
+        ("an overwrite", TX, TX, {"mode": "overwrite"}),
+        ("a schema overwrite", TX, TX, {"schema_mode": "overwrite"}),
+        ("other partitions", TX, TX, {"partition_by": ["customer_id"]}),
+    ],
+)
+def test_writes_that_change_the_table_go_through_the_writer(
+    spark, tmp_path, case, table_ddl, frame_ddl, target
+):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([], table_ddl), uri)
+    frame = spark.createDataFrame([], frame_ddl)
+    assert not qualifies(frame, _target(uri, **target), engine._state(uri)), case
+
+
+def test_generated_columns_go_through_the_writer(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    spark.sql(
+        f"CREATE TABLE {sql_table(uri)} (tx_id LONG, doubled LONG GENERATED ALWAYS AS (tx_id * 2)) "
+        "USING DELTA"
+    )
+    engine = DeltaSparkEngine(spark)
+    frame = spark.createDataFrame([(1, 2)], "tx_id long, doubled long")
+    assert not qualifies(frame, _target(uri), engine._state(uri))
+    assert engine.write(frame, uri, app_transaction=AppTransaction("op", 1)).num_rows == 1
+    assert rows(spark, uri) == [(1, 2)]
+    assert isinstance(engine._state(uri).schema["doubled"].dataType, T.LongType)
