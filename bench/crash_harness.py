@@ -423,6 +423,7 @@ def worker(trial: Path, *, template: bool = False) -> None:
         _event(trial, event="change", action=f"{kind} {arg}")
         perform(Action(kind, int(arg) if arg.isdigit() else arg))
     group = os.environ["DSI_HARNESS_GROUP"]
+    _await_left_locks(trial, lake)
     actions = _actions(trial)
     for index in range(_progress(trial), len(actions)):
         action = actions[index]
@@ -432,6 +433,35 @@ def worker(trial: Path, *, template: bool = False) -> None:
         perform(action)
         _event(trial, event="done", index=index, action=action.label)
         _set_progress(trial, index + 1)
+
+
+def _await_left_locks(trial: Path, lake: Lake) -> None:
+    """On an object store, wait for the operator locks a killed worker left, as a user
+    rerunning after a crash would.
+
+    A killed worker stops renewing its lock's lease; another run may take the lock over
+    once the lease (``DSI_LOCK_LEASE_SECONDS``, 5 s here) and its clock-skew margin (5 s)
+    have passed, and a run before that is refused with ``OperatorBusyError`` (nothing
+    done), as documented. A rerun reaching the lock about 9 s after the kill raced that
+    window (two S3 trials failed so in CI). So each lock left under ``_sideinputs`` is
+    taken (waiting while its holder's lease runs) and let go before any action runs.
+    """
+    if lake.local:
+        return
+    from dagster_sideinputs.delta.lease import ObjectStoreLease
+
+    lease_s = float(os.environ.get("DSI_LOCK_LEASE_SECONDS", "60"))
+    for entry in list(lake.files("_sideinputs").list_files("")):
+        parts = entry.path.split("/")
+        if len(parts) != 2 or parts[1] != "lock":
+            continue
+        lease = ObjectStoreLease(
+            lake.uri("_sideinputs", parts[0]), "lock", lake.options, lease_s=lease_s
+        )
+        waited = time.monotonic()
+        if lease.acquire(wait_s=4 * lease_s + 30):
+            lease.release()
+        _event(trial, event="lock", operator=parts[0], waited=time.monotonic() - waited)
 
 
 # --- launching and killing workers -------------------------------------------------------
