@@ -21,7 +21,7 @@ from dagster_sideinputs.delta.lazy_files import LazyFiles
 from dagster_sideinputs.delta.stats import typed_stats
 
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
-_COLUMN_MAPPING_KEYS = ("delta.columnMapping.id", PHYSICAL_NAME, "delta.columnMapping.nested.ids")
+COLUMN_MAPPING_KEYS = ("delta.columnMapping.id", PHYSICAL_NAME, "delta.columnMapping.nested.ids")
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def strip_column_mapping(data_type: T.DataType) -> T.DataType:
     """A type without Delta's column-mapping field metadata (at every depth)."""
 
     def stripped(f: T.StructField) -> T.StructField:
-        metadata = {k: v for k, v in (f.metadata or {}).items() if k not in _COLUMN_MAPPING_KEYS}
+        metadata = {k: v for k, v in (f.metadata or {}).items() if k not in COLUMN_MAPPING_KEYS}
         return T.StructField(f.name, f.dataType, f.nullable, metadata)
 
     return _map_fields(data_type, stripped)

@@ -196,3 +196,18 @@ def test_generated_columns_go_through_the_writer(spark, tmp_path):
     assert engine.write(frame, uri, app_transaction=AppTransaction("op", 1)).num_rows == 1
     assert rows(spark, uri) == [(1, 2)]
     assert isinstance(engine._state(uri).schema["doubled"].dataType, T.LongType)
+
+
+@pytest.mark.parametrize(
+    "feature",
+    ["delta.enableChangeDataFeed", "delta.enableRowTracking"],
+)
+def test_tables_with_other_writer_features_go_through_the_writer(spark, tmp_path, feature):
+    uri = str(tmp_path / "t")
+    spark.createDataFrame([(0, 1, 0.5)], TX).write.format("delta").option(feature, "true").save(uri)
+    engine = DeltaSparkEngine(spark)
+    frame = spark.createDataFrame([(1, 1, 1.0)], TX)
+    assert not qualifies(frame, _target(uri), engine._state(uri))
+    assert engine.write(frame, uri, app_transaction=AppTransaction("op", 1)).num_rows == 1
+    assert rows(spark, uri) == [(0, 1, 0.5), (1, 1, 1.0)]
+    assert deltalake.DeltaTable(uri).transaction_version("op") == 1
