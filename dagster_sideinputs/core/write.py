@@ -65,12 +65,19 @@ def write(context: StageContext, batch: Batch) -> Batch:
         pending.append(target)
     staged: list[tuple[_Target, StagedWrite | None]] = []
     shared: dict[str, StagedWrite] = {}
+    removed = released_files(batch.buffer, plan)
     try:
         shared = _stage_function_outputs(context, batch, pending)
         one_pass = list(shared)
         for target in pending:
             staged.append(
-                (target, shared.pop(target.label, None) or _stage(context, batch, target))
+                (
+                    target,
+                    shared.pop(target.label, None)
+                    or _stage(
+                        context, batch, target, removes_files=target.buffer and bool(removed)
+                    ),
+                )
             )
     except BaseException:
         for stage in [*(stage for _, stage in staged), *shared.values()]:
@@ -90,7 +97,6 @@ def write(context: StageContext, batch: Batch) -> Batch:
             fix="nothing to repair: rerun to process what is left; keep runs of one "
             "operator apart (Dagster run concurrency) and the lease above the longest pause",
         )
-    removed = released_files(batch.buffer, plan)
     meta = {"dsi.operator": spec.operator_id, "dsi.batch": plan.batch_id}
     committed = [label for label, done in writes.items() if done.skipped]
     for index, (target, stage) in enumerate(staged):
@@ -188,7 +194,9 @@ def _holds(context: StageContext, uri: str, txn: AppTransaction) -> bool:
     return version is not None and version >= txn.version
 
 
-def _stage(context: StageContext, batch: Batch, target: _Target) -> StagedWrite | None:
+def _stage(
+    context: StageContext, batch: Batch, target: _Target, *, removes_files: bool
+) -> StagedWrite | None:
     if target.frame is None:
         return None  # a removal-only buffer commit
     engine = context.spec.engine
@@ -202,6 +210,7 @@ def _stage(context: StageContext, batch: Batch, target: _Target) -> StagedWrite 
             partition_by=target.partition_by,
             schema_mode=target.schema_mode,  # type: ignore[arg-type]
             name=name,
+            removes_files=removes_files,
         ),
         views=batch.views,
         what="computing the records that wait (buffer)"

@@ -166,6 +166,7 @@ class DeltaRsEngine:
         replace_partition: Mapping[str, Any] | None = None,
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
+        removes_files: bool = False,
     ) -> StagedWrite:
         return stage_dataframe(
             df,

@@ -273,9 +273,12 @@ class DeltaEngine(Protocol):
         replace_partition: Mapping[str, Any] | None = None,
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
+        removes_files: bool = False,
     ) -> StagedWrite:
         """Run the Spark job that writes ``df``'s data; nothing is visible until
-        :meth:`commit`. Every error of the data or of the code computing it surfaces here."""
+        :meth:`commit`. Every error of the data or of the code computing it surfaces here.
+        ``removes_files``: the commit will also remove files (an engine may stage such a
+        write differently)."""
         ...
 
     def commit(

@@ -22,7 +22,12 @@ from pyspark.sql import DataFrame
 
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
 from dagster_sideinputs.delta.files import spark_uri
-from dagster_sideinputs.delta.spark_direct import direct_append, qualifies
+from dagster_sideinputs.delta.spark_direct import (
+    DirectStage,
+    commit_stage,
+    direct_append,
+    qualifies,
+)
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LogFiles, is_path_not_found
 from dagster_sideinputs.delta.spark_log_state import LogState
@@ -87,11 +92,7 @@ def save(
     """
     uri, label, mode = target.uri, target.name, target.mode
     replace_partition, schema_mode = target.replace_partition, target.schema_mode
-    token = uuid.uuid4().hex
-    user_metadata = json.dumps(
-        {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
-        default=str,
-    )
+    token, user_metadata = _user_metadata(commit_metadata)
     before = -1 if current is None else current.version
     if (
         current is not None
@@ -137,6 +138,40 @@ def save(
     except Exception as exc:
         raise _translated(exc, label, replace_partition) from exc
     return _result_of(files, uri, label, before, token)
+
+
+def commit_staged_files(
+    stage: DirectStage,
+    target: StagedWrite,
+    current: LogState,
+    files: LogFiles,
+    *,
+    app_transaction: AppTransaction,
+    commit_metadata: Mapping[str, Any] | None,
+) -> WriteResult:
+    """Commit the files Delta's transaction wrote at staging (the table existed then)."""
+    token, user_metadata = _user_metadata(commit_metadata)
+    try:
+        commit_stage(stage, app_transaction, user_metadata)
+    except Exception as exc:
+        raise write_error(exc, target.name) from exc
+    return _result_of(files, target.uri, target.name, current.version, token)
+
+
+def write_error(exc: Exception, label: str) -> Exception:
+    """A failed delta-spark append as the project's error when it is one of Delta's
+    (conflict, constraint, schema); otherwise ``exc`` itself."""
+    return _translated(exc, label, None)
+
+
+def _user_metadata(commit_metadata: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(token, userMetadata): the token finds the commit this write made."""
+    token = uuid.uuid4().hex
+    user_metadata = json.dumps(
+        {_TOKEN: token, "engineInfo.dsi": "dagster-sideinputs", **(commit_metadata or {})},
+        default=str,
+    )
+    return token, user_metadata
 
 
 def _result_of(files: LogFiles, uri: str, label: str, before: int, token: str) -> WriteResult:

@@ -15,6 +15,7 @@ live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_rea
 (reading). docs/DECISIONS.md has the reasoning.
 """
 
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -44,11 +45,14 @@ from dagster_sideinputs.delta.reader import select_partitions, verify_files
 from dagster_sideinputs.delta.schema import plan_append, quoted
 from dagster_sideinputs.delta.spark_commit import (
     ENGINE_NAME,
+    commit_staged_files,
     holds,
     save,
     unchanged,
     with_duration,
+    write_error,
 )
+from dagster_sideinputs.delta.spark_direct import discard_stage, plain_append, stage_append
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LogFiles, log_files
 from dagster_sideinputs.delta.spark_log_replay import commit_changes
@@ -231,6 +235,7 @@ class DeltaSparkEngine:
         replace_partition: Mapping[str, Any] | None = None,
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
+        removes_files: bool = False,
     ) -> StagedWrite:
         started = time.perf_counter()
         uri = normalize_uri(uri)
@@ -238,11 +243,50 @@ class DeltaSparkEngine:
         # Before the log is read (which raises on a file in the path): delta-spark would
         # find a blocked new table only when it creates the log, at commit time.
         refuse_blocked_location(uri, label)
-        current = self.snapshot(uri, name=label) if self.exists(uri) else None
+        state = self._state(uri, name=label) if self.exists(uri) else None
+        current = None if state is None else state.table_snapshot()
         projected, schema, partitions = plan_rows(
             df, uri, label, current, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,
         )  # fmt: skip
+        staged = StagedWrite(
+            uri=uri,
+            name=label,
+            mode=mode,
+            partition_by=partitions,
+            replace_partition=replace_partition,
+            schema_mode=schema_mode,
+            num_rows=0,
+            seconds=0.0,
+            handle=None,
+        )
+        if (
+            state is not None
+            and not removes_files
+            and plain_append(
+                projected, state, mode=mode, schema_mode=schema_mode, partition_by=partitions
+            )
+        ):
+            try:
+                direct = stage_append(projected, uri, state)
+            except Exception as exc:
+                error = write_error(exc, label)
+                if error is exc:
+                    raise
+                raise error from exc
+            if direct is not None:
+                rows = direct.rows
+                if rows is None:  # a file without statistics: count what was written
+                    rows = projected.sparkSession.read.parquet(
+                        *[spark_uri(f"{uri}/{p}") for p in direct.paths]
+                    ).count()
+                return dataclasses.replace(
+                    staged,
+                    num_rows=rows,
+                    num_files=len(direct.paths),
+                    seconds=time.perf_counter() - started,
+                    handle=SparkStage(projected, schema, True, persisted=False, direct=direct),
+                )
         frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             rows = materialize_and_check(
@@ -251,13 +295,8 @@ class DeltaSparkEngine:
         except BaseException:
             frame.unpersist()
             raise
-        return StagedWrite(
-            uri=uri,
-            name=label,
-            mode=mode,
-            partition_by=partitions,
-            replace_partition=replace_partition,
-            schema_mode=schema_mode,
+        return dataclasses.replace(
+            staged,
             num_rows=rows,
             seconds=time.perf_counter() - started,
             handle=SparkStage(frame, schema, current is not None, persisted=True),
@@ -272,6 +311,8 @@ class DeltaSparkEngine:
 
     def discard(self, staged: StagedWrite) -> None:
         handle: SparkStage = staged.handle
+        if handle.direct is not None:
+            discard_stage(handle.direct)
         if handle.persisted:
             handle.frame.unpersist()
 
@@ -298,10 +339,21 @@ class DeltaSparkEngine:
                 plan_append(handle.schema, current.schema, table=label, merge=False)
             if skip_empty_commit and current and not staged.num_rows and not remove_files:
                 return unchanged(uri, current.version, staged.seconds, skipped=False)
-            result = save(
-                handle.frame, staged, current, self._files(uri), remove_files=remove_files,
-                app_transaction=app_transaction, commit_metadata=commit_metadata,
-            )  # fmt: skip
+            if (
+                handle.direct is not None
+                and current is not None
+                and app_transaction is not None
+                and not remove_files
+            ):
+                result = commit_staged_files(
+                    handle.direct, staged, current, self._files(uri),
+                    app_transaction=app_transaction, commit_metadata=commit_metadata,
+                )  # fmt: skip
+            else:  # the files staged (if any) are deleted below; the writer writes
+                result = save(
+                    handle.frame, staged, current, self._files(uri), remove_files=remove_files,
+                    app_transaction=app_transaction, commit_metadata=commit_metadata,
+                )  # fmt: skip
         finally:
             self.discard(staged)
         return with_duration(result, staged.seconds + time.perf_counter() - started)

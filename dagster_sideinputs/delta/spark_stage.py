@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.engine import SchemaMode, TableSnapshot, WriteMode
 from dagster_sideinputs.delta.files import is_local
 from dagster_sideinputs.delta.schema import plan_write_schema, quoted
+from dagster_sideinputs.delta.spark_direct import DirectStage
 from dagster_sideinputs.delta.staging import allowed_values
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
@@ -30,6 +31,7 @@ class SparkStage:
     schema: T.StructType
     table_existed: bool
     persisted: bool
+    direct: "DirectStage | None" = None  # files Delta's transaction already wrote
 
 
 def plan_rows(

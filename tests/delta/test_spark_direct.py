@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.delta import spark_commit
 from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
-from dagster_sideinputs.delta.spark_direct import open_append, qualifies
+from dagster_sideinputs.delta.spark_direct import commit_stage, open_append, qualifies
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
 from dagster_sideinputs.delta.spark_predicates import sql_table
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
@@ -150,13 +150,150 @@ def test_a_check_constraint_refuses_the_append_and_the_table_is_unchanged(spark,
     uri = str(tmp_path / "t")
     engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
     spark.sql(f"ALTER TABLE {sql_table(uri)} ADD CONSTRAINT positive CHECK (amount > 0)")
-    staged = engine.stage(spark.createDataFrame([(1, 1, -1.0)], TX), uri)
-    assert qualifies(staged.handle.frame, staged, engine._state(uri))
+    bad = spark.createDataFrame([(1, 1, -1.0)], TX)
 
+    # Delta's transaction writes the files at staging, and checks the constraint there:
+    # the batch stops before any of its tables commits.
+    with pytest.raises(SchemaMismatchError, match="constraint"):
+        engine.stage(bad, uri)
+    # Staged through the cache instead (as the buffer is), the commit refuses it.
+    staged = engine.stage(bad, uri, removes_files=True)
+    assert staged.handle.direct is None
+    assert qualifies(staged.handle.frame, staged, engine._state(uri))
     with pytest.raises(SchemaMismatchError, match="constraint"):
         engine.commit(staged, app_transaction=AppTransaction("op", 1))
     assert rows(spark, uri) == [(0, 1, 0.5)]
     assert deltalake.DeltaTable(uri).transaction_version("op") is None
+
+
+def data_files(uri: str) -> set[str]:
+    return {str(p.relative_to(uri)) for p in Path(uri).rglob("*.parquet")}
+
+
+def referenced(uri: str) -> set[str]:
+    return {
+        str(Path(unquote(u.removeprefix("file://"))).relative_to(uri))
+        for u in deltalake.DeltaTable(uri).file_uris()
+    }
+
+
+def unreferenced(uri: str) -> set[str]:
+    return data_files(uri) - referenced(uri)
+
+
+def staged_files(staged: StagedWrite) -> set[str]:
+    """The files Delta's transaction wrote at staging (relative to the table)."""
+    return {unquote(path) for path in staged.handle.direct.paths}
+
+
+def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
+    spark, tmp_path, monkeypatch
+):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    data = spark.createDataFrame([(i, i % 3, float(i)) for i in range(1, 41)], TX)
+
+    staged, stage_jobs = jobs_of(spark, "stage", lambda: engine.stage(data, uri))
+    # The files exist, counted from their statistics, and the table does not show them.
+    assert staged.handle.direct is not None
+    assert not staged.handle.persisted
+    assert staged.num_rows == 40
+    written = staged_files(staged)
+    assert staged.num_files == len(written) >= 1
+    assert written <= unreferenced(uri)
+    assert rows(spark, uri) == [(0, 1, 0.5)]
+    result, commit_jobs = jobs_of(
+        spark, "commit", lambda: engine.commit(staged, app_transaction=AppTransaction("op", 1))
+    )
+    assert (result.version, result.num_rows, result.skipped) == (1, 40, False)
+    assert written <= referenced(uri)
+    assert deltalake.DeltaTable(uri).transaction_version("op") == 1
+
+    # Staged through the cache and committed by the writer, the same append takes more
+    # jobs (the rows are computed into the cache, counted, then written).
+    monkeypatch.setattr("dagster_sideinputs.delta.spark_engine.plain_append", lambda *a, **k: False)
+    cached, cached_stage_jobs = jobs_of(spark, "cached", lambda: engine.stage(data, uri))
+    assert cached.handle.direct is None
+    assert cached.handle.persisted
+    _, cached_commit_jobs = jobs_of(
+        spark,
+        "cached-commit",
+        lambda: engine.commit(cached, app_transaction=AppTransaction("op", 2)),
+    )
+    assert stage_jobs + commit_jobs < cached_stage_jobs + cached_commit_jobs, (
+        stage_jobs, commit_jobs, cached_stage_jobs, cached_commit_jobs,
+    )  # fmt: skip
+    assert len(rows(spark, uri)) == 81
+
+
+def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(
+        spark.createDataFrame([(0, 1, 0.5)], TX), uri, app_transaction=AppTransaction("op", 1)
+    )
+    data = spark.createDataFrame([(1, 1, 1.0), (2, 2, 2.0)], TX)
+
+    # Discarded (another table of the batch failed to stage).
+    staged = engine.stage(data, uri)
+    written = staged_files(staged)
+    assert written <= unreferenced(uri)
+    assert staged.num_files == len(written) >= 1
+    engine.discard(staged)
+    assert not written & data_files(uri)
+    # A replay whose transaction the table holds: skipped, its files deleted.
+    staged = engine.stage(data, uri)
+    written = staged_files(staged)
+    assert engine.commit(staged, app_transaction=AppTransaction("op", 1)).skipped
+    assert not written & data_files(uri)
+    # No transaction to commit with: the writer writes the rows, the staged files go.
+    staged = engine.stage(data, uri)
+    written = staged_files(staged)
+    result = engine.commit(staged)
+    assert (result.version, result.num_rows) == (1, 2)
+    assert not written & data_files(uri)
+    # An empty append that commits nothing.
+    staged = engine.stage(spark.createDataFrame([], TX), uri)
+    written = staged_files(staged)
+    empty = engine.commit(staged, app_transaction=AppTransaction("op", 2), skip_empty_commit=True)
+    assert empty.version == 1
+    assert not written & data_files(uri)
+    assert len(rows(spark, uri)) == 3
+
+
+def test_a_staged_append_whose_commit_fails_keeps_its_files_and_commits_nothing(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    staged = engine.stage(spark.createDataFrame([(1, 1, 1.0)], TX), uri)
+    # Another writer commits the same batch between staging and our commit; the engine's
+    # own check sees the table as it was (the log state is read before).
+    other = spark.createDataFrame([(2, 1, 2.0)], TX)
+    open_other = engine.stage(other, uri)
+    commit_stage(open_other.handle.direct, AppTransaction("op", 5), "{}")
+    with pytest.raises(Exception, match="ConcurrentTransaction") as failure:
+        commit_stage(staged.handle.direct, AppTransaction("op", 5), "{}")
+    assert isinstance(spark_commit._translated(failure.value, "t", None), ConcurrentWriteError)
+    # A commit was tried: its files are never deleted (a commit may hold them); the
+    # table does not reference them.
+    written = staged_files(staged)
+    engine.discard(staged)
+    assert written
+    assert written <= unreferenced(uri)
+    assert rows(spark, uri) == [(0, 1, 0.5), (2, 1, 2.0)]
+
+
+def test_a_write_whose_commit_removes_files_is_staged_through_the_cache(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    before = data_files(uri)
+    staged = engine.stage(spark.createDataFrame([(1, 1, 1.0)], TX), uri, removes_files=True)
+    assert staged.handle.direct is None
+    assert staged.handle.persisted
+    assert data_files(uri) == before
+    engine.discard(staged)
 
 
 def _target(uri: str, **kwargs) -> StagedWrite:
