@@ -168,6 +168,7 @@ class DeltaRsEngine:
         name: str | None = None,
         removes_files: bool = False,
     ) -> StagedWrite:
+        # Staged files serve a commit that removes files as well: removes_files is moot.
         return stage_dataframe(
             df,
             uri,

@@ -21,9 +21,10 @@ committing the batch twice.
 
 Staging uses the same transaction when it can (:func:`stage_append`): Delta writes the
 files when the batch stages its tables, and the commit later only adds them. Staging
-otherwise persists the rows and counts them, and the commit writes them from the cache;
-``bench/delta_commit.py``'s staged rows (4M rows, one table): 5.5 s that way against
-2.3-3.2 s with the files written at staging. Files written for a batch that then commits
+otherwise persists the rows and counts them, and the commit writes them from the cache.
+``bench/delta_commit.py`` (local[2], medians, one run each): stage and commit of 10k
+computed rows 0.32 s against 0.47 s cached; of 4M rows 1.09 s against 2.09 s. Files
+written for a batch that then commits
 nothing are deleted; a commit that fails leaves them unreferenced (Delta's ``VACUUM``
 removes them), never deleting a file a commit may reference.
 

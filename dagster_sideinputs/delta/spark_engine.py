@@ -21,6 +21,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -278,7 +279,7 @@ class DeltaSparkEngine:
                 rows = direct.rows
                 if rows is None:  # a file without statistics: count what was written
                     rows = projected.sparkSession.read.parquet(
-                        *[spark_uri(f"{uri}/{p}") for p in direct.paths]
+                        *[spark_uri(f"{uri}/{unquote(p)}") for p in direct.paths]
                     ).count()
                 return dataclasses.replace(
                     staged,

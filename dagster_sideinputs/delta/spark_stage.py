@@ -2,7 +2,8 @@
 (schema, partitions, a folder that is not a table refused), persisted, and materialized
 by one aggregation that counts them and checks NOT NULL columns and the partitions an
 overwrite promised to stay in. Every error of the user's code or data surfaces here;
-nothing is written.
+nothing is written. (A plain append on a classic session is staged by Delta's own
+transaction instead: :func:`~dagster_sideinputs.delta.spark_direct.stage_append`.)
 """
 
 import functools
