@@ -15,6 +15,7 @@ from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
 from dagster_sideinputs.delta.spark_direct import commit_stage, open_append, qualifies
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
 from dagster_sideinputs.delta.spark_predicates import sql_table
+from dagster_sideinputs.delta.spark_session import session_setting
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 TX = "tx_id long, customer_id long, amount double"
@@ -225,6 +226,22 @@ def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
         stage_jobs, commit_jobs, cached_stage_jobs, cached_commit_jobs,
     )  # fmt: skip
     assert len(rows(spark, uri)) == 81
+
+
+def test_files_written_without_statistics_are_counted_by_reading_them(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    data = spark.createDataFrame([(i, i % 3, float(i)) for i in range(1, 8)], TX)
+
+    with session_setting(spark, "spark.databricks.delta.stats.collect", "false"):
+        staged = engine.stage(data, uri)
+    assert staged.handle.direct is not None
+    assert staged.handle.direct.rows is None  # no numRecords in the files' actions
+    assert staged.num_rows == 7
+    result = engine.commit(staged, app_transaction=AppTransaction("op", 1))
+    assert (result.version, result.num_rows) == (1, 7)
+    assert len(rows(spark, uri)) == 8
 
 
 def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_path):
