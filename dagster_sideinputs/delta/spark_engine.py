@@ -15,16 +15,13 @@ live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_rea
 (reading). docs/DECISIONS.md has the reasoning.
 """
 
-import dataclasses
 import datetime as dt
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -51,9 +48,8 @@ from dagster_sideinputs.delta.spark_commit import (
     save,
     unchanged,
     with_duration,
-    write_error,
 )
-from dagster_sideinputs.delta.spark_direct import discard_stage, plain_append, stage_append
+from dagster_sideinputs.delta.spark_direct import discard_stage
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LogFiles, log_files
 from dagster_sideinputs.delta.spark_log_replay import commit_changes
@@ -61,7 +57,7 @@ from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
 from dagster_sideinputs.delta.spark_read import read_delta, read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
-from dagster_sideinputs.delta.spark_stage import SparkStage, materialize_and_check, plan_rows
+from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
 from dagster_sideinputs.errors import DeltaTableError
 
@@ -238,70 +234,17 @@ class DeltaSparkEngine:
         name: str | None = None,
         removes_files: bool = False,
     ) -> StagedWrite:
-        started = time.perf_counter()
         uri = normalize_uri(uri)
         label = name or uri
         # Before the log is read (which raises on a file in the path): delta-spark would
         # find a blocked new table only when it creates the log, at commit time.
         refuse_blocked_location(uri, label)
         state = self._state(uri, name=label) if self.exists(uri) else None
-        current = None if state is None else state.table_snapshot()
-        projected, schema, partitions = plan_rows(
-            df, uri, label, current, mode=mode, partition_by=partition_by,
+        return stage_rows(
+            df, uri, label, state, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,
+            removes_files=removes_files,
         )  # fmt: skip
-        staged = StagedWrite(
-            uri=uri,
-            name=label,
-            mode=mode,
-            partition_by=partitions,
-            replace_partition=replace_partition,
-            schema_mode=schema_mode,
-            num_rows=0,
-            seconds=0.0,
-            handle=None,
-        )
-        if (
-            state is not None
-            and not removes_files
-            and plain_append(
-                projected, state, mode=mode, schema_mode=schema_mode, partition_by=partitions
-            )
-        ):
-            try:
-                direct = stage_append(projected, uri, state)
-            except Exception as exc:
-                error = write_error(exc, label)
-                if error is exc:
-                    raise
-                raise error from exc
-            if direct is not None:
-                rows = direct.rows
-                if rows is None:  # a file without statistics: count what was written
-                    rows = projected.sparkSession.read.parquet(
-                        *[spark_uri(f"{uri}/{unquote(p)}") for p in direct.paths]
-                    ).count()
-                return dataclasses.replace(
-                    staged,
-                    num_rows=rows,
-                    num_files=len(direct.paths),
-                    seconds=time.perf_counter() - started,
-                    handle=SparkStage(projected, schema, True, persisted=False, direct=direct),
-                )
-        frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            rows = materialize_and_check(
-                frame, schema, replace_partition if mode == "overwrite" else None, label
-            )
-        except BaseException:
-            frame.unpersist()
-            raise
-        return dataclasses.replace(
-            staged,
-            num_rows=rows,
-            seconds=time.perf_counter() - started,
-            handle=SparkStage(frame, schema, current is not None, persisted=True),
-        )
 
     def stage_split(
         self, df: DataFrame, column: str, targets: Sequence[SplitTarget]

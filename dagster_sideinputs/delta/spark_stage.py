@@ -6,20 +6,26 @@ nothing is written. (A plain append on a classic session is staged by Delta's ow
 transaction instead: :func:`~dagster_sideinputs.delta.spark_direct.stage_append`.)
 """
 
+import dataclasses
 import functools
 import os
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import SchemaMode, TableSnapshot, WriteMode
-from dagster_sideinputs.delta.files import is_local
+from dagster_sideinputs.delta.engine import SchemaMode, StagedWrite, TableSnapshot, WriteMode
+from dagster_sideinputs.delta.files import is_local, spark_uri
 from dagster_sideinputs.delta.schema import plan_write_schema, quoted
-from dagster_sideinputs.delta.spark_direct import DirectStage
+from dagster_sideinputs.delta.spark_commit import write_error
+from dagster_sideinputs.delta.spark_direct import DirectStage, plain_append, stage_append
+from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.staging import allowed_values
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
@@ -130,3 +136,78 @@ def _allowed_condition(value: Column, allowed: Collection[str | None]) -> Column
     if any(v is None for v in allowed):
         condition = condition | value.isNull()
     return F.coalesce(condition, F.lit(False))
+
+
+def stage_rows(
+    df: DataFrame,
+    uri: str,
+    label: str,
+    state: LogState | None,
+    *,
+    mode: WriteMode,
+    partition_by: list[str] | None,
+    replace_partition: Mapping[str, Any] | None,
+    schema_mode: SchemaMode | None,
+    removes_files: bool,
+) -> StagedWrite:
+    """Stage a write of ``df`` to the table at ``state`` (None: no table yet): a plain
+    append on a classic session through Delta's transaction (its files written now),
+    anything else persisted and checked by :func:`materialize_and_check`."""
+    started = time.perf_counter()
+    current = None if state is None else state.table_snapshot()
+    projected, schema, partitions = plan_rows(
+        df, uri, label, current, mode=mode, partition_by=partition_by,
+        replace_partition=replace_partition, schema_mode=schema_mode,
+    )  # fmt: skip
+    staged = StagedWrite(
+        uri=uri,
+        name=label,
+        mode=mode,
+        partition_by=partitions,
+        replace_partition=replace_partition,
+        schema_mode=schema_mode,
+        num_rows=0,
+        seconds=0.0,
+        handle=None,
+    )
+    if (
+        state is not None
+        and not removes_files
+        and plain_append(
+            projected, state, mode=mode, schema_mode=schema_mode, partition_by=partitions
+        )
+    ):
+        try:
+            direct = stage_append(projected, uri, state)
+        except Exception as exc:
+            error = write_error(exc, label)
+            if error is exc:
+                raise
+            raise error from exc
+        if direct is not None:
+            rows = direct.rows
+            if rows is None:  # a file without statistics: count what was written
+                rows = projected.sparkSession.read.parquet(
+                    *[spark_uri(f"{uri}/{unquote(p)}") for p in direct.paths]
+                ).count()
+            return dataclasses.replace(
+                staged,
+                num_rows=rows,
+                num_files=len(direct.paths),
+                seconds=time.perf_counter() - started,
+                handle=SparkStage(projected, schema, True, persisted=False, direct=direct),
+            )
+    frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        rows = materialize_and_check(
+            frame, schema, replace_partition if mode == "overwrite" else None, label
+        )
+    except BaseException:
+        frame.unpersist()
+        raise
+    return dataclasses.replace(
+        staged,
+        num_rows=rows,
+        seconds=time.perf_counter() - started,
+        handle=SparkStage(frame, schema, current is not None, persisted=True),
+    )

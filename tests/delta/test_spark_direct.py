@@ -213,7 +213,7 @@ def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
 
     # Staged through the cache and committed by the writer, the same append takes more
     # jobs (the rows are computed into the cache, counted, then written).
-    monkeypatch.setattr("dagster_sideinputs.delta.spark_engine.plain_append", lambda *a, **k: False)
+    monkeypatch.setattr("dagster_sideinputs.delta.spark_stage.plain_append", lambda *a, **k: False)
     cached, cached_stage_jobs = jobs_of(spark, "cached", lambda: engine.stage(data, uri))
     assert cached.handle.direct is None
     assert cached.handle.persisted
