@@ -176,10 +176,12 @@ class DeltaSparkEngine:
         verify_files(chosen, table=label)
         if not chosen:
             return spark.createDataFrame([], snapshot.schema)
-        condition = whole_partitions(snapshot, chosen)
-        if condition is not None:
-            return read_delta(spark, snapshot, condition)
+        # The files the log lists, by Spark's parquet reader (spark_read): Delta's reader
+        # at versionAsOf would rebuild the version's snapshot with Spark jobs first.
         state = self._state(snapshot.uri, snapshot.version, name=label)
+        condition = whole_partitions(snapshot, chosen)
+        if condition is not None and any(f.deletion_vector for f in state.files.values()):
+            return read_delta(spark, snapshot, condition)
         return read_subset(spark, snapshot, state, chosen, label)
 
     def read_changes(

@@ -1,7 +1,8 @@
-"""Reading rows of a pinned version for the delta-spark engine: whole partitions (or the
-whole table) through Delta's reader at ``versionAsOf``; some files of a version (a main
-input's new files) through Spark's parquet reader, column mapping translated, unless they
-carry deletion vectors."""
+"""Reading rows of a pinned version for the delta-spark engine: the files the engine's log
+reader lists (a whole version, whole partitions, or a main input's new files) through
+Spark's parquet reader, column mapping translated; through Delta's reader (at
+``versionAsOf``) where a file carries a deletion vector. Delta's reader would first build
+the version's snapshot with Spark jobs, which the log reader has already read."""
 
 from collections.abc import Sequence
 from urllib.parse import unquote

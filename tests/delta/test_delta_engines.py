@@ -376,3 +376,78 @@ def test_plain_deltalake_reads_what_delta_spark_wrote_with_removals(spark, tmp_p
     rows = deltalake.DeltaTable(uri).to_pyarrow_table().to_pydict()
     assert rows == {"id": [2], "slot": ["b"]}
     assert engine.read_rows(uri).equals(pa.table({"id": [2], "slot": ["b"]}))
+
+
+# --- whole-version reads under delta-spark -------------------------------------------------
+
+
+def _read_both_ways(spark, engine, uri: str, **kwargs):
+    """The engine's read of the latest version, and Delta's own reader of it."""
+    snapshot = engine.snapshot(uri)
+    ours = engine.read_snapshot(spark, snapshot, **kwargs)
+    theirs = spark.read.format("delta").option("versionAsOf", snapshot.version).load(uri)
+    return ours, theirs.select(*ours.columns)
+
+
+def _file_index(frame) -> str:
+    """The file index of the read's scan: Spark's own, or one of Delta's."""
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    return "delta" if "DeltaFileIndex" in plan or "Tahoe" in plan else "spark"
+
+
+def test_delta_spark_reads_a_whole_version_from_the_files_its_log_lists(spark, tmp_path):
+    """A side input's version (the whole table, or whole partitions) is read with Spark's
+    parquet reader from the files the engine's log reader lists, not by Delta's reader
+    (which rebuilds the version's snapshot with Spark jobs): the same rows, null and
+    odd partition values, a removed file and a later column included."""
+    uri = str(tmp_path / "profiles")
+    rows = [(1, "a=b c", "ann"), (2, None, "bob"), (3, "x/y", None), (4, "a=b c", "dee")]
+    frame = spark.createDataFrame(rows, "customer_id long, segment string, name string")
+    frame.write.format("delta").partitionBy("segment").save(uri)
+    spark.sql(f"DELETE FROM {sql_table(uri)} WHERE customer_id = 4")  # rewrites a partition
+    later = spark.createDataFrame(
+        [(5, "x/y", "eve", 0.5)], "customer_id long, segment string, name string, risk double"
+    )
+    later.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+    engine = storage(tmp_path, "delta-spark", spark).delta
+
+    ours, theirs = _read_both_ways(spark, engine, uri)
+    assert sorted_rows(ours) == sorted_rows(theirs)
+    assert len(ours.collect()) == 4
+    assert _file_index(ours) == "spark"
+    assert _file_index(theirs) == "delta"
+
+    some, theirs = _read_both_ways(spark, engine, uri, partition_filter={"segment": [None, "x/y"]})
+    assert sorted_rows(some) == sorted_rows(theirs.where("segment IS NULL OR segment = 'x/y'"))
+    assert len(some.collect()) == 3
+
+
+def test_delta_spark_reads_renamed_and_widened_columns_of_a_whole_version(spark, tmp_path):
+    """Column mapping (a renamed column: files hold physical names) and type widening
+    (older files hold the narrower type) read as Delta's reader reads them."""
+    uri = str(tmp_path / "profiles")
+    spark.createDataFrame(
+        [(1, 10, "ann")], "customer_id long, score int, name string"
+    ).write.format("delta").option("delta.columnMapping.mode", "name").option(
+        "delta.enableTypeWidening", "true"
+    ).save(uri)
+    spark.sql(f"ALTER TABLE {sql_table(uri)} RENAME COLUMN name TO full_name")
+    spark.sql(f"ALTER TABLE {sql_table(uri)} ALTER COLUMN score TYPE BIGINT")
+    spark.createDataFrame(
+        [(2, 2**40, "bob")], "customer_id long, score long, full_name string"
+    ).write.format("delta").mode("append").save(uri)
+    engine = storage(tmp_path, "delta-spark", spark).delta
+
+    ours, theirs = _read_both_ways(spark, engine, uri)
+    assert ours.schema.simpleString() == theirs.schema.simpleString()
+    assert sorted_rows(ours) == sorted_rows(theirs) == [(1, 10, "ann"), (2, 2**40, "bob")]
+
+
+def test_delta_spark_reads_a_version_with_deletion_vectors_through_deltas_reader(spark, tmp_path):
+    uri = str(tmp_path / "profiles")
+    side_with_deletion_vectors(spark, uri)
+    engine = storage(tmp_path, "delta-spark", spark).delta
+    ours, theirs = _read_both_ways(spark, engine, uri)
+    assert _file_index(ours) == "delta"  # Delta's reader applies the deletion vector
+    assert sorted_rows(ours) == sorted_rows(theirs)
+    assert 11 not in [r.customer_id for r in ours.collect()]
