@@ -55,7 +55,7 @@ from dagster_sideinputs.delta.spark_log_files import LogFiles, log_files
 from dagster_sideinputs.delta.spark_log_replay import commit_changes
 from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
-from dagster_sideinputs.delta.spark_read import read_delta, read_subset
+from dagster_sideinputs.delta.spark_read import read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
 from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
@@ -179,10 +179,8 @@ class DeltaSparkEngine:
         # The files the log lists, by Spark's parquet reader (spark_read): Delta's reader
         # at versionAsOf would rebuild the version's snapshot with Spark jobs first.
         state = self._state(snapshot.uri, snapshot.version, name=label)
-        condition = whole_partitions(snapshot, chosen)
-        if condition is not None and any(f.deletion_vector for f in state.files.values()):
-            return read_delta(spark, snapshot, condition)
-        return read_subset(spark, snapshot, state, chosen, label)
+        whole = whole_partitions(snapshot, chosen)
+        return read_subset(spark, snapshot, state, chosen, label, whole=whole)
 
     def read_changes(
         self,

@@ -38,13 +38,19 @@ def read_subset(
     state: LogState,
     files: Sequence[DataFile],
     label: str,
+    *,
+    whole: Column | bool | None = None,
 ) -> DataFrame:
-    """Some files of a version (``state`` is the same version's log state): appended files
-    carry no deletion vectors, so Spark's parquet reader reads them exactly, column mapping
-    translated; files with deletion vectors go through Delta's reader."""
+    """Files of a version (``state`` is the same version's log state) by Spark's parquet
+    reader, column mapping translated. If any of them carries a deletion vector at that
+    version, Delta's reader reads them instead: on ``whole`` (the condition selecting
+    exactly these files' partitions, when they are whole partitions or the whole table),
+    else on their file names."""
     wanted = {f.path for f in files}
     live = [f for f in state.files.values() if unquote(f.path) in wanted]
     if any(f.deletion_vector for f in live):
+        if whole is not None:
+            return read_delta(spark, snapshot, whole)
         names = [f.uri.rsplit("/", 1)[-1] for f in files]
         return read_delta(spark, snapshot, F.col("_metadata.file_name").isin(names))
     if not state.column_mapping:

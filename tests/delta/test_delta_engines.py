@@ -451,3 +451,26 @@ def test_delta_spark_reads_a_version_with_deletion_vectors_through_deltas_reader
     assert _file_index(ours) == "delta"  # Delta's reader applies the deletion vector
     assert sorted_rows(ours) == sorted_rows(theirs)
     assert 11 not in [r.customer_id for r in ours.collect()]
+
+
+def test_delta_spark_reads_partitions_without_deletion_vectors_from_their_files(spark, tmp_path):
+    """Only the files read decide: a deletion vector in another partition leaves the
+    chosen partition to Spark's parquet reader; reading the partition with it goes
+    through Delta's reader, which applies it."""
+    uri = str(tmp_path / "profiles")
+    rows = [(10, "a", "ann"), (11, "a", "old"), (12, "b", "cy")]
+    spark.createDataFrame(rows, "customer_id long, segment string, name string").coalesce(
+        1
+    ).write.format("delta").partitionBy("segment").option(
+        "delta.enableDeletionVectors", "true"
+    ).save(uri)
+    spark.sql(f"DELETE FROM {sql_table(uri)} WHERE customer_id = 11")
+    assert any(a["add"].get("deletionVector") for c in commits(uri) for a in c if "add" in a)
+    engine = storage(tmp_path, "delta-spark", spark).delta
+
+    other, _ = _read_both_ways(spark, engine, uri, partition_filter={"segment": ["b"]})
+    assert _file_index(other) == "spark"
+    assert sorted_rows(other) == [(12, "b", "cy")]
+    deleted, _ = _read_both_ways(spark, engine, uri, partition_filter={"segment": ["a"]})
+    assert _file_index(deleted) == "delta"
+    assert sorted_rows(deleted) == [(10, "a", "ann")]
