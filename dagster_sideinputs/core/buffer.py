@@ -25,6 +25,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import (
     BATCH,
@@ -70,9 +71,27 @@ def is_keywait(slot: str) -> bool:
     return slot.startswith("key=")
 
 
-def fingerprint(columns: Sequence[str]) -> Column:
-    """A deterministic 64-bit fingerprint of a record: the tie-breaker of buffer order."""
-    return F.xxhash64(*[F.col(quoted(c)) for c in columns])
+def fingerprint(schema: T.StructType, columns: Sequence[str]) -> Column:
+    """A deterministic 64-bit fingerprint of a record: the tie-breaker of buffer order.
+
+    Spark refuses to hash maps and variants (anywhere in a column's type); such a column
+    is hashed through its string form, which is as deterministic for one record."""
+    return F.xxhash64(*[_hashable(c, schema[c].dataType) for c in columns])
+
+
+def _hashable(column: str, data_type: T.DataType) -> Column:
+    value = F.col(quoted(column))
+    return value.cast("string") if _unhashable(data_type) else value
+
+
+def _unhashable(data_type: T.DataType) -> bool:
+    if isinstance(data_type, T.MapType | T.VariantType):
+        return True
+    if isinstance(data_type, T.ArrayType):
+        return _unhashable(data_type.elementType)
+    if isinstance(data_type, T.StructType):
+        return any(_unhashable(f.dataType) for f in data_type.fields)
+    return False
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ def with_bookkeeping(
         frame.withColumn(KEY_GROUP, _key_group(spec))
         .withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
         .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))
-        .withColumn(FINGERPRINT, fingerprint(main_columns))
+        .withColumn(FINGERPRINT, fingerprint(raw.schema, main_columns))
         .withColumn(ORIGIN, F.lit("new"))
     )
 
