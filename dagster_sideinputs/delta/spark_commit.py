@@ -14,6 +14,7 @@ plain append with its transaction, on a classic session, through Delta's transac
 
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -226,7 +227,7 @@ def _translated(
         )
     if "DELTA_NOT_NULL_CONSTRAINT_VIOLATED" in text or "DELTA_VIOLATE_CONSTRAINT" in text:
         return SchemaMismatchError(
-            f"The data violates a constraint of table {label}: {_first_line(text)}. "
+            f"The data violates a constraint of table {label}: {_constraint_message(text)}. "
             "The table is unchanged.",
             fix="filter or fix the offending rows first",
         )
@@ -239,6 +240,19 @@ def _translated(
     if is_path_not_found(exc):
         return NotADeltaTableError(f"Cannot write table {label}: {_first_line(text)}")
     return exc
+
+
+def _constraint_message(text: str) -> str:
+    """Delta's own words about a violated constraint (which one, the row's values), found
+    in a Java error whose first line is often py4j's "An error occurred while calling"."""
+    found = re.search(
+        r"\[DELTA_(?:VIOLATE_CONSTRAINT\w*|NOT_NULL_CONSTRAINT_VIOLATED)\].*?(?=\n\s*at |$)",
+        text,
+        re.S,
+    )
+    if found is None:
+        return _first_line(text)
+    return " ".join(found.group(0).split())[:500]
 
 
 def _first_line(text: str) -> str:
