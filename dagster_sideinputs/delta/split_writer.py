@@ -47,6 +47,8 @@ def stage_split_dataframe(
         )
         if plan.partition_by or plan.projected.schema != data.schema:
             return None  # this table takes the rows in another shape
+        if plan.constraints:
+            return None  # its rows are checked as they are written
         plans.append(plan)
     if len({_filesystem(plan.uri) for plan in plans}) > 1:
         return None  # files could not be renamed from one table into another

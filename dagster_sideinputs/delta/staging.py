@@ -7,6 +7,7 @@ before anything is committed.
 """
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.files import (
@@ -90,6 +93,53 @@ def check_not_null(staged: list[StagedFile], schema: T.StructType, *, table: str
                     f"{nulls} null value(s). The table is unchanged.",
                     fix=f'filter or fill the nulls first, e.g. df.fillna(..., subset=["{column}"])',
                 )
+
+
+CONSTRAINT_PREFIX = "delta.constraints."
+_VIOLATION = re.compile(r"_dsi_check_violated:(?P<name>[^\x1f]*)\x1f(?P<row>.*?)\x1e", re.S)
+
+
+def table_constraints(configuration: Mapping[str, str | None]) -> dict[str, str]:
+    """A table's CHECK constraints: name -> SQL expression (``delta.constraints.*``)."""
+    return {
+        key[len(CONSTRAINT_PREFIX) :]: str(value)
+        for key, value in configuration.items()
+        if key.startswith(CONSTRAINT_PREFIX) and value
+    }
+
+
+def checked_constraints(frame: DataFrame, constraints: Mapping[str, str]) -> DataFrame:
+    """``frame`` whose rows are checked against the CHECK constraints as Spark writes them:
+    a row for which a constraint is false or null (Delta's rule) fails the job, and
+    :func:`constraint_error` turns that failure into the error to raise."""
+    if not constraints:
+        return frame
+    columns = [F.col(f"`{c.replace('`', '``')}`") for c in frame.columns]
+    row = F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+    check = None
+    for name, expression in sorted(constraints.items()):
+        violated = ~F.coalesce(F.expr(expression), F.lit(False))
+        message = F.concat(F.lit(f"_dsi_check_violated:{name}\x1f"), row, F.lit("\x1e"))
+        failure = F.raise_error(message)
+        check = F.when(violated, failure) if check is None else check.when(violated, failure)
+    assert check is not None
+    return frame.where(check.otherwise(F.lit(True)))
+
+
+def constraint_error(
+    exc: BaseException, constraints: Mapping[str, str], *, table: str
+) -> SchemaMismatchError | None:
+    """The error for a job :func:`checked_constraints` failed; None for other failures."""
+    found = _VIOLATION.search(str(exc))
+    if found is None:
+        return None
+    name = found["name"]
+    return SchemaMismatchError(
+        f"The data violates CHECK constraint {name} ({constraints.get(name, '?')}) of table "
+        f"{table}: a row with values {found['row'][:500]}. The table is unchanged.",
+        fix=f"filter or fix the offending rows first, or drop the constraint "
+        f"(ALTER TABLE ... DROP CONSTRAINT {name})",
+    )
 
 
 class Staging:

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import deltalake
 import pyarrow as pa
@@ -33,6 +34,33 @@ from dagster_sideinputs.errors import (
 # the snapshot carries one (checked per snapshot).
 SUPPORTED_READER_FEATURES = frozenset(
     {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "deletionVectors"}
+)
+
+# Writer features the bridge's commits honour as the protocol asks of a writer: its
+# appends and whole-file removals need nothing more for these (CHECK constraints are
+# enforced while staging, NOT NULL columns checked from the staged files, an append-only
+# table's files never removed). A table listing any other writer feature is refused.
+BRIDGE_WRITER_FEATURES = frozenset(
+    {
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "changeDataFeed",
+        "timestampNtz",
+        "deletionVectors",
+        "v2Checkpoint",
+    }
+)
+# Field metadata of features a legacy protocol (writer version < 7) implies: only a
+# table that uses them is refused.
+_FIELD_FEATURES = {
+    "delta.generationExpression": "generatedColumns",
+    "delta.identity.start": "identityColumns",
+    "delta.invariants": "invariants (SQL expressions)",
+}
+WRITE_NATIVE = (
+    "write the table with the delta-spark engine, which supports it: a session with Delta "
+    "configured (SparkResource(delta=True)) and DeltaStorage(engine='auto' or 'delta-spark')"
 )
 
 _NATIVE = (
@@ -152,6 +180,25 @@ def _refuse_unreadable(
             )
 
 
+def check_writable(protocol: Mapping[str, Any], schema_json: str, *, name: str) -> None:
+    """Refuse to write to a table whose writer features the bridge cannot honour:
+    features it does not implement, and the columns a writer must compute or check
+    (generated, identity, SQL-expression invariants).
+
+    Raises:
+        UnsupportedTableFeatureError: naming the features and the fix.
+    """
+    unsupported = {feature for key, feature in _FIELD_FEATURES.items() if f'"{key}"' in schema_json}
+    if int(protocol.get("minWriterVersion") or 1) >= 7:
+        unsupported |= set(protocol.get("writerFeatures") or ()) - BRIDGE_WRITER_FEATURES
+    if unsupported:
+        raise UnsupportedTableFeatureError(
+            f"Table {name} uses the Delta writer feature(s) {sorted(unsupported)}, which the "
+            "delta-rs bridge cannot write as the Delta protocol requires; nothing was written.",
+            fix=WRITE_NATIVE,
+        )
+
+
 def _commit_timestamp(
     files: TableFiles, version: int, modification_time_ms: int | None = None
 ) -> dt.datetime:
@@ -266,8 +313,10 @@ def load_snapshot(
     storage_options: Mapping[str, str] | None = None,
     name: str | None = None,
     check_features: bool = True,
+    writing: bool = False,
 ) -> TableSnapshot:
-    """Read the metadata of one version of a table (latest by default).
+    """Read the metadata of one version of a table (latest by default); ``writing``: the
+    bridge is about to write to it (:func:`check_writable`).
 
     Raises:
         TableNotFoundError, NotADeltaTableError, UnsupportedTableFeatureError
@@ -279,10 +328,22 @@ def load_snapshot(
         state = READER.state(local, version, table=label)
         if check_features:
             check_state_readable(state, name=label)
+        if writing:
+            check_writable(state.protocol, str(state.metadata.get("schemaString", "")), name=label)
         return state.table_snapshot()
     table = open_table(uri, version=version, storage_options=storage_options, name=label)
     if check_features:
         check_readable(table, name=label)
+    if writing:
+        protocol = table.protocol()
+        check_writable(
+            {
+                "minWriterVersion": protocol.min_writer_version,
+                "writerFeatures": protocol.writer_features,
+            },
+            table.schema().to_json(),
+            name=label,
+        )
     files = TableFiles(uri, storage_options)
     metadata = table.metadata()
     return TableSnapshot(

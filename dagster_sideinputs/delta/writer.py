@@ -18,7 +18,7 @@ files are invisible to Delta readers anyway.
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -53,8 +53,11 @@ from dagster_sideinputs.delta.staging import (
     Staging,
     check_not_null,
     check_partition,
+    checked_constraints,
+    constraint_error,
     refuse_blocked_location,
     refuse_foreign_folder,
+    table_constraints,
 )
 from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
 
@@ -88,6 +91,8 @@ class TablePlan:
     replace_partition: Mapping[str, Any] | None = None
     schema_mode: SchemaMode | None = None
     storage_options: Mapping[str, str] | None = None
+    constraints: Mapping[str, str] = field(default_factory=dict)
+    """The table's CHECK constraints, which ``projected`` checks as it is written."""
 
     def staged(self, staging: Staging, files: list[StagedFile], seconds: float) -> StagedWrite:
         """The staged write of ``files`` (in ``staging``), checked against the plan."""
@@ -136,7 +141,11 @@ def plan_table(
     exists = is_table(uri, storage_options)
     if not exists:
         refuse_foreign_folder(files, label)
-    snapshot = load_snapshot(uri, storage_options=storage_options, name=label) if exists else None
+    snapshot = (
+        load_snapshot(uri, storage_options=storage_options, name=label, writing=True)
+        if exists
+        else None
+    )
     schema, projected, new_fields, partitions = plan_write_schema(
         df,
         None if snapshot is None else snapshot.schema,
@@ -147,9 +156,11 @@ def plan_table(
         label=label,
         replace_partition=replace_partition,
     )
+    constraints = table_constraints(snapshot.configuration) if snapshot else {}
     return TablePlan(
-        uri, label, files, exists, schema, projected, new_fields, partitions,
-        mode, replace_partition, schema_mode, storage_options,
+        uri, label, files, exists, schema, checked_constraints(projected, constraints),
+        new_fields, partitions, mode, replace_partition, schema_mode, storage_options,
+        constraints,
     )  # fmt: skip
 
 
@@ -182,8 +193,11 @@ def stage_dataframe(
         writer.parquet(staging.spark_location())
         staged = staging.collect(data_schema, partitions)
         return plan.staged(staging, staged, time.perf_counter() - started)
-    except BaseException:
+    except BaseException as exc:
         staging.discard(published_too=False)
+        violation = constraint_error(exc, plan.constraints, table=plan.label)
+        if violation is not None:
+            raise violation from exc
         raise
 
 
@@ -396,5 +410,5 @@ def validate_append(
     uri = normalize_uri(uri)
     if not is_table(uri, storage_options):
         return
-    snapshot = load_snapshot(uri, storage_options=storage_options, name=name)
+    snapshot = load_snapshot(uri, storage_options=storage_options, name=name, writing=True)
     plan_append(schema, snapshot.schema, table=name or uri, merge=schema_mode == "merge")

@@ -474,3 +474,108 @@ def test_delta_spark_reads_partitions_without_deletion_vectors_from_their_files(
     deleted, _ = _read_both_ways(spark, engine, uri, partition_filter={"segment": ["a"]})
     assert _file_index(deleted) == "delta"
     assert sorted_rows(deleted) == [(10, "a", "ann")]
+
+
+# --- writing to tables with writer features ------------------------------------------------------
+
+ENRICHED = "tx_id long, customer_id long, name string"
+
+
+def output_table(spark, path: str, features: str) -> None:
+    """An existing output table made by delta-spark with ``features`` (a CREATE clause)."""
+    spark.sql(f"CREATE TABLE {sql_table(path)} ({ENRICHED}) USING delta {features}")
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_an_output_tables_check_constraint_stops_the_batch_under_both_engines(
+    spark, tmp_path, engine
+):
+    store = storage(tmp_path, engine, spark)
+    path = store.table_uri("enriched")
+    output_table(spark, path, "")
+    spark.sql(f"ALTER TABLE {sql_table(path)} ADD CONSTRAINT known CHECK (name IS NOT NULL)")
+    append(spark, store, "profiles", [(10, "ann")], PROFILES)
+    append(spark, store, "transactions", [(1, 10, 1.0), (2, 10, 2.0)], TX)
+    op = operator(store)
+    assert op.run(spark).emitted("enriched") == 2
+    # Record 3 waits for its profile a day, then joins with a null name (on_timeout="null").
+    append(spark, store, "transactions", [(3, 99, 3.0)], TX)
+    assert op.run(spark).batches[0].routes["key_wait"] == 1
+    before = store.delta.snapshot(path).version
+
+    later = dt.datetime.now(dt.timezone.utc) + 2 * DAY
+    with pytest.raises(dsi.SchemaMismatchError) as caught:
+        op.run(spark, clock=lambda: later)
+    message = str(caught.value)
+    assert "CHECK constraint known" in message and "enriched" in message
+    assert "null" in message and "unchanged" in message  # the offending value
+    assert store.delta.snapshot(path).version == before  # nothing committed
+    assert op.buffer().rows() == 1  # the record still waits: nothing lost
+
+    spark.sql(f"ALTER TABLE {sql_table(path)} DROP CONSTRAINT known")
+    assert op.run(spark, clock=lambda: later).emitted("enriched") == 1
+    rows = sorted_rows(spark.read.format("delta").load(path))
+    assert rows == [(1, 10, "ann"), (2, 10, "ann"), (3, 99, None)]
+
+
+@pytest.mark.parametrize(
+    "features, refused",
+    [
+        ("CLUSTER BY (customer_id)", "clustering"),
+        ("TBLPROPERTIES ('delta.enableRowTracking' = 'true')", "rowTracking"),
+        ("TBLPROPERTIES ('delta.enableInCommitTimestamps' = 'true')", "inCommitTimestamp"),
+        ("TBLPROPERTIES ('delta.feature.vacuumProtocolCheck' = 'supported')", "vacuumProtocolCheck"),
+        ("", "identityColumns"),
+        ("", "generatedColumns"),
+    ],
+)
+def test_the_bridge_refuses_writer_features_it_cannot_honour_before_writing(
+    spark, tmp_path, features, refused
+):
+    store = storage(tmp_path, "delta-rs", spark)
+    path = store.table_uri("enriched")
+    if refused == "identityColumns":
+        spark.sql(
+            f"CREATE TABLE {sql_table(path)} ({ENRICHED}, "
+            "id BIGINT GENERATED ALWAYS AS IDENTITY) USING delta"
+        )
+    elif refused == "generatedColumns":
+        spark.sql(
+            f"CREATE TABLE {sql_table(path)} ({ENRICHED}, "
+            "tx2 BIGINT GENERATED ALWAYS AS (tx_id * 2)) USING delta"
+        )
+    else:
+        output_table(spark, path, features)
+    before = sorted(p.name for p in Path(path).rglob("*") if p.is_file())
+
+    frame = spark.createDataFrame([(1, 10, "ann")], ENRICHED)
+    if refused == "generatedColumns":
+        frame = frame.withColumn("tx2", F.lit(5).cast("long"))  # not tx_id * 2
+    with pytest.raises(dsi.UnsupportedTableFeatureError) as caught:
+        store.delta.write(frame, path)
+    assert refused in str(caught.value)
+    assert "delta-spark" in caught.value.fix
+    assert sorted(p.name for p in Path(path).rglob("*") if p.is_file()) == before
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        "TBLPROPERTIES ('delta.appendOnly' = 'true', 'delta.enableChangeDataFeed' = 'true')",
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",
+        "TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')",
+    ],
+)
+def test_the_bridge_appends_to_tables_with_writer_features_it_honours(spark, tmp_path, features):
+    store = storage(tmp_path, "delta-rs", spark)
+    path = store.table_uri("enriched")
+    output_table(spark, path, features)
+    spark.sql(f"ALTER TABLE {sql_table(path)} ADD CONSTRAINT positive CHECK (tx_id > 0)")
+    for tx in range(1, 12):  # past a checkpoint (every 10 versions)
+        store.delta.write(spark.createDataFrame([(tx, 10, "ann")], ENRICHED), path)
+    spark.sql(f"INSERT INTO {sql_table(path)} VALUES (12, 10, 'ann')")  # delta-spark goes on
+    assert sorted_rows(spark.read.format("delta").load(path).select("tx_id")) == [
+        (tx,) for tx in range(1, 13)
+    ]
+    with pytest.raises(dsi.SchemaMismatchError, match="CHECK constraint positive"):
+        store.delta.write(spark.createDataFrame([(0, 10, "ann")], ENRICHED), path)
