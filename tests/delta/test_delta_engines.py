@@ -507,8 +507,10 @@ def test_an_output_tables_check_constraint_stops_the_batch_under_both_engines(
     with pytest.raises(dsi.SchemaMismatchError) as caught:
         op.run(spark, clock=lambda: later)
     message = str(caught.value)
-    assert "CHECK constraint known" in message and "enriched" in message
-    assert "null" in message and "unchanged" in message  # the offending value
+    assert "CHECK constraint known" in message
+    assert "enriched" in message
+    assert "null" in message  # the offending value
+    assert "unchanged" in message
     assert store.delta.snapshot(path).version == before  # nothing committed
     assert op.buffer().rows() == 1  # the record still waits: nothing lost
 
@@ -519,12 +521,15 @@ def test_an_output_tables_check_constraint_stops_the_batch_under_both_engines(
 
 
 @pytest.mark.parametrize(
-    "features, refused",
+    ("features", "refused"),
     [
         ("CLUSTER BY (customer_id)", "clustering"),
         ("TBLPROPERTIES ('delta.enableRowTracking' = 'true')", "rowTracking"),
         ("TBLPROPERTIES ('delta.enableInCommitTimestamps' = 'true')", "inCommitTimestamp"),
-        ("TBLPROPERTIES ('delta.feature.vacuumProtocolCheck' = 'supported')", "vacuumProtocolCheck"),
+        (
+            "TBLPROPERTIES ('delta.feature.vacuumProtocolCheck' = 'supported')",
+            "vacuumProtocolCheck",
+        ),
         ("", "identityColumns"),
         ("", "generatedColumns"),
     ],
