@@ -181,6 +181,14 @@ class AppendPlan:
     new_fields: list[T.StructField]
 
 
+COMPUTED_COLUMN_KEYS = ("delta.generationExpression", "delta.identity.start")
+
+
+def computed_by_delta(field: T.StructField) -> bool:
+    """An identity or generated column, whose values Delta's writer computes."""
+    return any(key in field.metadata for key in COMPUTED_COLUMN_KEYS)
+
+
 def plan_append(
     data: T.StructType, table_schema: T.StructType, *, table: str, merge: bool
 ) -> AppendPlan:
@@ -188,7 +196,9 @@ def plan_append(
 
     Rules (those of delta-spark): columns match by name; a type must be equal or a
     safe widening (int -> long, float -> double, wider decimal); with ``merge`` new
-    columns are added to the table and missing ones are written as nulls.
+    columns are added to the table and missing ones are written as nulls. Unlike
+    delta-spark, a missing column is an error without ``merge`` (output schemas are
+    strict), except an identity or generated column, which Delta's writer computes.
 
     Raises:
         SchemaMismatchError: naming every offending column, with the fix.
@@ -199,6 +209,8 @@ def plan_append(
     columns: list[Column] = []
     for field in table_schema.fields:
         incoming = data_fields.get(field.name)
+        if incoming is None and computed_by_delta(field):
+            continue  # Delta's writer computes it (the bridge refuses such tables)
         if incoming is None:
             if merge:
                 columns.append(F.lit(None).cast(field.dataType).alias(field.name))

@@ -584,3 +584,38 @@ def test_the_bridge_appends_to_tables_with_writer_features_it_honours(spark, tmp
     ]
     with pytest.raises(dsi.SchemaMismatchError, match="CHECK constraint positive"):
         store.delta.write(spark.createDataFrame([(0, 10, "ann")], ENRICHED), path)
+
+
+def test_delta_spark_fills_an_output_tables_identity_and_generated_columns(spark, tmp_path):
+    store = storage(tmp_path, "delta-spark", spark)
+    path = store.table_uri("enriched")
+    spark.sql(
+        f"CREATE TABLE {sql_table(path)} ({ENRICHED}, id BIGINT GENERATED ALWAYS AS IDENTITY, "
+        "tx2 BIGINT GENERATED ALWAYS AS (tx_id * 2)) USING delta"
+    )
+    append(spark, store, "profiles", [(10, "ann")], PROFILES)
+    append(spark, store, "transactions", [(1, 10, 1.0), (2, 10, 2.0)], TX)
+    op = operator(store)
+    assert op.run(spark).emitted("enriched") == 2
+    append(spark, store, "transactions", [(3, 10, 3.0)], TX)
+    assert op.run(spark).emitted("enriched") == 1
+    assert op.run(spark).batches == []  # nothing new: nothing written twice
+    rows = spark.read.format("delta").load(path).select("tx_id", "tx2", "id").collect()
+    assert sorted((r.tx_id, r.tx2) for r in rows) == [(1, 2), (2, 4), (3, 6)]
+    assert len({r.id for r in rows}) == 3
+    assert None not in {r.id for r in rows}
+
+    # A value the function gives for a generated column must be the generated one.
+    wrong = dsi.SideInputOperator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=lambda main, sides: enrich(main, sides).withColumn("tx2", F.lit(0).cast("long")),
+        main_output="enriched",
+        storage=store,
+        operator_id="wrong",
+    )
+    with pytest.raises(
+        dsi.SchemaMismatchError, match=r"Generated Column \(tx2 <=> \(tx_id \* 2\)\)"
+    ):
+        wrong.run(spark)
+    assert spark.read.format("delta").load(path).count() == 3
