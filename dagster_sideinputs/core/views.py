@@ -35,8 +35,8 @@ def value_struct(schema: T.StructType) -> Column:
 
 
 def orderable(data_type: T.DataType) -> bool:
-    """Whether Spark can sort values of this type (maps cannot be compared)."""
-    if isinstance(data_type, T.MapType):
+    """Whether Spark can sort values of this type (maps and variants cannot be compared)."""
+    if isinstance(data_type, T.MapType | T.VariantType):
         return False
     if isinstance(data_type, T.StructType):
         return all(orderable(f.dataType) for f in data_type.fields)
