@@ -144,7 +144,7 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
 def _ddl(schema: T.StructType) -> str:
-    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+    return ", ".join(f"{quoted(f.name)} {f.dataType.simpleString()}" for f in schema.fields)
 
 
 def bucketing_obstacle(snapshot: TableSnapshot, files: Sequence[DataFile]) -> str | None:
@@ -190,7 +190,7 @@ def bucketed_scan(
     name = f"dsi_prekeyed_{_SAFE_NAME.sub('_', label)}_{uuid.uuid4().hex[:12]}"
     spark.sql(
         f"CREATE TABLE `{name}` ({_ddl(snapshot.data_schema)}) USING parquet "
-        f"CLUSTERED BY (`{key}`) INTO {groups.max_key_groups} BUCKETS "
+        f"CLUSTERED BY ({quoted(key)}) INTO {groups.max_key_groups} BUCKETS "
         f"LOCATION 'file://{folder}'"
     )
     frame = spark.table(f"`{name}`")

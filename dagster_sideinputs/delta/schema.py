@@ -221,9 +221,9 @@ def plan_append(
                 )
             continue
         if same_type(incoming.dataType, field.dataType):
-            columns.append(F.col(f"`{field.name}`"))
+            columns.append(F.col(quoted(field.name)))
         elif is_safe_widening(incoming.dataType, field.dataType):
-            columns.append(F.col(f"`{field.name}`").cast(field.dataType).alias(field.name))
+            columns.append(F.col(quoted(field.name)).cast(field.dataType).alias(field.name))
         else:
             problems.append(
                 f"column {field.name!r} is {incoming.dataType.simpleString()} in the data "
@@ -242,7 +242,7 @@ def plan_append(
             fix="cast or rename the columns to match the table, or pass "
             'schema_mode="merge" to add new columns and write missing ones as nulls',
         )
-    columns.extend(F.col(f"`{field.name}`") for field in extra)
+    columns.extend(F.col(quoted(field.name)) for field in extra)
     return AppendPlan(columns=columns, new_fields=extra)
 
 

@@ -26,7 +26,7 @@ from dagster_sideinputs.delta.files import (
     normalize_uri,
     spark_uri,
 )
-from dagster_sideinputs.delta.schema import partition_string
+from dagster_sideinputs.delta.schema import partition_string, quoted
 from dagster_sideinputs.delta.stats import file_stats
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError, StorageError
 
@@ -114,7 +114,7 @@ def checked_constraints(frame: DataFrame, constraints: Mapping[str, str]) -> Dat
     :func:`constraint_error` turns that failure into the error to raise."""
     if not constraints:
         return frame
-    columns = [F.col(f"`{c.replace('`', '``')}`") for c in frame.columns]
+    columns = [F.col(quoted(c)) for c in frame.columns]
     row = F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
     check = None
     for name, expression in sorted(constraints.items()):

@@ -290,3 +290,39 @@ def test_a_row_function_reads_a_side_input_joined_from_key_group_buckets(lake):
     assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
     assert "Exchange" not in batch.physical_plan
     assert lake.rows("enriched") == sorted([(i, f"n{i % 37}") for i in range(400)], key=repr)
+
+
+def test_pre_keyed_inputs_whose_column_names_hold_backticks_and_dots_join_in_place(lake):
+    key, value = "cust`id", "na.me"  # names Spark SQL must quote (a backtick is doubled)
+    spark = lake.spark
+    main = spark.range(400).select(
+        F.col("id").alias("tx_id"), (F.col("id") % 37).alias(key), F.lit(1.0).alias("amt.usd")
+    )
+    profiles = spark.createDataFrame([(k, f"n{k}") for k in range(37)], "k long, v string")
+    profiles = profiles.toDF(key, value)
+    for name, frame in (("transactions", main), ("profiles", profiles)):
+        frame = frame.withColumn("key_group", key_group(key, GROUPS)).repartition(
+            GROUPS, "key_group"
+        )
+        dsi.write_dataframe(frame, lake.storage.table_uri(name), partition_by=["key_group"])
+    op = lake.operator(
+        main=dsi.MainInput("transactions", key=key, pre_keyed=dsi.KeyGroups(GROUPS, "key_group")),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key=key, distribution="keyed")},
+        fn=lambda main, sides: main.select(
+            "tx_id", F.col("`cust``id`"), F.col("profile")[value].alias(value)
+        ),
+        main_output="enriched",
+    )
+    with no_broadcast(spark):
+        batch = op.run(spark, explain=True).batches[0]
+    assert "pre-keyed: main files read as buckets (no shuffle)" in batch.notes
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
+    assert "Exchange" not in batch.physical_plan
+    assert lake.rows("enriched") == sorted(
+        [(i, i % 37, f"n{i % 37}") for i in range(400)], key=repr
+    )
+    more = main.where("tx_id < 5").withColumn("tx_id", F.col("tx_id") + 1000)
+    more = more.withColumn("key_group", key_group(key, GROUPS))
+    dsi.write_dataframe(more, lake.storage.table_uri("transactions"), partition_by=["key_group"])
+    assert op.run(spark).emitted("enriched") == 5  # appended to the existing table
+    assert len(lake.rows("enriched")) == 405
