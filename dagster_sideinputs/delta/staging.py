@@ -108,9 +108,34 @@ def table_constraints(configuration: Mapping[str, str | None]) -> dict[str, str]
     }
 
 
+NOT_NULL = "NOT NULL "
+
+
+def nested_not_null(schema: T.StructType) -> dict[str, str]:
+    """Delta's NOT NULL rule for fields nested in structs, as constraints: such a field
+    and every struct above it must be non-null (top-level columns are checked from the
+    staged files' statistics, :func:`check_not_null`)."""
+    found: dict[str, str] = {}
+
+    def walk(fields: list[T.StructField], path: list[str]) -> None:
+        for field in fields:
+            here = [*path, field.name]
+            if len(here) > 1 and not field.nullable:
+                prefixes = [".".join(quoted(p) for p in here[: i + 1]) for i in range(len(here))]
+                found[NOT_NULL + ".".join(here)] = " AND ".join(
+                    f"{column} IS NOT NULL" for column in prefixes
+                )
+            if isinstance(field.dataType, T.StructType):
+                walk(field.dataType.fields, here)
+
+    walk(schema.fields, [])
+    return found
+
+
 def checked_constraints(frame: DataFrame, constraints: Mapping[str, str]) -> DataFrame:
-    """``frame`` whose rows are checked against the CHECK constraints as Spark writes them:
-    a row for which a constraint is false or null (Delta's rule) fails the job, and
+    """``frame`` whose rows are checked against the constraints (CHECK constraints, and
+    :func:`nested_not_null`'s) as Spark writes them: a row for which a constraint is
+    false or null (Delta's rule) fails the job, and
     :func:`constraint_error` turns that failure into the error to raise."""
     if not constraints:
         return frame
@@ -133,10 +158,17 @@ def constraint_error(
     found = _VIOLATION.search(str(exc))
     if found is None:
         return None
-    name = found["name"]
+    name, row = found["name"], found["row"][:500]
+    if name.startswith(NOT_NULL):
+        column = name[len(NOT_NULL) :]
+        return SchemaMismatchError(
+            f"Field {column!r} of table {table} is NOT NULL (so the structs holding it are "
+            f"too), but the data holds a row with values {row}. The table is unchanged.",
+            fix=f"filter or fill the nulls first (of {column!r} and the structs above it)",
+        )
     return SchemaMismatchError(
         f"The data violates CHECK constraint {name} ({constraints.get(name, '?')}) of table "
-        f"{table}: a row with values {found['row'][:500]}. The table is unchanged.",
+        f"{table}: a row with values {row}. The table is unchanged.",
         fix=f"filter or fix the offending rows first, or drop the constraint "
         f"(ALTER TABLE ... DROP CONSTRAINT {name})",
     )

@@ -55,6 +55,7 @@ from dagster_sideinputs.delta.staging import (
     check_partition,
     checked_constraints,
     constraint_error,
+    nested_not_null,
     refuse_blocked_location,
     refuse_foreign_folder,
     table_constraints,
@@ -92,7 +93,8 @@ class TablePlan:
     schema_mode: SchemaMode | None = None
     storage_options: Mapping[str, str] | None = None
     constraints: Mapping[str, str] = field(default_factory=dict)
-    """The table's CHECK constraints, which ``projected`` checks as it is written."""
+    """The table's CHECK constraints and nested NOT NULL fields, which ``projected``
+    checks as it is written (:func:`~dagster_sideinputs.delta.staging.checked_constraints`)."""
 
     def staged(self, staging: Staging, files: list[StagedFile], seconds: float) -> StagedWrite:
         """The staged write of ``files`` (in ``staging``), checked against the plan."""
@@ -156,7 +158,9 @@ def plan_table(
         label=label,
         replace_partition=replace_partition,
     )
-    constraints = table_constraints(snapshot.configuration) if snapshot else {}
+    constraints = (
+        {**table_constraints(snapshot.configuration), **nested_not_null(schema)} if snapshot else {}
+    )
     return TablePlan(
         uri, label, files, exists, schema, checked_constraints(projected, constraints),
         new_fields, partitions, mode, replace_partition, schema_mode, storage_options,

@@ -619,3 +619,22 @@ def test_delta_spark_fills_an_output_tables_identity_and_generated_columns(spark
     ):
         wrong.run(spark)
     assert spark.read.format("delta").load(path).count() == 3
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_a_nested_not_null_field_is_enforced_by_both_engines(spark, tmp_path, engine):
+    # Delta's rule: a NOT NULL field nested in a struct, and the structs above it, must
+    # be non-null (the bridge used to check top-level columns only).
+    store = storage(tmp_path, engine, spark)
+    path = store.table_uri("people")
+    spark.sql(
+        f"CREATE TABLE {sql_table(path)} (id INT, s STRUCT<a: INT NOT NULL, b: INT>) USING delta"
+    )
+    ddl = "id int, s struct<a: int, b: int>"
+    before = store.delta.snapshot(path).version
+    for bad in [(1, None), (2, (None, 1))]:
+        with pytest.raises(dsi.SchemaMismatchError, match="NOT NULL"):
+            store.delta.write(spark.createDataFrame([(0, (5, 5)), bad], ddl), path)
+    assert store.delta.snapshot(path).version == before
+    store.delta.write(spark.createDataFrame([(3, (1, None))], ddl), path)
+    assert sorted_rows(spark.read.format("delta").load(path)) == [(3, (1, None))]
