@@ -37,17 +37,13 @@ from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.staging import StagedFile, allowed_values
 from dagster_sideinputs.delta.table import (
-    WRITE_NATIVE,
     is_table,
     load_snapshot,
     local_log,
     open_table,
+    unsupported_feature_error,
 )
-from dagster_sideinputs.errors import (
-    ConcurrentWriteError,
-    SchemaMismatchError,
-    UnsupportedTableFeatureError,
-)
+from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 ENGINE_NAME = "delta-rs bridge"
 CHECKPOINT_EVERY = 10
@@ -119,20 +115,6 @@ def checkpoint_if_due(
             table.cleanup_metadata()
     except Exception as exc:  # the commit is done: a missing checkpoint only costs time
         log.warning("table %s: no checkpoint at version %s (%s)", label, version, exc)
-
-
-def unsupported_feature_error(
-    exc: CommitFailedError, label: str
-) -> UnsupportedTableFeatureError | None:
-    """delta-rs refusing a commit for a table feature it does not support (which
-    :func:`~dagster_sideinputs.delta.table.check_writable` normally refuses first) is no
-    conflict: a retry would fail the same way."""
-    if "unsupported table feature" not in str(exc).lower():
-        return None
-    return UnsupportedTableFeatureError(
-        f"The delta-rs bridge cannot commit to table {label}: {exc}. Nothing was committed.",
-        fix=WRITE_NATIVE,
-    )
 
 
 def _add_actions(staged: list[StagedFile]) -> list[AddAction]:

@@ -14,7 +14,7 @@ from dagster_sideinputs.delta.engine import SplitTarget, StagedWrite
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.staging import Staging
-from dagster_sideinputs.delta.writer import TablePlan, plan_table
+from dagster_sideinputs.delta.write_plan import TablePlan, plan_table
 
 
 def stage_split_dataframe(

@@ -199,6 +199,18 @@ def check_writable(protocol: Mapping[str, Any], schema_json: str, *, name: str) 
         )
 
 
+def unsupported_feature_error(exc: Exception, label: str) -> UnsupportedTableFeatureError | None:
+    """delta-rs refusing a commit for a table feature it does not support (which
+    :func:`check_writable` normally refuses first): no conflict, a retry would fail the
+    same way."""
+    if "unsupported table feature" not in str(exc).lower():
+        return None
+    return UnsupportedTableFeatureError(
+        f"The delta-rs bridge cannot commit to table {label}: {exc}. Nothing was committed.",
+        fix=WRITE_NATIVE,
+    )
+
+
 def _commit_timestamp(
     files: TableFiles, version: int, modification_time_ms: int | None = None
 ) -> dt.datetime:
