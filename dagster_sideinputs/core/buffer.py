@@ -39,6 +39,7 @@ from dagster_sideinputs.core.columns import (
     REASON,
     ROUTE,
     SLOT,
+    comparable,
     quoted,
 )
 from dagster_sideinputs.core.metrics import human_duration
@@ -81,17 +82,7 @@ def fingerprint(schema: T.StructType, columns: Sequence[str]) -> Column:
 
 def _hashable(column: str, data_type: T.DataType) -> Column:
     value = F.col(quoted(column))
-    return value.cast("string") if _unhashable(data_type) else value
-
-
-def _unhashable(data_type: T.DataType) -> bool:
-    if isinstance(data_type, T.MapType | T.VariantType):
-        return True
-    if isinstance(data_type, T.ArrayType):
-        return _unhashable(data_type.elementType)
-    if isinstance(data_type, T.StructType):
-        return any(_unhashable(f.dataType) for f in data_type.fields)
-    return False
+    return value if comparable(data_type) else value.cast("string")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ Every internal column starts with ``_dsi_``: user columns with that prefix are r
 up front (see :mod:`~dagster_sideinputs.core.spec`), so the two never collide.
 """
 
+from pyspark.sql import types as T
+
 PREFIX = "_dsi_"
 
 # Namespaces (windows) of main records.
@@ -62,3 +64,15 @@ def forward_key(side: str) -> str:
 def quoted(column: str) -> str:
     """A column name as Spark SQL expressions need it (dots and spaces are not paths)."""
     return "`" + column.replace("`", "``") + "`"
+
+
+def comparable(data_type: T.DataType) -> bool:
+    """Whether Spark can compare, sort and hash values of this type: not a map or a
+    variant anywhere in it."""
+    if isinstance(data_type, T.MapType | T.VariantType):
+        return False
+    if isinstance(data_type, T.StructType):
+        return all(comparable(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return comparable(data_type.elementType)
+    return True

@@ -21,14 +21,13 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS, quoted
+from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS, comparable, quoted
 from dagster_sideinputs.core.context import StageContext, Views
 from dagster_sideinputs.core.lookups import Lookup, LookupTable
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.records import Record, side_record_type
 from dagster_sideinputs.core.route import side_windows
 from dagster_sideinputs.core.side_data import SideData, value_columns
-from dagster_sideinputs.core.views import orderable
 from dagster_sideinputs.core.windows import WindowSpan
 from dagster_sideinputs.errors import DuplicateKeyError, preview
 
@@ -125,7 +124,7 @@ def window_table(data: SideData, windows: Sequence[WindowSpan]) -> LookupTable:
         data.check_key_column()
         rows = rows.filter(F.col(quoted(side.key)).isNotNull())  # as frames mode's map columns
     element = T.StructType([data.schema()[n] for n in names])
-    if orderable(element):
+    if comparable(element):
         rows = rows.orderBy(SIDE_NS, *[F.col(quoted(n)).asc_nulls_first() for n in names])
         arrow = rows.select(SIDE_NS, *[quoted(n) for n in names]).toArrow()
     else:

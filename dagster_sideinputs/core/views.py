@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.columns import DUPLICATE_MARK, quoted
+from dagster_sideinputs.core.columns import DUPLICATE_MARK, comparable, quoted
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, WindowSpan, namespace_id
@@ -32,17 +32,6 @@ from dagster_sideinputs.errors import DeclarationError, did_you_mean
 def value_struct(schema: T.StructType) -> Column:
     """A side row's value columns as one struct (the ``_dsi_`` bookkeeping left out)."""
     return F.struct(*[F.col(quoted(name)) for name in value_columns(schema)])
-
-
-def orderable(data_type: T.DataType) -> bool:
-    """Whether Spark can sort values of this type (maps and variants cannot be compared)."""
-    if isinstance(data_type, T.MapType | T.VariantType):
-        return False
-    if isinstance(data_type, T.StructType):
-        return all(orderable(f.dataType) for f in data_type.fields)
-    if isinstance(data_type, T.ArrayType):
-        return orderable(data_type.elementType)
-    return True
 
 
 def _element_type(schema: T.StructType) -> T.StructType:
@@ -78,7 +67,7 @@ class View:
         )
         pairs = F.collect_list(F.struct(F.col(entry), F.col(quoted(name))))
         element = _element_type(data.schema())
-        if orderable(element):
+        if comparable(element):
             pairs = F.array_sort(pairs)  # a stable entry order, so replays write the same
         aggregated = per_key.groupBy(*[F.col(k) for k in keys]).agg(
             F.map_from_entries(pairs).alias(name)
@@ -124,7 +113,7 @@ class CollectedView(View):
     ) -> tuple[DataFrame, DataFrame | None, Column | None]:
         element = _element_type(data.schema())
         collected = F.collect_list(value_struct(data.schema()))
-        if orderable(element):
+        if comparable(element):
             collected = F.array_sort(collected)  # a stable order, so replays agree
         aggregated = rows.groupBy(*group).agg(collected.alias(data.bound.name))
         return aggregated, None, F.array().cast(T.ArrayType(element))
@@ -154,7 +143,7 @@ class MapView(View):
         # Ties on the pick column are broken by the whole row, so replays agree.
         value = value_struct(schema)
         order = F.col(quoted(side.pick))
-        if orderable(_element_type(schema)):
+        if comparable(_element_type(schema)):
             order = F.struct(order, value)
         aggregated = rows.groupBy(*group).agg(F.max_by(value, order).alias(data.bound.name))
         return aggregated, None, None

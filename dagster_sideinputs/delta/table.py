@@ -58,15 +58,12 @@ _FIELD_FEATURES = {
     "delta.identity.start": "identityColumns",
     "delta.invariants": "invariants (SQL expressions)",
 }
-WRITE_NATIVE = (
-    "write the table with the delta-spark engine, which supports it: a session with Delta "
-    "configured (SparkResource(delta=True)) and DeltaStorage(engine='auto' or 'delta-spark')"
+_DELTA_SPARK = (
+    "the delta-spark engine, which supports it: a session with Delta configured "
+    "(SparkResource(delta=True)) and DeltaStorage(engine='auto' or 'delta-spark')"
 )
-
-_NATIVE = (
-    "; or read it with the delta-spark engine, which supports it: a session with Delta "
-    "configured (SparkResource(delta=True)) and DeltaStorage(engine='auto' or 'delta-spark')"
-)
+WRITE_NATIVE = "write the table with " + _DELTA_SPARK
+_NATIVE = "; or read it with " + _DELTA_SPARK
 _FIXES = {
     "columnMapping": "rewrite the table without column mapping (delta-spark: "
     "`REORG TABLE ... APPLY (UPGRADE UNIFORM ...)` or copy it to a new table)" + _NATIVE,
