@@ -12,6 +12,7 @@ and two more checks ask for what Connect lacks.
 import argparse
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -248,6 +249,7 @@ def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[st
         "required": {key: spark.conf.get(key) for key in REQUIRED_CONFIGS},
     }
     for name, check in checks.items():
+        started = time.monotonic()
         try:
             report[name] = {"ok": True, "value": check()}
         except Exception as exc:
@@ -257,6 +259,7 @@ def run_checks(work: Path, *, master: str | None, remote: str | None) -> dict[st
                 "message": str(exc),
                 "traceback": traceback.format_exc(limit=-3),
             }
+        report[name]["seconds"] = round(time.monotonic() - started, 2)
     return report
 
 

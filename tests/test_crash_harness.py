@@ -222,6 +222,10 @@ def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s
     assert any(reference.glob("dagster_home/**/*.db"))
 
 
+# Extended (CI's time: its own reference run and a killed trial, ~2 minutes): a replayed
+# batch keeping the side versions of its plan is tested in process by
+# tests/core/test_semantics.py::test_replayed_batch_plan_pins_side_versions.
+@pytest.mark.extended
 @pytest.mark.parametrize(
     ("kill_point", "script", "replanned"),
     [
