@@ -14,9 +14,11 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from dagster_sideinputs.core import jvm_archive
 from dagster_sideinputs.core.java_runtime import check_java
 from dagster_sideinputs.core.packages import (
     DeltaMode,
@@ -308,6 +310,7 @@ def build_spark_session(
             "'org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1'",
         ) from exc
 
+    archive: jvm_archive.ArchivePlan | None = None  # a local launch's class archive
     coordinates: list[str] = []  # the Maven packages of a local session, Delta's first
     jars: list[str] | None = None  # their jars, as an earlier start of them resolved them
     if remote is not None:
@@ -332,6 +335,10 @@ def build_spark_session(
             # master that made every first read after a commit 10-20 s slower (measured on
             # two cores), for tables whose log is a few files.
             settings.setdefault("spark.databricks.delta.snapshotPartitions", str(partitions))
+        if is_local_master(master) and SparkContext._gateway is None and (jars or not coordinates):
+            archive = jvm_archive.plan_launch(settings, jars or [])
+            if archive.options:
+                settings[jvm_archive.DRIVER_OPTIONS] = archive.options
         builder = _local_builder(
             app_name, master, settings, delta=use_delta, packages=wanted, jars=jars
         )
@@ -339,6 +346,8 @@ def build_spark_session(
         try:
             with _launch_class_path(jars if is_local_master(master) else None):
                 spark = builder.getOrCreate()
+            if archive is not None:
+                jvm_archive.keep_at_exit(archive, getattr(SparkContext._gateway, "proc", None))
         except PySparkRuntimeError as exc:
             if remote is not None or not (use_delta or wanted):
                 raise

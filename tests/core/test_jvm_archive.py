@@ -1,0 +1,164 @@
+"""Local JVM starts map a class archive recorded by an earlier start of the same class path.
+
+The end-to-end test starts three real driver JVMs in subprocesses (the test session's
+own JVM is already up) and reads the JVM's class-loading log to see where classes came
+from: the JDK names "shared objects file (top)" for classes mapped from a dynamic archive.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dagster_sideinputs.core import jvm_archive
+from dagster_sideinputs.core.jvm_archive import DIR_VARIABLE, ENABLED_VARIABLE, plan_launch
+
+REPO = Path(__file__).resolve().parents[2]
+
+START = """
+import sys
+from dagster_sideinputs.core.session import build_spark_session
+spark = build_spark_session(
+    master="local[1]", ui_enabled=False, delta=False, log_level="ERROR",
+    configs={"spark.driver.extraJavaOptions": "-Xlog:class+load=info:file=%s"},
+)
+assert spark.range(100).selectExpr("sum(id)").first()[0] == 4950
+"""
+
+
+def start_jvm(folder: Path, class_log: Path) -> None:
+    class_log.unlink(missing_ok=True)
+    env = {**os.environ, DIR_VARIABLE: str(folder), "PYTHONPATH": str(REPO)}
+    env.pop(ENABLED_VARIABLE, None)
+    subprocess.run(
+        [sys.executable, "-c", START % class_log], env=env, check=True, timeout=300, cwd=REPO
+    )
+
+
+def from_archive(class_log: Path) -> int:
+    return sum("shared objects file (top)" in line for line in class_log.open())
+
+
+@pytest.mark.slow
+def test_a_class_path_started_twice_records_its_classes_and_the_next_start_maps_them(tmp_path):
+    folder, class_log = tmp_path / "jvm", tmp_path / "classes.log"
+    start_jvm(folder, class_log)  # seen once: counted, nothing recorded
+    assert list(folder.glob("*.jsa")) == []
+    assert from_archive(class_log) == 0
+
+    start_jvm(folder, class_log)  # seen again: records at exit
+    assert len(list(folder.glob("*.jsa"))) == 1
+    assert list(folder.glob("*.partial")) == []
+    assert from_archive(class_log) == 0
+
+    start_jvm(folder, class_log)
+    assert from_archive(class_log) > 1000  # Spark's classes, mapped rather than loaded
+
+
+@pytest.fixture
+def archives(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv(DIR_VARIABLE, str(tmp_path))
+    monkeypatch.delenv(ENABLED_VARIABLE, raising=False)
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    return tmp_path
+
+
+def recording(settings: dict[str, str], jars: list[str]) -> Path | None:
+    return plan_launch(settings, jars).recording
+
+
+def test_launches_of_one_class_path_record_three_times_at_most(archives):
+    planned = [recording({}, ["/a.jar"]) for _ in range(6)]
+    assert planned[0] is None  # the first only counts
+    assert all(planned[1:4])
+    assert planned[4:] == [None, None]
+    assert recording({}, ["/b.jar"]) is None  # another class path counts on its own
+
+
+def test_an_archive_is_mapped_and_the_users_options_are_kept(archives):
+    plan = plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, [])
+    assert plan.options == "-Dmine=1"
+    plan = plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, [])
+    assert plan.recording is not None
+    assert plan.archive is not None
+    assert plan.options.startswith("-Dmine=1 -XX:ArchiveClassesAtExit=")
+    plan.archive.write_bytes(b"archive")
+    mapped = plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, [])
+    assert mapped.recording is None
+    assert f"-XX:SharedArchiveFile={plan.archive}" in mapped.options
+    # Other options or other jars are another class path: not this archive.
+    assert "SharedArchiveFile" not in plan_launch({"spark.driver.memory": "3g"}, []).options
+
+
+@pytest.mark.parametrize(
+    ("settings", "submit_options"),
+    [
+        ({"spark.driver.extraJavaOptions": "-XX:SharedArchiveFile=/mine.jsa"}, ""),
+        ({}, "-Xshare:off"),
+    ],
+)
+def test_options_that_already_name_an_archive_are_left_alone(
+    archives, monkeypatch, settings, submit_options
+):
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", submit_options)
+    for _ in range(3):
+        plan = plan_launch(settings, [])
+        assert plan.recording is None
+        assert plan.options == settings.get("spark.driver.extraJavaOptions", "")
+    assert list(archives.iterdir()) == []
+
+
+def test_turned_off_it_neither_maps_nor_records(archives, monkeypatch):
+    monkeypatch.setenv(ENABLED_VARIABLE, "off")
+    assert {plan_launch({}, []).options for _ in range(3)} == {""}
+    assert list(archives.iterdir()) == []
+
+
+def test_a_partial_archive_of_a_dead_process_goes_and_a_living_ones_blocks_recording(archives):
+    plan_launch({}, [])
+    first = plan_launch({}, [])
+    assert first.recording is not None
+    key = first.recording.name.split(".")[0]
+    first.recording.write_bytes(b"half")  # this process is alive: another recording waits
+    assert plan_launch({}, []).recording is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    first.recording.unlink()
+    stale = archives / f"{key}.{dead.pid}.partial"
+    stale.write_bytes(b"half")
+    again = plan_launch({}, [])
+    assert not stale.exists()
+    assert again.recording is not None
+
+
+def test_an_archive_is_kept_only_from_a_jvm_that_exited_cleanly(archives):
+    plan_launch({}, [])
+    plan = plan_launch({}, [])
+    assert plan.recording is not None
+    assert plan.archive is not None
+
+    plan.recording.write_bytes(b"half")
+    killed = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE)
+    killed.send_signal(signal.SIGKILL)
+    jvm_archive._finish(plan.recording, plan.archive, killed)
+    assert not plan.archive.exists()
+    assert not plan.recording.exists()
+
+    plan.recording.write_bytes(b"whole")
+    clean = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # ends at end of input
+    jvm_archive._finish(plan.recording, plan.archive, clean)
+    assert plan.archive.read_bytes() == b"whole"
+    assert not plan.recording.exists()
+
+
+def test_a_jdk_that_writes_no_archive_stops_being_asked(archives):
+    plan_launch({}, [])
+    plan = plan_launch({}, [])
+    assert plan.recording is not None
+    assert plan.archive is not None
+    jvm_archive._finish(plan.recording, plan.archive, subprocess.Popen(["true"]))
+    assert not plan.archive.exists()
+    assert plan_launch({}, []).recording is None
