@@ -179,6 +179,13 @@ def keep_at_exit(plan: ArchivePlan, process: "subprocess.Popen[bytes] | None") -
 
 
 def _finish(partial: Path, archive: Path, process: "subprocess.Popen[bytes]") -> None:
+    try:
+        _keep(partial, archive, process)
+    except Exception as exc:  # at exit: a failure here must never fail the program
+        log.debug("No JVM class archive kept: %s", exc)
+
+
+def _keep(partial: Path, archive: Path, process: "subprocess.Popen[bytes]") -> None:
     if process.poll() is None:
         log.info("Recording the JVM's classes for faster starts (once per class path) ...")
         with contextlib.suppress(OSError, ValueError):

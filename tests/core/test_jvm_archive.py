@@ -162,3 +162,13 @@ def test_a_jdk_that_writes_no_archive_stops_being_asked(archives):
     jvm_archive._finish(plan.recording, plan.archive, subprocess.Popen(["true"]))
     assert not plan.archive.exists()
     assert plan_launch({}, []).recording is None
+
+
+def test_an_archive_folder_that_cannot_be_made_leaves_the_options_alone(archives, monkeypatch):
+    blocker = archives / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(DIR_VARIABLE, str(blocker / "jvm"))
+    for _ in range(3):
+        assert plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, []) == (
+            jvm_archive.ArchivePlan("-Dmine=1")
+        )
