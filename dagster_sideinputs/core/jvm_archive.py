@@ -22,7 +22,8 @@ How it runs, with nothing to set up:
   of any of them records anew; a JVM refusing an archive (``-Xshare:auto``) starts
   normally.
 - ``DSI_JVM_ARCHIVE=off`` turns it off; ``DSI_JVM_ARCHIVE_DIR`` moves the archives
-  (default ``$XDG_CACHE_HOME/dagster-sideinputs/jvm``, i.e. ``~/.cache/...``). Options
+  (default ``$XDG_CACHE_HOME/dagster-sideinputs/jvm``, i.e. ``~/.cache/...``); the
+  :data:`MAX_ARCHIVES` most recently used are kept (100-200 MB each). Options
   the user gives the driver JVM that already name an archive (``SharedArchiveFile``,
   ``Xshare``) are left alone.
 """
@@ -52,6 +53,8 @@ _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _USER_CDS_FLAGS = ("SharedArchiveFile", "Xshare", "ArchiveClassesAtExit")
 WRITE_TIMEOUT_S = 180.0
 MAX_ATTEMPTS = 3
+MAX_ARCHIVES = 8
+"""Archives kept (100-200 MB each): the least recently used go when a new one is kept."""
 """Recordings of one key before giving up: a process killed, or leaving through
 ``os._exit``, never keeps its archive (a JDK that cannot write one gives up at once)."""
 
@@ -159,6 +162,8 @@ def plan_launch(settings: Mapping[str, str], jars: Iterable[str]) -> ArchivePlan
     key = archive_key(java, jars, [own, submit_options, memory])
     archive = folder / f"{key}.jsa"
     if archive.is_file():
+        with contextlib.suppress(OSError):
+            os.utime(archive)  # last used: pruning keeps the archives in use
         return ArchivePlan(f"{own} -XX:SharedArchiveFile={archive} {_QUIET}".strip())
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -176,6 +181,13 @@ def keep_at_exit(plan: ArchivePlan, process: "subprocess.Popen[bytes] | None") -
     if plan.recording is None or plan.archive is None or process is None:
         return
     atexit.register(_finish, plan.recording, plan.archive, process)
+
+
+def _prune(folder: Path) -> None:
+    kept = sorted(folder.glob("*.jsa"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for stale in kept[MAX_ARCHIVES:]:
+        with contextlib.suppress(OSError):
+            stale.unlink()  # a JVM mapping it keeps its pages
 
 
 def _finish(partial: Path, archive: Path, process: "subprocess.Popen[bytes]") -> None:
@@ -199,6 +211,7 @@ def _keep(partial: Path, archive: Path, process: "subprocess.Popen[bytes]") -> N
     written = partial.is_file() and partial.stat().st_size > 0
     if process.returncode == 0 and written:
         os.replace(partial, archive)
+        _prune(archive.parent)
         return
     with contextlib.suppress(OSError):
         partial.unlink()

@@ -172,3 +172,22 @@ def test_an_archive_folder_that_cannot_be_made_leaves_the_options_alone(archives
         assert plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, []) == (
             jvm_archive.ArchivePlan("-Dmine=1")
         )
+
+
+def test_only_the_most_recently_used_archives_are_kept(archives):
+    for index in range(jvm_archive.MAX_ARCHIVES + 2):
+        old = archives / f"old{index}.jsa"
+        old.write_bytes(b"archive")
+        os.utime(old, (1_000_000 + index, 1_000_000 + index))
+    os.utime(archives / "old0.jsa")  # used just now
+    plan_launch({}, [])
+    plan = plan_launch({}, [])
+    assert plan.recording is not None
+    assert plan.archive is not None
+    plan.recording.write_bytes(b"whole")
+    jvm_archive._finish(plan.recording, plan.archive, subprocess.Popen(["true"]))
+    kept = {path.name for path in archives.glob("*.jsa")}
+    assert len(kept) == jvm_archive.MAX_ARCHIVES
+    assert {"old0.jsa", plan.archive.name} <= kept
+    assert "old1.jsa" not in kept
+    assert "old2.jsa" not in kept
