@@ -5,9 +5,10 @@ Delta before its first batch is written, and every Dagster run process starts it
 JVM. The JDK can record the classes a JVM loaded in an archive when it exits (dynamic
 class data sharing, ``-XX:ArchiveClassesAtExit``); a later JVM with the same Java and
 class path maps that archive instead of loading them (``-XX:SharedArchiveFile``).
-Measured on 2 cores (a 400-record Delta table created, appended to and read): start
-5.1 s -> 3.1 s, first table 4.8 s -> 3.3 s; the crash harness's worker (two enrichment
-jobs and an FX materialization through Dagster) 28-34 s -> 25-26 s.
+Measured on 2 cores, alternating with it off (docs/JVM_PACKAGES.md): a process that
+creates a 400-row Delta table, appends and reads it 15.4-16.3 s -> 11.4 s (start
+4.9-5.8 s -> 3.2 s, first table 5.3-5.4 s -> 3.3 s); the crash harness's worker (two
+enrichment jobs and an FX materialization through Dagster) 31.5-33.1 s -> 26.6-28.4 s.
 
 How it runs, with nothing to set up:
 
@@ -18,7 +19,9 @@ How it runs, with nothing to set up:
   archive behind, only a ``.partial`` file that the next start removes. A class path
   gets three such attempts (:data:`MAX_ATTEMPTS`).
 - Every later start of the same class path maps it. The key covers the Java executable,
-  every jar of the class path (name, size, time) and the JVM's options, so an upgrade
+  every jar of the class path (name, size, time: pyspark's, the packages', and what
+  ``SPARK_DIST_CLASSPATH`` or ``spark.driver.extraClassPath`` add) and the JVM's
+  options, so an upgrade
   of any of them records anew; a JVM refusing an archive (``-Xshare:auto``) starts
   normally.
 - ``DSI_JVM_ARCHIVE=off`` turns it off; ``DSI_JVM_ARCHIVE_DIR`` moves the archives
@@ -53,10 +56,10 @@ _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _USER_CDS_FLAGS = ("SharedArchiveFile", "Xshare", "ArchiveClassesAtExit")
 WRITE_TIMEOUT_S = 180.0
 MAX_ATTEMPTS = 3
-MAX_ARCHIVES = 8
-"""Archives kept (100-200 MB each): the least recently used go when a new one is kept."""
 """Recordings of one key before giving up: a process killed, or leaving through
 ``os._exit``, never keeps its archive (a JDK that cannot write one gives up at once)."""
+MAX_ARCHIVES = 8
+"""Archives kept (100-200 MB each): the least recently used go when a new one is kept."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,12 @@ def _spark_jars() -> list[Path]:
 def _stamp(paths: Iterable[Path | str]) -> list[str]:
     found = []
     for path in paths:
-        with contextlib.suppress(OSError):
+        try:
             stat = os.stat(path)
-            found.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
+        except OSError:
+            found.append(f"{path}:missing")
+            continue
+        found.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
     return found
 
 
@@ -158,8 +164,15 @@ def plan_launch(settings: Mapping[str, str], jars: Iterable[str]) -> ArchivePlan
     if any(flag in own or flag in submit_options for flag in _USER_CDS_FLAGS):
         return ArchivePlan(own)
     folder = archive_dir()
-    memory = settings.get("spark.driver.memory", "")
-    key = archive_key(java, jars, [own, submit_options, memory])
+    # What else shapes the JVM: its heap (compressed pointers) and class path additions.
+    shaping = [
+        own,
+        submit_options,
+        settings.get("spark.driver.memory", ""),
+        settings.get("spark.driver.extraClassPath", ""),
+        os.environ.get("SPARK_DIST_CLASSPATH", ""),
+    ]
+    key = archive_key(java, jars, shaping)
     archive = folder / f"{key}.jsa"
     if archive.is_file():
         with contextlib.suppress(OSError):
@@ -174,6 +187,15 @@ def plan_launch(settings: Mapping[str, str], jars: Iterable[str]) -> ArchivePlan
     partial = folder / f"{key}.{os.getpid()}.partial"
     options = f"{own} -XX:ArchiveClassesAtExit={partial} {_QUIET}".strip()
     return ArchivePlan(options, recording=partial, archive=archive)
+
+
+def with_options(settings: Mapping[str, str], plan: ArchivePlan | None) -> dict[str, str]:
+    """``settings`` with the driver JVM options of ``plan`` (a copy: a retried launch
+    without an archive starts from the settings as they were)."""
+    merged = dict(settings)
+    if plan is not None and plan.options:
+        merged[DRIVER_OPTIONS] = plan.options
+    return merged
 
 
 def keep_at_exit(plan: ArchivePlan, process: "subprocess.Popen[bytes] | None") -> None:

@@ -337,10 +337,13 @@ def build_spark_session(
             settings.setdefault("spark.databricks.delta.snapshotPartitions", str(partitions))
         if is_local_master(master) and SparkContext._gateway is None and (jars or not coordinates):
             archive = jvm_archive.plan_launch(settings, jars or [])
-            if archive.options:
-                settings[jvm_archive.DRIVER_OPTIONS] = archive.options
         builder = _local_builder(
-            app_name, master, settings, delta=use_delta, packages=wanted, jars=jars
+            app_name,
+            master,
+            jvm_archive.with_options(settings, archive),
+            delta=use_delta,
+            packages=wanted,
+            jars=jars,
         )
     try:
         try:

@@ -89,8 +89,39 @@ def test_an_archive_is_mapped_and_the_users_options_are_kept(archives):
     mapped = plan_launch({"spark.driver.extraJavaOptions": "-Dmine=1"}, [])
     assert mapped.recording is None
     assert f"-XX:SharedArchiveFile={plan.archive}" in mapped.options
-    # Other options or other jars are another class path: not this archive.
-    assert "SharedArchiveFile" not in plan_launch({"spark.driver.memory": "3g"}, []).options
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"env": {"SPARK_DIST_CLASSPATH": "/extra.jar"}},
+        {"settings": {"spark.driver.extraClassPath": "/extra.jar"}},
+        {"settings": {"spark.driver.memory": "3g"}},
+        {"jars": ["/other.jar"]},
+    ],
+)
+def test_a_jvm_shaped_otherwise_does_not_map_the_archive(archives, monkeypatch, change):
+    monkeypatch.delenv("SPARK_DIST_CLASSPATH", raising=False)
+    plan_launch({}, ["/a.jar"])
+    plan = plan_launch({}, ["/a.jar"])
+    assert plan.archive is not None
+    plan.archive.write_bytes(b"archive")
+    assert "SharedArchiveFile" in plan_launch({}, ["/a.jar"]).options
+    for name, value in change.get("env", {}).items():
+        monkeypatch.setenv(name, value)
+    other = plan_launch(change.get("settings", {}), change.get("jars", ["/a.jar"]))
+    assert "SharedArchiveFile" not in other.options
+
+
+def test_the_launch_settings_are_a_copy_with_the_plans_options(archives):
+    settings = {"spark.driver.extraJavaOptions": "-Dmine=1", "spark.app.name": "x"}
+    plan_launch(settings, [])
+    plan = plan_launch(settings, [])
+    merged = jvm_archive.with_options(settings, plan)
+    assert merged["spark.driver.extraJavaOptions"] == plan.options
+    assert plan.options != "-Dmine=1"
+    assert settings["spark.driver.extraJavaOptions"] == "-Dmine=1"  # a retry starts from these
+    assert jvm_archive.with_options(settings, None) == settings
 
 
 @pytest.mark.parametrize(
