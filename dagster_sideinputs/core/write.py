@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 from dagster_sideinputs.core.buffer import BUFFER_ROUTES, released_files, waiting_rows
 from dagster_sideinputs.core.columns import SLOT, TAG
 from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.frame_split import one_pass
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark_errors import partly_committed, translated
@@ -166,8 +167,10 @@ def _stage_function_outputs(
     their staged writes. Otherwise nothing is staged here, and a tagged result that
     several writes read is persisted first, so that the function runs once per record."""
     tagged = batch.tagged
-    readers = [t for t in pending if tagged is not None and t.tag in tagged.layout.tags]
-    if tagged is None or len(readers) < 2:
+    if tagged is None:
+        return _stage_frames_outputs(context, batch, pending)
+    readers = [t for t in pending if t.tag in tagged.layout.tags]
+    if len(readers) < 2:
         return {}
     tags = [t.tag for t in readers if t.tag is not None]
     frame = tagged.layout.shared(tagged.frame, tags) if tagged.pure.issuperset(tags) else None
@@ -187,6 +190,32 @@ def _stage_function_outputs(
             return {t.label: stage for t, stage in zip(readers, staged, strict=True)}
     context.persist(tagged.frame)
     return {}
+
+
+def _stage_frames_outputs(
+    context: StageContext, batch: Batch, pending: list[_Target]
+) -> dict[str, StagedWrite]:
+    """A frames function's outputs staged by one Spark job, when they are all one
+    DataFrame or filters of it, with the same columns (:func:`frame_split.one_pass`),
+    and the engine can split one write into several tables: labels to their staged
+    writes; otherwise nothing is staged here."""
+    readers = [t for t in pending if t.tag in batch.function_tags and t.frame is not None]
+    if len(readers) < 2:
+        return {}
+    frame = one_pass([t.frame for t in readers if t.frame is not None], TAG)
+    if frame is None:
+        return {}
+    targets = [SplitTarget(i, t.uri, t.label, t.schema_mode) for i, t in enumerate(readers)]  # type: ignore[arg-type]
+    engine = context.spec.engine
+    staged = translated(
+        context,
+        lambda: engine.stage_split(frame, TAG, targets),
+        views=batch.views,
+        what="computing outputs " + ", ".join(repr(t.label) for t in readers),
+    )
+    if staged is None:
+        return {}
+    return {t.label: stage for t, stage in zip(readers, staged, strict=True)}
 
 
 def _holds(context: StageContext, uri: str, txn: AppTransaction) -> bool:

@@ -1,14 +1,18 @@
-"""Row mode writes outputs that share their fields in one pass: one Spark job splits the
-function's records by tag into every output table's staging folder (the bridge on a local
-filesystem; delta-spark and object stores persist the tagged result and write each table
-from it). Either way the tables hold the same rows, exactly once."""
+"""Outputs written in one pass: one Spark job splits the rows by tag into every output
+table's staging folder (the bridge on a local filesystem; delta-spark and object stores
+write each table with its own job). Row mode does it for outputs that share their fields;
+frames mode for outputs that are one DataFrame or filters of it. Either way the tables
+hold the same rows, exactly once."""
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import write as write_stage
+from dagster_sideinputs.core.frame_split import one_pass as split_frames
 from tests.conftest import table_files
 from tests.core.conftest import Lake
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
@@ -143,3 +147,160 @@ def test_a_crash_between_the_two_commits_is_replayed_exactly_once(lake):
     assert result.batches[0].replayed
     assert lake.rows("enriched") == [(1, "ann"), (2, "bob"), (3, None)]
     assert lake.rows("big") == [(2, "bob"), (3, None)]
+
+
+# --- frames mode: outputs that are filters of one DataFrame ------------------------------
+
+LARGE = dsi.OutputTag("big")  # frames mode: no declared schema
+FLAGGED = dsi.OutputTag("flagged")
+SMALL = dsi.OutputTag("small")
+
+
+def frames_operator(lake, fn, side_outputs=(LARGE, FLAGGED, SMALL), storage=None):
+    return lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=fn,
+        main_output="enriched",
+        side_outputs=list(side_outputs),
+        **({"storage": storage} if storage is not None else {}),
+    )
+
+
+def enriched_frame(main):
+    return main.select("tx_id", "amount", F.col("profile.name").alias("name"))
+
+
+def split_by_filters(main, sides):
+    enriched = enriched_frame(main)
+    return {
+        dsi.MAIN: enriched,
+        LARGE: enriched.filter(F.col("amount") > 100),  # both: tx 2 and 3 are in enriched too
+        FLAGGED: enriched.filter(F.col("amount") > 100).filter(F.col("name").isNotNull()),
+        SMALL: enriched.filter(F.col("name") != "bob"),  # tx 3's null name: not small
+    }
+
+
+def frames_rows(lake):
+    return {
+        name: lake.rows(name, "tx_id", "amount", "name")
+        for name in ("enriched", "big", "flagged", "small")
+    }
+
+
+FRAMES_ROWS = {
+    "enriched": [(1, 50.0, "ann"), (2, 500.0, "bob"), (3, 900.0, None)],
+    "big": [(2, 500.0, "bob"), (3, 900.0, None)],
+    "flagged": [(2, 500.0, "bob")],
+    "small": [(1, 50.0, "ann")],
+}
+
+
+def test_frames_outputs_filtering_one_dataframe_are_written_by_one_job(lake):
+    fill(lake)
+    result = lake.run(frames_operator(lake, split_by_filters))
+    assert one_pass(result) == (lake.engine_id == "rs")
+    assert frames_rows(lake) == FRAMES_ROWS
+    assert {t: result.emitted(t) for t in FRAMES_ROWS} == {
+        t: len(r) for t, r in FRAMES_ROWS.items()
+    }
+    fill(lake, [(4, 10, 700.0), (5, 11, 1.0)])
+    second = lake.run(frames_operator(lake, split_by_filters))  # appended to existing tables
+    assert one_pass(second) == (lake.engine_id == "rs")
+    assert frames_rows(lake)["big"] == [(2, 500.0, "bob"), (3, 900.0, None), (4, 700.0, "ann")]
+    assert frames_rows(lake)["small"] == [(1, 50.0, "ann"), (4, 700.0, "ann")]
+    if lake.engine_id == "rs":
+        names = ("enriched", "big", "flagged", "small")
+        assert stray_files(lake, *names) == {name: set() for name in names}
+
+
+def test_frames_outputs_in_one_pass_hold_what_one_job_per_output_writes(
+    spark, tmp_path, monkeypatch
+):
+    """The same batches with the one-pass split turned off: identical tables."""
+    lakes = {}
+    for mode in ("one_pass", "one_by_one"):
+        lake = Lake(spark, dsi.DeltaStorage(str(tmp_path / mode), engine="delta-rs"))
+        with monkeypatch.context() as patched:
+            if mode == "one_by_one":
+                patched.setattr(write_stage, "one_pass", lambda frames, column: None)
+            for rows in ([(1, 10, 50.0), (2, 11, 500.0), (3, 12, 900.0)], [(4, 11, 150.0)]):
+                fill(lake, rows)
+                result = lake.run(frames_operator(lake, split_by_filters))
+                assert one_pass(result) == (mode == "one_pass")
+        lakes[mode] = frames_rows(lake)
+    assert lakes["one_pass"] == lakes["one_by_one"]
+    assert lakes["one_pass"]["big"] == [(2, 500.0, "bob"), (3, 900.0, None), (4, 150.0, "bob")]
+
+
+def test_frames_outputs_of_other_shapes_are_written_one_by_one(lake):
+    fill(lake)
+
+    def shapes_differ(main, sides):
+        enriched = enriched_frame(main)
+        return {dsi.MAIN: enriched, LARGE: enriched.filter(F.col("amount") > 100).drop("name")}
+
+    result = lake.run(frames_operator(lake, shapes_differ, side_outputs=[LARGE]))
+    assert not one_pass(result)
+    assert lake.rows("big", "tx_id", "amount") == [(2, 500.0), (3, 900.0)]
+    assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,)]
+
+
+def test_a_failing_filter_in_the_frames_split_job_commits_and_leaves_nothing(lake):
+    fill(lake)
+    lake.run(frames_operator(lake, split_by_filters))
+    fill(lake, [(4, 10, 700.0), (5, 11, 1.0)])
+
+    def fails_on_five(main, sides):
+        outputs = split_by_filters(main, sides)
+        boom = F.when(F.col("tx_id") == 5, F.raise_error(F.lit("bad record five")))
+        outputs[LARGE] = enriched_frame(main).filter(
+            F.coalesce(boom.cast("boolean"), F.col("amount") > 100)
+        )
+        return outputs
+
+    with pytest.raises(dsi.SideInputError, match="bad record five") as raised:
+        lake.run(frames_operator(lake, fails_on_five))
+    assert "nothing" in str(raised.value).lower()
+    assert frames_rows(lake) == FRAMES_ROWS
+    if lake.engine_id == "rs":
+        names = ("enriched", "big", "flagged", "small")
+        assert stray_files(lake, *names) == {name: set() for name in names}
+    lake.run(frames_operator(lake, split_by_filters))  # fixed: the batch goes through, once
+    assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,), (4,), (5,)]
+    assert lake.rows("big", "tx_id") == [(2,), (3,), (4,)]
+
+
+def test_a_crash_between_frames_commits_is_replayed_exactly_once(lake):
+    fill(lake)
+    crashing = CrashingEngine(lake.engine, crash_after=2)
+    with pytest.raises(InjectedCrash):
+        lake.run(frames_operator(lake, split_by_filters, storage=lake.with_engine(crashing)))
+    assert len(crashing.log) == 2
+    result = lake.run(frames_operator(lake, split_by_filters))
+    assert result.batches[0].replayed
+    assert frames_rows(lake) == FRAMES_ROWS
+
+
+def test_one_pass_tags_each_row_once_per_output_it_meets(spark):
+    base = spark.createDataFrame([(1, 5), (2, None), (3, 20)], "id long, v long")
+    big = base.filter(F.col("v") > 10)
+    split = split_frames([base, big, big.filter(F.col("id") > 2), base], "_t")
+    assert split is not None
+    assert sorted((r.id, r._t) for r in split.collect()) == [
+        (1, 0),
+        (1, 3),
+        (2, 0),
+        (2, 3),
+        (3, 0),
+        (3, 1),
+        (3, 2),
+        (3, 3),
+    ]  # a null v meets no filter on v
+    over_ten = F.udf(lambda v: v is not None and v > 10, T.BooleanType())  # Python, too
+    by_udf = split_frames([base, base.filter(over_ten(F.col("v")))], "_t")
+    assert by_udf is not None
+    assert sorted((r.id, r._t) for r in by_udf.collect()) == [(1, 0), (2, 0), (3, 0), (3, 1)]
+    assert split_frames([base, base.select("id", "v")], "_t") is None  # another plan
+    assert split_frames([base, base.filter("v > 1").select("id")], "_t") is None
+    assert split_frames([base], "_t") is None  # nothing to share
