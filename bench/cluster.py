@@ -15,7 +15,10 @@ the profiles are shuffled), on two deployments of the same two cores:
 A process holds one SparkContext, so each deployment is measured by a driver process of
 its own: it warms up once, then times ``--repeats`` runs of each variant. ``--rounds``
 alternates the order of the deployments, so that drift in the machine's load hits both.
-Printed: records/s (median over all timed runs) of each and the ratio cluster / local.
+Printed: records/s (median over all timed runs) of each and the ratio cluster / local;
+and the same for the hand-written batch job of ``bench/operator.py`` (read, join,
+persist, write both outputs), timed alternately with the operator: what the deployment
+costs plain Spark, against which the operator's ratio is read.
 """
 
 import argparse
@@ -120,11 +123,28 @@ def measure(args: argparse.Namespace) -> None:
                 shutil.rmtree(root, ignore_errors=True)
                 return seconds, (result.emitted("enriched"), result.emitted("suspicious"))
 
+            def by_hand(label: str) -> tuple[float, tuple[int, int]]:
+                """The hand-written batch job of ``bench/operator.py`` (read, join, persist,
+                write both outputs as parquet): what the deployment costs plain Spark."""
+                out = lake.fresh_root(label)
+                started = time.perf_counter()
+                ops.batch_job(spark, lake, manifest["main"], out)
+                seconds = time.perf_counter() - started
+                counts = ops.output_counts(spark, out)
+                shutil.rmtree(out, ignore_errors=True)
+                return seconds, counts
+
             run(f"warmup_{variant}")
-            timed = [run(variant) for _ in range(args.repeats)]
+            by_hand(f"warmup_hand_{variant}")
+            timed, hand = [], []
+            for _ in range(args.repeats):  # alternating: drift in load hits both
+                timed.append(run(variant))
+                hand.append(by_hand(f"hand_{variant}"))
             results[variant] = {
                 "seconds": [s for s, _ in timed],
                 "counts": sorted({c for _, c in timed}),
+                "hand_seconds": [s for s, _ in hand],
+                "hand_counts": sorted({c for _, c in hand}),
             }
         # What the operator ran with (on a cluster it fits them to the executor cores).
         results["shuffle_partitions_in_runs"] = spark.conf.get("spark.sql.shuffle.partitions")
@@ -241,6 +261,29 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
             f"  throughput cluster / local {entry['ratio']:5.2f}x; rows (enriched, suspicious) "
             f"{entry['local']['counts']} -> {'match' if entry['counts_match'] else 'MISMATCH'}"
         )
+        hand: dict[str, Any] = {}
+        for name, results in runs.items():
+            seconds = [s for r in results for s in r[variant]["hand_seconds"]]
+            hand[name] = {"seconds": seconds, "median_s": statistics.median(seconds)}
+            print(
+                f"  hand-written batch job, {labels[name]:<17} "
+                f"{args.rows / hand[name]['median_s'] / 1e6:6.3f} M rec/s  (median "
+                f"{hand[name]['median_s']:6.2f} s of {len(seconds)}: "
+                f"{', '.join(f'{s:.1f}' for s in seconds)})"
+            )
+        hand["ratio"] = hand["local"]["median_s"] / hand["standalone"]["median_s"]
+        hand_counts = {
+            tuple(c)
+            for results in runs.values()
+            for r in results
+            for c in r[variant]["hand_counts"]
+        }
+        print(
+            f"  hand-written cluster / local {hand['ratio']:5.2f}x (what the deployment costs "
+            f"plain Spark); the operator's ratio over it {entry['ratio'] / hand['ratio']:5.2f}; "
+            f"rows {sorted(hand_counts)}"
+        )
+        entry["hand_written"] = hand
         figures[variant] = entry
     return figures
 

@@ -630,6 +630,18 @@ def writes_per_table() -> Iterator[None]:
         batch_module.STAGES = saved
 
 
+@contextlib.contextmanager
+def outputs_one_by_one() -> Iterator[None]:
+    """Run operators writing each frames output with its own Spark job (as before the
+    outputs that filter one DataFrame were written in one pass)."""
+    saved = write_stage.one_pass
+    write_stage.one_pass = lambda frames, column: None
+    try:
+        yield
+    finally:
+        write_stage.one_pass = saved
+
+
 def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     spark, args = lake.spark, lake.args
     main_uri = lake.main_table(args.rows)
@@ -643,6 +655,10 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     def operator_per_table(i: int) -> OperatorRun:
         with writes_per_table():
+            return operator(i)
+
+    def operator_two_pass(i: int) -> OperatorRun:
+        with outputs_one_by_one():
             return operator(i)
 
     def operator_native(i: int) -> OperatorRun:
@@ -686,6 +702,9 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         actions["operator_native"] = operator_native
     if args.per_table_writes:  # right after the operator: the pair shares its conditions
         actions["operator_per_table"] = operator_per_table
+    if args.two_pass:
+        operator_two_pass(-1)
+        actions["operator_two_pass"] = operator_two_pass
     actions["baseline"] = baseline
     actions["batch"] = batch
     actions["scan_write"] = scan_write
@@ -693,6 +712,7 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         actions.update(shapes)
     seconds, results = interleaved(actions, args.repeats)
     per_table_times = list(TIMES.get("operator_per_table", []))
+    two_pass_times = list(TIMES.get("operator_two_pass", []))
     native_times = list(TIMES.get("operator_native", []))
 
     figures = comparison(
@@ -719,6 +739,17 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             {
                 (r.result.emitted("enriched"), r.result.emitted("suspicious"))
                 for r in results["operator_native"]
+            }
+        )
+    if two_pass_times:
+        figures["two_pass_s"] = seconds["operator_two_pass"]
+        figures["one_pass_per_repeat"] = [
+            t / o for o, t in zip(TIMES["operator"], two_pass_times, strict=True)
+        ]
+        figures["two_pass_counts"] = sorted(
+            {
+                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
+                for r in results["operator_two_pass"]
             }
         )
     if per_table_times:
@@ -767,6 +798,15 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"both outputs in one tag-partitioned pass "
             f"{seconds['tagged_write']:.2f} s (the operator's two writes: "
             f"{sum(figures['profile']['writes_s'].values()):.2f} s in its profiled run)"
+        )
+    if two_pass_times:
+        pairs = figures["one_pass_per_repeat"]
+        print(
+            f"  outputs in one pass {seconds['operator']:6.2f} s, each output its own Spark job "
+            f"{figures['two_pass_s']:6.2f} s: one pass "
+            f"{figures['two_pass_s'] / seconds['operator']:.2f}x; per repeat "
+            f"{' '.join(f'{r:.2f}' for r in pairs)} (median "
+            f"{statistics.median(pairs):.2f}x); rows {figures['two_pass_counts']}"
         )
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
@@ -1481,6 +1521,12 @@ def main() -> None:
         action="store_true",
         help="frames: also time the operator committing each table as soon as it is staged "
         "(the write stage before stage-then-commit), to measure what staging first costs",
+    )
+    parser.add_argument(
+        "--two-pass",
+        action="store_true",
+        help="frames: also time the operator writing each output with its own Spark job "
+        "(as before outputs that filter one DataFrame were written in one pass)",
     )
     parser.add_argument(
         "--write-shapes",
