@@ -384,6 +384,11 @@ def output_counts(spark: SparkSession, out: Path) -> tuple[int, int]:
     return parquet_rows(spark, out / "enriched"), parquet_rows(spark, out / "suspicious")
 
 
+def run_counts(runs: list["OperatorRun"]) -> list[tuple[int, int]]:
+    """The distinct (enriched, suspicious) rows the runs wrote (one entry when they agree)."""
+    return sorted({emitted_counts(r.result) for r in runs})
+
+
 def emitted_counts(result: dsi.RunResult) -> tuple[int, int]:
     """The (enriched, suspicious) rows an operator run emitted."""
     return result.emitted("enriched"), result.emitted("suspicious")
@@ -611,7 +616,8 @@ def write_per_table(context: StageContext, batch: Batch) -> Batch:
     for target in write_stage._targets(context, batch):
         if batch.replayed and write_stage._holds(context, target.uri, txn):
             continue
-        staged = write_stage._stage(context, batch, target)
+        removes = target.buffer and bool(removed)
+        staged = write_stage._stage(context, batch, target, removes_files=removes)
         result = write_stage._commit(context, target, staged, txn, meta, removed)
         writes[target.label] = write_stage._table_write(target, result)
     return batch.but(writes=writes)
@@ -635,7 +641,7 @@ def outputs_one_by_one() -> Iterator[None]:
     """Run operators writing each frames output with its own Spark job (as before the
     outputs that filter one DataFrame were written in one pass)."""
     saved = write_stage.one_pass
-    write_stage.one_pass = lambda frames, column: None
+    write_stage.one_pass = lambda frames, tag_column: None
     try:
         yield
     finally:
@@ -735,34 +741,19 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         figures["native_over_bridge_per_repeat"] = [
             b / n for b, n in zip(TIMES["operator"], native_times, strict=True)
         ]
-        figures["native_counts"] = sorted(
-            {
-                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
-                for r in results["operator_native"]
-            }
-        )
+        figures["native_counts"] = run_counts(results["operator_native"])
     if two_pass_times:
         figures["two_pass_s"] = seconds["operator_two_pass"]
         figures["one_pass_per_repeat"] = [
             t / o for o, t in zip(TIMES["operator"], two_pass_times, strict=True)
         ]
-        figures["two_pass_counts"] = sorted(
-            {
-                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
-                for r in results["operator_two_pass"]
-            }
-        )
+        figures["two_pass_counts"] = run_counts(results["operator_two_pass"])
     if per_table_times:
         figures["per_table_s"] = seconds["operator_per_table"]
         figures["stage_then_commit_per_repeat"] = [
             o / p for o, p in zip(TIMES["operator"], per_table_times, strict=True)
         ]
-        figures["per_table_counts"] = sorted(
-            {
-                (r.result.emitted("enriched"), r.result.emitted("suspicious"))
-                for r in results["operator_per_table"]
-            }
-        )
+        figures["per_table_counts"] = run_counts(results["operator_per_table"])
     print(f"\n[frames] {args.rows} main rows, {args.side_rows} profiles, broadcast map + singleton")
     print(f"  baseline foreachBatch (readStream.parquet, availableNow) {rate(figures, 'baseline')}")
     print(f"  SideInputOperator frames mode (delta-rs bridge)          {rate(figures, 'operator')}")

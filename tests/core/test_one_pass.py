@@ -4,6 +4,8 @@ write each table with its own job). Row mode does it for outputs that share thei
 frames mode for outputs that are one DataFrame or filters of it. Either way the tables
 hold the same rows, exactly once."""
 
+import contextlib
+
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
@@ -223,7 +225,7 @@ def test_frames_outputs_in_one_pass_hold_what_one_job_per_output_writes(
         lake = Lake(spark, dsi.DeltaStorage(str(tmp_path / mode), engine="delta-rs"))
         with monkeypatch.context() as patched:
             if mode == "one_by_one":
-                patched.setattr(write_stage, "one_pass", lambda frames, column: None)
+                patched.setattr(write_stage, "one_pass", lambda frames, tag_column: None)
             for rows in ([(1, 10, 50.0), (2, 11, 500.0), (3, 12, 900.0)], [(4, 11, 150.0)]):
                 fill(lake, rows)
                 result = lake.run(frames_operator(lake, split_by_filters))
@@ -304,3 +306,41 @@ def test_one_pass_tags_each_row_once_per_output_it_meets(spark):
     assert split_frames([base, base.select("id", "v")], "_t") is None  # another plan
     assert split_frames([base, base.filter("v > 1").select("id")], "_t") is None
     assert split_frames([base], "_t") is None  # nothing to share
+
+
+def test_a_split_write_keeps_one_file_per_table_open_only_while_it_writes(
+    spark, tmp_path, monkeypatch
+):
+    """Spark sorts a partitioned write's rows unless tasks may keep a file per table open:
+    the split write allows one per table for its own job, then the session's setting is as
+    before (a larger one of the user's is kept and not lowered)."""
+    from dagster_sideinputs.delta import split_writer
+
+    key = split_writer.CONCURRENT_WRITERS
+    during = []
+    setting = split_writer.session_setting
+
+    @contextlib.contextmanager
+    def watched(session, name, value):
+        with setting(session, name, value):
+            during.append((value, session.conf.get(key, None)))
+            yield
+
+    monkeypatch.setattr(split_writer, "session_setting", watched)
+
+    def run_split(folder):
+        lake = Lake(spark, dsi.DeltaStorage(str(tmp_path / folder), engine="delta-rs"))
+        fill(lake)
+        assert one_pass(lake.run(frames_operator(lake, split_by_filters)))
+
+    assert spark.conf.get(key, None) is None
+    try:
+        run_split("default")
+        assert during == [("4", "4")]  # four tables: four files open per task
+        assert spark.conf.get(key, None) is None
+        spark.conf.set(key, "32")
+        run_split("users")
+        assert during[1:] == [(None, "32")]
+        assert spark.conf.get(key) == "32"
+    finally:
+        spark.conf.unset(key)
