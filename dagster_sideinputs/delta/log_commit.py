@@ -47,6 +47,18 @@ def log_path(path: str) -> str:
     return quote(path, safe=_SAFE)
 
 
+def add_action(file: StagedFile, now_ms: int) -> dict[str, Any]:
+    """The ``add`` action of a staged file (its path URI-encoded, its statistics as JSON)."""
+    return {
+        "path": log_path(file.path),
+        "partitionValues": dict(file.partition_values),
+        "size": file.size,
+        "modificationTime": now_ms,
+        "dataChange": True,
+        "stats": json.dumps(file.stats),
+    }
+
+
 def plain_append_target(state: LogState, partition_by: Sequence[str], *, removing: bool) -> bool:
     """Whether a commit to this version may be written here (see the module docstring)."""
     protocol = state.protocol
@@ -167,16 +179,7 @@ def _actions(
             "lastUpdated": now_ms,
         }
         actions.append({"txn": txn})
-    for file in added:
-        add = {
-            "path": log_path(file.path),
-            "partitionValues": dict(file.partition_values),
-            "size": file.size,
-            "modificationTime": now_ms,
-            "dataChange": True,
-            "stats": json.dumps(file.stats),
-        }
-        actions.append({"add": add})
+    actions.extend({"add": add_action(file, now_ms)} for file in added)
     for raw in logged_removals:
         live = state.files[(raw, None)]
         remove = {

@@ -144,19 +144,20 @@ def save(
 def commit_staged_files(
     stage: DirectStage,
     target: StagedWrite,
-    current: LogState,
+    current: LogState | None,
     files: LogFiles,
     *,
     app_transaction: AppTransaction,
     commit_metadata: Mapping[str, Any] | None,
 ) -> WriteResult:
-    """Commit the files Delta's transaction wrote at staging (the table existed then)."""
+    """Commit the files staged for Delta's transaction (None: the commit creates the table)."""
     token, user_metadata = _user_metadata(commit_metadata)
     try:
         commit_stage(stage, app_transaction, user_metadata)
     except Exception as exc:
         raise write_error(exc, target.name) from exc
-    return _result_of(files, target.uri, target.name, current.version, token)
+    before = -1 if current is None else current.version
+    return _result_of(files, target.uri, target.name, before, token)
 
 
 def write_error(exc: Exception, label: str) -> Exception:

@@ -32,8 +32,10 @@ Everything else, and any session without a JVM (Spark Connect), goes through the
 DataFrame writer: :func:`direct_append` then returns False having done nothing.
 """
 
+import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,7 +105,7 @@ def plain_append(
         return False  # a schema change (or a reordering) is the writer's business
     if not _plain_fields(current.raw_schema):
         return False
-    return _plain_protocol(current.protocol)
+    return plain_protocol(current.protocol)
 
 
 def _plain_fields(schema: T.StructType) -> bool:
@@ -111,7 +113,7 @@ def _plain_fields(schema: T.StructType) -> bool:
     return all(set(f.metadata) <= _FIELD_KEYS for f in schema.fields)
 
 
-def _plain_protocol(protocol: Mapping[str, Any]) -> bool:
+def plain_protocol(protocol: Mapping[str, Any]) -> bool:
     writer = int(protocol.get("minWriterVersion") or 1)
     if writer < 7:
         return writer <= MAX_LEGACY_WRITER_VERSION
@@ -148,7 +150,7 @@ def open_append(
 ) -> Callable[[], None] | None:
     """Delta's transaction on the table, reading version ``current.version``, and the
     step that writes ``frame`` and commits; None when it cannot be opened so."""
-    opened = _open(frame, uri, current)
+    opened = open_transaction(frame, uri, current)
     if opened is None:
         return None
     _, txn = opened
@@ -179,6 +181,9 @@ class DirectStage:
     paths: list[str]
     rows: int | None
     commit_tried: bool = False
+    creating: str | None = None
+    """For a table this commit creates: the local marker saying the table's folder holds
+    an interrupted first write's files (removed once the commit is made or discarded)."""
 
 
 def stage_append(frame: DataFrame, uri: str, current: LogState) -> DirectStage | None:
@@ -186,7 +191,7 @@ def stage_append(frame: DataFrame, uri: str, current: LogState) -> DirectStage |
     ``frame``'s files now, for :func:`commit_stage` to commit; None, having written
     nothing, when it cannot be opened so. Errors of the data (constraints) and of the
     code computing it are raised as delta-spark raises them."""
-    opened = _open(frame, uri, current)
+    opened = open_transaction(frame, uri, current)
     if opened is None:
         return None
     delta_log, txn = opened
@@ -210,11 +215,13 @@ def commit_stage(stage: DirectStage, app_transaction: AppTransaction, user_metad
     stage.txn.readTxn().addOne(app_transaction.app_id)
     stage.commit_tried = True
     stage.txn.commit(stage.files.appended(set_transaction), operation)
+    _forget_marker(stage)
 
 
 def discard_stage(stage: DirectStage) -> None:
     """Delete the staged files, unless a commit of them was tried (it may hold them)."""
     if stage.commit_tried or not stage.paths:
+        _forget_marker(stage)
         return
     jvm: Any = getattr(stage.spark, "_jvm")  # noqa: B009
     hadoop_path = jvm.org.apache.hadoop.fs.Path
@@ -228,9 +235,17 @@ def discard_stage(stage: DirectStage) -> None:
         except Exception as exc:  # an unreferenced file left is harmless (VACUUM)
             log.debug("delta-spark: staged file %s not deleted (%s)", relative, exc)
     stage.paths = []
+    _forget_marker(stage)
 
 
-def _open(frame: DataFrame, uri: str, current: LogState) -> tuple[Any, Any] | None:
+def _forget_marker(stage: DirectStage) -> None:
+    if stage.creating is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(stage.creating)
+        stage.creating = None
+
+
+def open_transaction(frame: DataFrame, uri: str, current: LogState) -> tuple[Any, Any] | None:
     """(DeltaLog, OptimisticTransaction) reading ``current.version``; None when the
     table moved or Delta's classes are not as expected."""
     spark: SparkSession = frame.sparkSession

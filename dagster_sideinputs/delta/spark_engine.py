@@ -57,6 +57,7 @@ from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
 from dagster_sideinputs.delta.spark_read import read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
+from dagster_sideinputs.delta.spark_split import stage_split_native
 from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
 from dagster_sideinputs.errors import DeltaTableError
@@ -249,9 +250,12 @@ class DeltaSparkEngine:
     def stage_split(
         self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
     ) -> list[StagedWrite] | None:
-        # Delta's writer commits the files it writes: no job can leave several tables'
-        # files for later commits, so each table is staged (persisted) on its own.
-        return None
+        states = []
+        for target in targets:
+            uri = normalize_uri(target.uri)
+            refuse_blocked_location(uri, target.name)
+            states.append(self._state(uri, name=target.name) if self.exists(uri) else None)
+        return stage_split_native(df, column, targets, states)
 
     def discard(self, staged: StagedWrite) -> None:
         handle: SparkStage = staged.handle
@@ -283,14 +287,15 @@ class DeltaSparkEngine:
                 plan_append(handle.schema, current.schema, table=label, merge=False)
             if skip_empty_commit and current and not staged.num_rows and not remove_files:
                 return unchanged(uri, current.version, staged.seconds, skipped=False)
+            direct = handle.direct
             if (
-                handle.direct is not None
-                and current is not None
+                direct is not None
+                and (current is None) == (direct.creating is not None)
                 and app_transaction is not None
                 and not remove_files
             ):
                 result = commit_staged_files(
-                    handle.direct, staged, current, self._files(uri),
+                    direct, staged, current, self._files(uri),
                     app_transaction=app_transaction, commit_metadata=commit_metadata,
                 )  # fmt: skip
             else:  # the files staged (if any) are deleted below; the writer writes

@@ -26,7 +26,7 @@ from dagster_sideinputs.delta.schema import plan_write_schema, quoted
 from dagster_sideinputs.delta.spark_commit import write_error
 from dagster_sideinputs.delta.spark_direct import DirectStage, plain_append, stage_append
 from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.staging import allowed_values
+from dagster_sideinputs.delta.staging import CREATING_MARKER, allowed_values
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
 
@@ -73,6 +73,8 @@ def refuse_foreign_folder(uri: str, label: str) -> None:
     """A folder holding files but no Delta log is someone's data: never write into it."""
     if not is_local(uri):
         return  # listing an object store prefix costs a Spark job; Delta ignores strays
+    if os.path.exists(os.path.join(uri, CREATING_MARKER)):
+        return  # the uncommitted files of an interrupted first split write (spark_split)
     try:
         # Hidden entries (the bridge's _dsi_staging of an interrupted write) are no data.
         entries = [e for e in os.listdir(uri) if not e.startswith((".", "_"))]

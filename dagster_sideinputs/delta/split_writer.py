@@ -33,7 +33,6 @@ def stage_split_dataframe(
     the rows as they are (no cast, reorder or partitioning): None otherwise, before any
     Spark job, and the caller stages each table on its own.
     """
-    started = time.perf_counter()
     data = df.drop(column)
     plans: list[TablePlan] = []
     for target in targets:
@@ -51,28 +50,46 @@ def stage_split_dataframe(
         if plan.constraints:
             return None  # its rows are checked as they are written
         plans.append(plan)
-    if len({_filesystem(plan.uri) for plan in plans}) > 1:
+    if not same_filesystem([plan.uri for plan in plans]):
         return None  # files could not be renamed from one table into another
     configure_spark(df.sparkSession, plans[0].uri, storage_options)
-    shared = Staging(plans[0].files)
     stagings = [Staging(plan.files) for plan in plans]
     writes: list[StagedWrite] = []
     try:
-        with session_setting(df.sparkSession, CONCURRENT_WRITERS, _writers(df, len(targets))):
-            df.write.mode("overwrite").partitionBy(column).parquet(shared.spark_location())
-        job_seconds = time.perf_counter() - started
-        for plan, target, staging in zip(plans, targets, stagings, strict=True):
-            moved = time.perf_counter()
-            staging.take_over(shared, f"{column}={target.value}")
-            seconds = (0.0 if writes else job_seconds) + time.perf_counter() - moved
+        values = [target.value for target in targets]
+        seconds = split_job(
+            df, column, Staging(plans[0].files), list(zip(values, stagings, strict=True))
+        )
+        for plan, staging in zip(plans, stagings, strict=True):
             writes.append(plan.staged(staging, staging.collect(plan.schema, []), seconds))
+            seconds = 0.0  # the job's time goes to the first table
     except BaseException:
         for staging in stagings:
             staging.discard(published_too=False)
         raise
+    return writes
+
+
+def split_job(
+    df: DataFrame, column: str, shared: Staging, parts: Sequence[tuple[int, Staging]]
+) -> float:
+    """One Spark job writing ``df`` partitioned by ``column`` into ``shared``; the files of
+    each ``(value, staging)`` are then moved into that staging folder (renames), and
+    ``shared`` is removed. Returns the seconds it took."""
+    started = time.perf_counter()
+    try:
+        with session_setting(df.sparkSession, CONCURRENT_WRITERS, _writers(df, len(parts))):
+            df.write.mode("overwrite").partitionBy(column).parquet(shared.spark_location())
+        for value, staging in parts:
+            staging.take_over(shared, f"{column}={value}")
     finally:
         shared.discard(published_too=False)
-    return writes
+    return time.perf_counter() - started
+
+
+def same_filesystem(paths: Sequence[str]) -> bool:
+    """Whether local ``paths`` are on one filesystem (files can be renamed between them)."""
+    return len({_filesystem(path) for path in paths}) <= 1
 
 
 CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
@@ -101,4 +118,4 @@ def _filesystem(path: str) -> int:
     return os.stat(path).st_dev
 
 
-__all__ = ["stage_split_dataframe"]
+__all__ = ["same_filesystem", "split_job", "stage_split_dataframe"]

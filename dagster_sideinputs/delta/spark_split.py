@@ -1,0 +1,253 @@
+"""The delta-spark engine's split write: one Spark job staging appends to several tables.
+
+Why: Delta's own writer commits what it writes (``writeFiles`` writes one table's
+files), so without this every output of a batch is its own Spark job, and a function's
+result that feeds two outputs is computed twice (or persisted first). The bridge splits
+one job's rows into several tables (:mod:`~dagster_sideinputs.delta.split_writer`); this
+module does the same for delta-spark tables, committed through Delta's transaction.
+
+What: Spark writes the rows once, partitioned by the split column, into a hidden folder of
+the first table (:func:`~dagster_sideinputs.delta.split_writer.split_job`); each table's
+files are renamed into its root, their statistics read from the parquet footers
+(:func:`~dagster_sideinputs.delta.stats.file_stats`, no extra pass over the rows), and
+Delta's transaction on each table, opened at the version the engine read, commits them as
+``add`` actions parsed by Delta itself (``Action.fromJson``) with the batch's application
+transaction (:func:`~dagster_sideinputs.delta.spark_direct.commit_stage`): the commit a
+plain append makes. Until then the files are referenced by no commit; a batch that
+commits nothing deletes them.
+
+A table that does not exist yet is created by that commit: its metadata goes through
+Delta's ``updateMetadataForNewTable`` (the session's default table properties, the
+protocol Delta picks), and until the commit its folder holds the bridge's marker of an
+interrupted first write (``_dsi_staging/_creating``), so a crash there leaves a folder
+later writes still take.
+
+Only where that commit is exactly what Delta's writer would commit: a classic session,
+local tables on one filesystem, unpartitioned, whose schema takes the rows as they are
+(no cast, reorder or new column) and whose protocol an append through the transaction
+handles, and nothing Delta checks or derives while writing (CHECK constraints, NOT NULL
+fields, generated or identity columns, column mapping, also for a new table from the
+session's defaults). Anything else: None before any Spark job, and the caller stages
+each table on its own.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dagster_sideinputs.delta.engine import SplitTarget, StagedWrite
+from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
+from dagster_sideinputs.delta.log_commit import add_action
+from dagster_sideinputs.delta.spark_direct import (
+    DirectStage,
+    open_transaction,
+    plain_append,
+    plain_protocol,
+)
+from dagster_sideinputs.delta.spark_log_state import LogState
+from dagster_sideinputs.delta.spark_stage import SparkStage, refuse_foreign_folder
+from dagster_sideinputs.delta.split_writer import same_filesystem, split_job
+from dagster_sideinputs.delta.staging import (
+    CREATING_MARKER,
+    StagedFile,
+    Staging,
+    table_constraints,
+)
+
+log = logging.getLogger(__name__)
+
+
+def stage_split_native(
+    df: DataFrame,
+    column: str,
+    targets: Sequence[SplitTarget],
+    states: Sequence[LogState | None],
+) -> list[StagedWrite] | None:
+    """Stage appends of ``df``'s rows to several delta-spark tables with one Spark job (see
+    the module docstring); ``states`` are the tables' latest versions (None: no table).
+
+    Returns None, having run nothing, when some table does not qualify.
+    """
+    data = df.drop(column)
+    uris = [normalize_uri(target.uri) for target in targets]
+    for uri, target, state in zip(uris, targets, states, strict=True):
+        if not is_local(uri) or (state is not None and not _plain_table(data, state, target)):
+            return None
+        if state is None:
+            refuse_foreign_folder(uri, target.name)  # as staging it on its own would
+    if not same_filesystem(uris):
+        return None
+    opened = [
+        open_transaction(data, uri, state) if state else _new_table(data, uri)
+        for uri, state in zip(uris, states, strict=True)
+    ]
+    if any(handle is None for handle in opened):
+        return None
+    tables = [TableFiles(uri) for uri in uris]
+    stagings = [Staging(files) for files in tables]
+    published: list[list[str]] = [[] for _ in targets]
+    writes: list[StagedWrite] = []
+    try:
+        values = [target.value for target in targets]
+        seconds = split_job(
+            df, column, Staging(tables[0]), list(zip(values, stagings, strict=True))
+        )
+        now_ms = int(time.time() * 1000)
+        for index, (uri, target, staging, handle) in enumerate(
+            zip(uris, targets, stagings, opened, strict=True)
+        ):
+            assert handle is not None
+            delta_log, txn = handle
+            files = staging.collect(data.schema, [])
+            creating = None
+            if states[index] is None:  # its folder holds no table: mark what the files are
+                staging.files.write_bytes_atomic(CREATING_MARKER, b"")
+                creating = staging.files.local_path(CREATING_MARKER)
+            staging.publish(files)  # into the table's root, referenced by no commit yet
+            published[index] = [file.path for file in files]
+            stage = DirectStage(
+                df.sparkSession,
+                delta_log,
+                txn,
+                _actions(df, files, now_ms),
+                [add_action(file, now_ms)["path"] for file in files],
+                sum(int(file.stats["numRecords"]) for file in files),
+                creating=creating,
+            )
+            rows = df.filter(F.col(column) == target.value).drop(column)  # if not committed so
+            writes.append(_staged(uri, target, rows, stage, files, seconds, states[index]))
+            seconds = 0.0  # the job's time goes to the first table
+    except BaseException:
+        for table, paths in zip(tables, published, strict=True):
+            for path in paths:
+                table.delete_file(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(table.local_path(CREATING_MARKER))
+        raise
+    finally:
+        for staging in stagings:
+            staging.discard(published_too=False)
+    return writes
+
+
+def _plain_table(data: DataFrame, state: LogState, target: SplitTarget) -> bool:
+    """Whether appending ``data`` to the table at ``state`` needs nothing of Delta's writer
+    but its commit (same columns and types in the same order: ``plain_append``)."""
+    if state.partition_columns or state.column_mapping:
+        return False
+    if table_constraints(state.configuration) or not _nullable(state.raw_schema):
+        return False
+    return plain_append(data, state, mode="append", schema_mode=target.schema_mode, partition_by=())
+
+
+def _new_table(data: DataFrame, uri: str) -> tuple[Any, Any] | None:
+    """(DeltaLog, OptimisticTransaction) creating the table at ``uri`` with ``data``'s
+    columns, as Delta's writer would: the metadata goes through Delta's
+    ``updateMetadataForNewTable``, which adds the session's default table properties and
+    picks the protocol. None when the result needs Delta's writer (column mapping, a
+    protocol the transaction path does not handle) or the classes are not as expected."""
+    if any(field.metadata for field in data.schema.fields):
+        return None  # comments, char/varchar: the writer's business
+    spark = data.sparkSession
+    try:
+        jvm: Any = getattr(spark, "_jvm")  # noqa: B009 (a classic session's gateway)
+        delta = jvm.org.apache.spark.sql.delta
+        delta_log = getattr(getattr(delta, "DeltaLog$"), "MODULE$").forTable(
+            getattr(spark, "_jsparkSession"),  # noqa: B009
+            spark_uri(uri),
+        )
+        txn = delta_log.startTransaction()
+        if txn.snapshot().version() != -1:
+            return None  # created meanwhile: staged on its own
+        metadata = {
+            "id": str(uuid.uuid4()),
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": json.dumps(_nullable_schema(data.schema).jsonValue()),
+            "partitionColumns": [],
+            "configuration": {},
+            "createdTime": int(time.time() * 1000),
+        }
+        parse = getattr(getattr(delta.actions, "Action$"), "MODULE$")
+        txn.updateMetadataForNewTable(parse.fromJson(json.dumps({"metaData": metadata})))
+        made = json.loads(txn.metadata().json())["metaData"]
+        protocol = json.loads(txn.protocol().json())["protocol"]
+    except Exception as exc:  # py4j: a class or signature of another Delta release
+        log.debug("delta-spark: creating %s through the writer (%s)", uri, exc)
+        return None
+    configuration = made.get("configuration") or {}
+    if configuration.get("delta.columnMapping.mode") not in (None, "none"):
+        return None
+    if table_constraints(configuration) or not plain_protocol(protocol):
+        return None
+    return delta_log, txn
+
+
+def _nullable_schema(data_type: Any) -> Any:
+    """``data_type`` with every field, element and value nullable (Delta's writer creates
+    tables so)."""
+    if isinstance(data_type, T.StructType):
+        return T.StructType(
+            [T.StructField(f.name, _nullable_schema(f.dataType), True) for f in data_type.fields]
+        )
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(_nullable_schema(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(data_type.keyType, _nullable_schema(data_type.valueType), True)
+    return data_type
+
+
+def _nullable(data_type: T.DataType) -> bool:
+    """Whether no field, element or value below ``data_type`` is declared NOT NULL."""
+    if isinstance(data_type, T.StructType):
+        return all(f.nullable and _nullable(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return data_type.containsNull and _nullable(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return data_type.valueContainsNull and _nullable(data_type.valueType)
+    return True
+
+
+def _actions(df: DataFrame, files: Sequence[StagedFile], now_ms: int) -> Any:
+    """The files' ``add`` actions as a Scala Seq of Delta's own AddFile objects."""
+    jvm: Any = getattr(df.sparkSession, "_jvm")  # noqa: B009 (a classic session's gateway)
+    parse = getattr(getattr(jvm.org.apache.spark.sql.delta.actions, "Action$"), "MODULE$")
+    actions = jvm.java.util.ArrayList()
+    for file in files:
+        actions.add(parse.fromJson(json.dumps({"add": add_action(file, now_ms)})))
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+
+
+def _staged(
+    uri: str,
+    target: SplitTarget,
+    rows: DataFrame,
+    stage: DirectStage,
+    files: Sequence[StagedFile],
+    seconds: float,
+    state: LogState | None,
+) -> StagedWrite:
+    return StagedWrite(
+        uri=uri,
+        name=target.name,
+        mode="append",
+        partition_by=[],
+        replace_partition=None,
+        schema_mode=target.schema_mode,
+        num_rows=stage.rows or 0,
+        num_files=len(files),
+        num_bytes=sum(file.size for file in files),
+        seconds=seconds,
+        handle=SparkStage(rows, rows.schema, state is not None, persisted=False, direct=stage),
+    )
+
+
+__all__ = ["stage_split_native"]
