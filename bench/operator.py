@@ -672,6 +672,10 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         op = frames_operator(main_uri, lake, root, engine="delta-spark")
         return OperatorRun(op.run(spark, trigger="available_now"), root)
 
+    def operator_native_two_pass(i: int) -> OperatorRun:
+        with outputs_one_by_one():
+            return operator_native(i)
+
     def baseline(i: int) -> Path:
         out = lake.fresh_root("frames_baseline")
         foreach_batch_job(spark, lake, main_uri, out)
@@ -711,6 +715,9 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     if args.two_pass:
         operator_two_pass(-1)
         actions["operator_two_pass"] = operator_two_pass
+        if native:
+            operator_native_two_pass(-1)
+            actions["operator_native_two_pass"] = operator_native_two_pass
     actions["baseline"] = baseline
     actions["batch"] = batch
     actions["scan_write"] = scan_write
@@ -748,6 +755,13 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             t / o for o, t in zip(TIMES["operator"], two_pass_times, strict=True)
         ]
         figures["two_pass_counts"] = run_counts(results["operator_two_pass"])
+    native_two_pass_times = list(TIMES.get("operator_native_two_pass", []))
+    if native_two_pass_times:
+        figures["native_two_pass_s"] = seconds["operator_native_two_pass"]
+        figures["native_one_pass_per_repeat"] = [
+            t / o for o, t in zip(native_times, native_two_pass_times, strict=True)
+        ]
+        figures["native_two_pass_counts"] = run_counts(results["operator_native_two_pass"])
     if per_table_times:
         figures["per_table_s"] = seconds["operator_per_table"]
         figures["stage_then_commit_per_repeat"] = [
@@ -798,6 +812,15 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"{figures['two_pass_s'] / seconds['operator']:.2f}x; per repeat "
             f"{' '.join(f'{r:.2f}' for r in pairs)} (median "
             f"{statistics.median(pairs):.2f}x); rows {figures['two_pass_counts']}"
+        )
+    if native_two_pass_times:
+        pairs = figures["native_one_pass_per_repeat"]
+        print(
+            f"  delta-spark: outputs in one pass {seconds['operator_native']:6.2f} s, each "
+            f"output its own Spark job {figures['native_two_pass_s']:6.2f} s: one pass "
+            f"{figures['native_two_pass_s'] / seconds['operator_native']:.2f}x; per repeat "
+            f"{' '.join(f'{r:.2f}' for r in pairs)} (median "
+            f"{statistics.median(pairs):.2f}x); rows {figures['native_two_pass_counts']}"
         )
     if per_table_times:
         pairs = figures["stage_then_commit_per_repeat"]
