@@ -250,9 +250,11 @@ class DeltaSparkEngine:
     def stage_split(
         self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
     ) -> list[StagedWrite] | None:
+        uris = [normalize_uri(target.uri) for target in targets]
+        if not all(is_local(uri) for uri in uris):
+            return None  # a rename there is a copy: each table is staged on its own
         states = []
-        for target in targets:
-            uri = normalize_uri(target.uri)
+        for uri, target in zip(uris, targets, strict=True):
             refuse_blocked_location(uri, target.name)
             states.append(self._state(uri, name=target.name) if self.exists(uri) else None)
         return stage_split_native(df, column, targets, states)
