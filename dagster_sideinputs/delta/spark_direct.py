@@ -183,7 +183,8 @@ class DirectStage:
     commit_tried: bool = False
     creating: str | None = None
     """For a table this commit creates: the local marker saying the table's folder holds
-    an interrupted first write's files (removed once the commit is made or discarded)."""
+    an interrupted first write's files, removed once the commit made the table (a discard
+    leaves it: files of an earlier interrupted write may still need it)."""
 
 
 def stage_append(frame: DataFrame, uri: str, current: LogState) -> DirectStage | None:
@@ -221,7 +222,6 @@ def commit_stage(stage: DirectStage, app_transaction: AppTransaction, user_metad
 def discard_stage(stage: DirectStage) -> None:
     """Delete the staged files, unless a commit of them was tried (it may hold them)."""
     if stage.commit_tried or not stage.paths:
-        _forget_marker(stage)
         return
     jvm: Any = getattr(stage.spark, "_jvm")  # noqa: B009
     hadoop_path = jvm.org.apache.hadoop.fs.Path
@@ -235,7 +235,6 @@ def discard_stage(stage: DirectStage) -> None:
         except Exception as exc:  # an unreferenced file left is harmless (VACUUM)
             log.debug("delta-spark: staged file %s not deleted (%s)", relative, exc)
     stage.paths = []
-    _forget_marker(stage)
 
 
 def _forget_marker(stage: DirectStage) -> None:

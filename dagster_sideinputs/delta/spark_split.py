@@ -31,10 +31,8 @@ session's defaults). Anything else: None before any Spark job, and the caller st
 each table on its own.
 """
 
-import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -130,9 +128,7 @@ def stage_split_native(
         for table, paths in zip(tables, published, strict=True):
             for path in paths:
                 table.delete_file(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(table.local_path(CREATING_MARKER))
-        raise
+        raise  # (a marker stays, as the bridge's does: earlier strays may need it)
     finally:
         for staging in stagings:
             staging.discard(published_too=False)

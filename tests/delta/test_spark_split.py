@@ -252,6 +252,10 @@ def test_an_interrupted_first_split_leaves_a_folder_the_next_write_takes(spark, 
     staged = engine.stage_split(tagged(data(spark, range(20))), TAG, targets(uris))
     assert staged is not None  # and the process dies here: nothing discarded
     assert data_files(uris[0])
+    boom = F.when(F.col("id") == 3, F.raise_error(F.lit("bad row 3")))
+    failing = tagged(data(spark, range(8))).withColumn("name", F.coalesce(boom, F.col("name")))
+    with pytest.raises(Exception, match="bad row 3"):  # a failed retry keeps the marker
+        engine.stage_split(failing, TAG, targets(uris))
     engine.write(data(spark, [100]), uris[0], app_transaction=AppTransaction("op", 1))
     assert [r.id for r in spark.read.format("delta").load(uris[0]).collect()] == [100]
     again = engine.stage_split(tagged(data(spark, range(4))), TAG, targets(uris))
