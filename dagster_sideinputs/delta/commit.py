@@ -288,7 +288,7 @@ def commit_files(
         *_add_actions(staged),
         *_remove_actions(remove_files),
     ]
-    delta_schema = spark_to_delta_schema(schema)
+    delta_schema = spark_to_delta_schema(schema, table=label)
     try:
         if table is None:
             table = _create_or_join(

@@ -63,24 +63,27 @@ def as_nullable(data_type: T.DataType) -> T.DataType:
     return data_type
 
 
-def spark_to_delta_schema(schema: T.StructType) -> deltalake.Schema:
+def spark_to_delta_schema(schema: T.StructType, *, table: str = "") -> deltalake.Schema:
     """The Delta schema of a Spark schema, every column nullable (as delta-spark does).
+    ``table`` names the table written, for the error.
 
     Raises:
         SchemaMismatchError: a column has a type Delta cannot store (``void``, intervals).
     """
+    of_table = f" of table {table}" if table else ""
     for field in schema.fields:
         if isinstance(field.dataType, T.NullType):
             raise SchemaMismatchError(
-                f"Column {field.name!r} has type void (a bare `lit(None)`), which Delta "
-                "cannot store.",
+                f"Column {field.name!r}{of_table} has type void (a bare `lit(None)`), which "
+                "Delta cannot store. Nothing was written.",
                 fix=f'give it a type, e.g. F.lit(None).cast("string").alias("{field.name}")',
             )
     try:
         return deltalake.Schema.from_json(as_nullable(schema).json())
     except Exception as exc:  # delta-rs raises a generic exception for unknown types
         raise SchemaMismatchError(
-            f"This schema cannot be stored in Delta: {exc}. Schema: {schema.simpleString()}",
+            f"This schema{of_table} cannot be stored in Delta: {exc}. Schema: "
+            f"{schema.simpleString()}",
             fix="cast unsupported columns (intervals, variants, ...) to supported types",
         ) from exc
 
@@ -292,7 +295,7 @@ def plan_write_schema(
                     f"columns of table {label} (partition_by={partition_by}).",
                     fix="pass the table's partition columns in partition_by",
                 )
-        spark_to_delta_schema(df.schema)  # fail early on types Delta cannot store
+        spark_to_delta_schema(df.schema, table=label)  # fail early: types Delta cannot store
         schema = as_nullable(df.schema)
         assert isinstance(schema, T.StructType)
         return schema, df, [], partition_by

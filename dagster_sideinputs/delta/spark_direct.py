@@ -247,15 +247,8 @@ def _forget_marker(stage: DirectStage) -> None:
 def open_transaction(frame: DataFrame, uri: str, current: LogState) -> tuple[Any, Any] | None:
     """(DeltaLog, OptimisticTransaction) reading ``current.version``; None when the
     table moved or Delta's classes are not as expected."""
-    spark: SparkSession = frame.sparkSession
     try:
-        jvm: Any = getattr(spark, "_jvm")  # noqa: B009 (a classic session's gateway)
-        delta_log = getattr(
-            getattr(jvm.org.apache.spark.sql.delta, "DeltaLog$"), "MODULE$"
-        ).forTable(
-            getattr(spark, "_jsparkSession"),  # noqa: B009
-            spark_uri(uri),
-        )
+        delta_log = delta_log_of(frame.sparkSession, uri)
         txn = delta_log.startTransaction()
         if txn.snapshot().version() != current.version:
             return None
@@ -263,6 +256,23 @@ def open_transaction(frame: DataFrame, uri: str, current: LogState) -> tuple[Any
         log.debug("delta-spark: appending through the writer (%s)", exc)
         return None
     return delta_log, txn
+
+
+def delta_log_of(spark: SparkSession, uri: str) -> Any:
+    """Delta's ``DeltaLog`` of the table at ``uri`` (py4j; a classic session only)."""
+    jvm: Any = getattr(spark, "_jvm")  # noqa: B009 (a classic session's gateway)
+    return getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaLog$"), "MODULE$").forTable(
+        getattr(spark, "_jsparkSession"),  # noqa: B009
+        spark_uri(uri),
+    )
+
+
+def parsed_action(spark: SparkSession, action: Mapping[str, Any]) -> Any:
+    """A Delta log action (``{"add": {...}}``, ``{"metaData": {...}}``) as Delta's own
+    object, parsed by Delta (``Action.fromJson``)."""
+    jvm: Any = getattr(spark, "_jvm")  # noqa: B009
+    parse = getattr(getattr(jvm.org.apache.spark.sql.delta.actions, "Action$"), "MODULE$")
+    return parse.fromJson(json.dumps(action))
 
 
 def _commit_actions(

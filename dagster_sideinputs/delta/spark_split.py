@@ -43,16 +43,19 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import SplitTarget, StagedWrite
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
+from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri
 from dagster_sideinputs.delta.log_commit import add_action
+from dagster_sideinputs.delta.schema import as_nullable
 from dagster_sideinputs.delta.spark_direct import (
     DirectStage,
+    delta_log_of,
     open_transaction,
+    parsed_action,
     plain_append,
     plain_protocol,
 )
 from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.spark_stage import SparkStage, refuse_foreign_folder
+from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows
 from dagster_sideinputs.delta.split_writer import same_filesystem, split_job
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
@@ -78,10 +81,19 @@ def stage_split_native(
     data = df.drop(column)
     uris = [normalize_uri(target.uri) for target in targets]
     for uri, target, state in zip(uris, targets, states, strict=True):
-        if not is_local(uri) or (state is not None and not _plain_table(data, state, target)):
+        if not is_local(uri):
             return None
-        if state is None:
-            refuse_foreign_folder(uri, target.name)  # as staging it on its own would
+        # The planning a table staged on its own gets: a foreign folder, or a column
+        # Delta cannot store, fails here as it would there.
+        projected, _, partitions = plan_rows(
+            data, uri, target.name, None if state is None else state.table_snapshot(),
+            mode="append", partition_by=None, replace_partition=None,
+            schema_mode=target.schema_mode,
+        )  # fmt: skip
+        if partitions or projected.schema != data.schema:
+            return None  # the table takes the rows in another shape
+        if state is not None and not _plain_table(data, state, target):
+            return None
     if not same_filesystem(uris):
         return None
     opened = [
@@ -112,12 +124,13 @@ def stage_split_native(
                 creating = staging.files.local_path(CREATING_MARKER)
             staging.publish(files)  # into the table's root, referenced by no commit yet
             published[index] = [file.path for file in files]
+            adds = [add_action(file, now_ms) for file in files]
             stage = DirectStage(
                 df.sparkSession,
                 delta_log,
                 txn,
-                _actions(df, files, now_ms),
-                [add_action(file, now_ms)["path"] for file in files],
+                _scala_seq(df, [parsed_action(df.sparkSession, {"add": a}) for a in adds]),
+                [add["path"] for add in adds],
                 sum(int(file.stats["numRecords"]) for file in files),
                 creating=creating,
             )
@@ -138,7 +151,7 @@ def stage_split_native(
 def _plain_table(data: DataFrame, state: LogState, target: SplitTarget) -> bool:
     """Whether appending ``data`` to the table at ``state`` needs nothing of Delta's writer
     but its commit (same columns and types in the same order: ``plain_append``)."""
-    if state.partition_columns or state.column_mapping:
+    if state.column_mapping:
         return False
     if table_constraints(state.configuration) or not _nullable(state.raw_schema):
         return False
@@ -155,25 +168,19 @@ def _new_table(data: DataFrame, uri: str) -> tuple[Any, Any] | None:
         return None  # comments, char/varchar: the writer's business
     spark = data.sparkSession
     try:
-        jvm: Any = getattr(spark, "_jvm")  # noqa: B009 (a classic session's gateway)
-        delta = jvm.org.apache.spark.sql.delta
-        delta_log = getattr(getattr(delta, "DeltaLog$"), "MODULE$").forTable(
-            getattr(spark, "_jsparkSession"),  # noqa: B009
-            spark_uri(uri),
-        )
+        delta_log = delta_log_of(spark, uri)
         txn = delta_log.startTransaction()
         if txn.snapshot().version() != -1:
             return None  # created meanwhile: staged on its own
         metadata = {
             "id": str(uuid.uuid4()),
             "format": {"provider": "parquet", "options": {}},
-            "schemaString": json.dumps(_nullable_schema(data.schema).jsonValue()),
+            "schemaString": json.dumps(as_nullable(data.schema).jsonValue()),
             "partitionColumns": [],
             "configuration": {},
             "createdTime": int(time.time() * 1000),
         }
-        parse = getattr(getattr(delta.actions, "Action$"), "MODULE$")
-        txn.updateMetadataForNewTable(parse.fromJson(json.dumps({"metaData": metadata})))
+        txn.updateMetadataForNewTable(parsed_action(spark, {"metaData": metadata}))
         made = json.loads(txn.metadata().json())["metaData"]
         protocol = json.loads(txn.protocol().json())["protocol"]
     except Exception as exc:  # py4j: a class or signature of another Delta release
@@ -187,20 +194,6 @@ def _new_table(data: DataFrame, uri: str) -> tuple[Any, Any] | None:
     return delta_log, txn
 
 
-def _nullable_schema(data_type: Any) -> Any:
-    """``data_type`` with every field, element and value nullable (Delta's writer creates
-    tables so)."""
-    if isinstance(data_type, T.StructType):
-        return T.StructType(
-            [T.StructField(f.name, _nullable_schema(f.dataType), True) for f in data_type.fields]
-        )
-    if isinstance(data_type, T.ArrayType):
-        return T.ArrayType(_nullable_schema(data_type.elementType), True)
-    if isinstance(data_type, T.MapType):
-        return T.MapType(data_type.keyType, _nullable_schema(data_type.valueType), True)
-    return data_type
-
-
 def _nullable(data_type: T.DataType) -> bool:
     """Whether no field, element or value below ``data_type`` is declared NOT NULL."""
     if isinstance(data_type, T.StructType):
@@ -212,14 +205,13 @@ def _nullable(data_type: T.DataType) -> bool:
     return True
 
 
-def _actions(df: DataFrame, files: Sequence[StagedFile], now_ms: int) -> Any:
-    """The files' ``add`` actions as a Scala Seq of Delta's own AddFile objects."""
+def _scala_seq(df: DataFrame, items: Sequence[Any]) -> Any:
+    """A Scala Seq of JVM objects (what Delta's transaction commits)."""
     jvm: Any = getattr(df.sparkSession, "_jvm")  # noqa: B009 (a classic session's gateway)
-    parse = getattr(getattr(jvm.org.apache.spark.sql.delta.actions, "Action$"), "MODULE$")
-    actions = jvm.java.util.ArrayList()
-    for file in files:
-        actions.add(parse.fromJson(json.dumps({"add": add_action(file, now_ms)})))
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+    values = jvm.java.util.ArrayList()
+    for item in items:
+        values.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(values).toSeq()
 
 
 def _staged(

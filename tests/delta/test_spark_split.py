@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from dagster_sideinputs.delta.engine import AppTransaction, SplitTarget
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
 from dagster_sideinputs.delta.spark_session import session_setting
+from dagster_sideinputs.errors import SchemaMismatchError
 from tests.delta.test_spark_direct import commit_file, jobs_of
 
 SCHEMA = "id long, name string, ts timestamp, amount decimal(10,2), tags array<string>"
@@ -263,3 +264,21 @@ def test_an_interrupted_first_split_leaves_a_folder_the_next_write_takes(spark, 
     for stage in again:
         engine.commit(stage, app_transaction=AppTransaction("op", 2))
     assert sorted(r.id for r in spark.read.format("delta").load(uris[1]).collect()) == [0, 2]
+
+
+def test_a_column_delta_cannot_store_fails_a_new_tables_split_as_its_own_write_would(
+    spark, tmp_path
+):
+    """The split plans each table as a write of its own does: a void column (a bare
+    lit(None)) is refused naming the column and the fix, before any job or file."""
+    engine = DeltaSparkEngine(spark)
+    uris = [str(tmp_path / "all"), str(tmp_path / "even")]
+    frame = tagged(data(spark, range(10))).withColumn("note", F.lit(None))
+    with pytest.raises(
+        SchemaMismatchError, match=r"(?s)'note' of table all.*void.*Nothing"
+    ) as raised:
+        jobs_of(spark, "void", lambda: engine.stage_split(frame, TAG, targets(uris)))
+    assert "cast(" in raised.value.fix
+    for uri in uris:
+        assert not engine.exists(uri)
+        assert not Path(uri).exists() or data_files(uri) == set()
