@@ -57,7 +57,7 @@ from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
 from dagster_sideinputs.delta.spark_read import read_subset
 from dagster_sideinputs.delta.spark_session import active_session, session_setting
-from dagster_sideinputs.delta.spark_split import stage_split_native
+from dagster_sideinputs.delta.spark_split import stage_append_native, stage_split_native
 from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
 from dagster_sideinputs.errors import DeltaTableError
@@ -124,13 +124,10 @@ class DeltaSparkEngine:
     def _state(self, uri: str, version: int | None = None, *, name: str | None = None) -> LogState:
         return READER.state(self._files(uri), version, table=name or normalize_uri(uri))
 
-    def _latest(self, uri: str) -> int | None:
-        return READER.latest_version(self._files(uri))
-
     # --- metadata ------------------------------------------------------------------
 
     def exists(self, uri: str) -> bool:
-        return self._latest(uri) is not None
+        return READER.latest_version(self._files(uri)) is not None
 
     def snapshot(
         self, uri: str, *, version: int | None = None, name: str | None = None
@@ -241,6 +238,9 @@ class DeltaSparkEngine:
         # find a blocked new table only when it creates the log, at commit time.
         refuse_blocked_location(uri, label)
         state = self._state(uri, name=label) if self.exists(uri) else None
+        plain = mode == "append" and not partition_by and not removes_files
+        if plain and (staged := stage_append_native(df, uri, label, state, schema_mode)):
+            return staged  # else: Delta's writer (stage_rows)
         return stage_rows(
             df, uri, label, state, mode=mode, partition_by=partition_by,
             replace_partition=replace_partition, schema_mode=schema_mode,

@@ -1,4 +1,5 @@
-"""The delta-spark engine's split write: one Spark job staging appends to several tables.
+"""The delta-spark engine's staged appends: one Spark job writes the files of one table,
+or of several tables split by a column, and Delta's transaction commits each table's.
 
 Why: Delta's own writer commits what it writes (``writeFiles`` writes one table's
 files), so without this every output of a batch is its own Spark job, and a function's
@@ -22,6 +23,11 @@ protocol Delta picks), and until the commit its folder holds the bridge's marker
 interrupted first write (``_dsi_staging/_creating``), so a crash there leaves a folder
 later writes still take.
 
+An append to one table (``stage_append_native``) is staged the same way, its job writing
+straight into the table's staging folder: Delta's writer would compute the statistics
+from the rows as it writes them, and for a new table the rows would be persisted and
+checked first.
+
 Only where that commit is exactly what Delta's writer would commit: a classic session,
 local tables on one filesystem, unpartitioned, whose schema takes the rows as they are
 (no cast, reorder or new column) and whose protocol an append through the transaction
@@ -35,14 +41,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import SplitTarget, StagedWrite
+from dagster_sideinputs.delta.engine import SchemaMode, SplitTarget, StagedWrite
 from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri
 from dagster_sideinputs.delta.log_commit import add_action
 from dagster_sideinputs.delta.schema import as_nullable
@@ -56,7 +62,7 @@ from dagster_sideinputs.delta.spark_direct import (
 )
 from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows
-from dagster_sideinputs.delta.split_writer import same_filesystem, split_job
+from dagster_sideinputs.delta.split_writer import same_filesystem, split_job, write_job
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
     StagedFile,
@@ -78,7 +84,53 @@ def stage_split_native(
 
     Returns None, having run nothing, when some table does not qualify.
     """
-    data = df.drop(column)
+
+    def job(stagings: Sequence[Staging], tables: Sequence[TableFiles]) -> float:
+        values = [target.value for target in targets]
+        return split_job(df, column, Staging(tables[0]), list(zip(values, stagings, strict=True)))
+
+    return _stage_files(
+        df.drop(column),
+        targets,
+        states,
+        job,
+        lambda target: df.filter(F.col(column) == target.value).drop(column),
+    )
+
+
+def stage_append_native(
+    df: DataFrame, uri: str, name: str, state: LogState | None, schema_mode: SchemaMode | None
+) -> StagedWrite | None:
+    """Stage an append of ``df`` to one delta-spark table as the split stages each of its
+    tables: Spark writes the files, their statistics come from the footers, and Delta's
+    transaction commits them. Delta's ``writeFiles`` would compute the statistics from
+    the rows as it writes them, and a new table would need the rows persisted and checked
+    first (its writer commits what it writes). Measured (4M records, local[2]): an
+    existing table's append 1.44x faster, a new table's 1.8x (docs/DECISIONS.md).
+
+    Returns None, having run nothing, when the table does not qualify (see the module
+    docstring); the caller then stages it through Delta's writer.
+    """
+
+    def job(stagings: Sequence[Staging], tables: Sequence[TableFiles]) -> float:
+        return write_job(df, stagings[0])
+
+    target = SplitTarget(0, uri, name, schema_mode)
+    staged = _stage_files(df, [target], [state], job, lambda target: df)
+    return None if staged is None else staged[0]
+
+
+def _stage_files(
+    data: DataFrame,
+    targets: Sequence[SplitTarget],
+    states: Sequence[LogState | None],
+    job: Callable[[Sequence[Staging], Sequence[TableFiles]], float],
+    rows_of: Callable[[SplitTarget], DataFrame],
+) -> list[StagedWrite] | None:
+    """Stage ``data``'s appends to ``targets`` (whose ``states`` the engine read): check
+    that each table qualifies, then ``job`` writes the files into each table's staging
+    folder (returning its seconds), and each table's files get a transaction of their
+    own. ``rows_of`` gives a table's rows for Delta's writer, should its commit need it."""
     uris = [normalize_uri(target.uri) for target in targets]
     for uri, target, state in zip(uris, targets, states, strict=True):
         if not is_local(uri):
@@ -102,15 +154,13 @@ def stage_split_native(
     ]
     if any(handle is None for handle in opened):
         return None
+    spark = data.sparkSession
     tables = [TableFiles(uri) for uri in uris]
     stagings = [Staging(files) for files in tables]
     published: list[list[str]] = [[] for _ in targets]
     writes: list[StagedWrite] = []
     try:
-        values = [target.value for target in targets]
-        seconds = split_job(
-            df, column, Staging(tables[0]), list(zip(values, stagings, strict=True))
-        )
+        seconds = job(stagings, tables)
         now_ms = int(time.time() * 1000)
         for index, (uri, target, staging, handle) in enumerate(
             zip(uris, targets, stagings, opened, strict=True)
@@ -126,16 +176,17 @@ def stage_split_native(
             published[index] = [file.path for file in files]
             adds = [add_action(file, now_ms) for file in files]
             stage = DirectStage(
-                df.sparkSession,
+                spark,
                 delta_log,
                 txn,
-                _scala_seq(df, [parsed_action(df.sparkSession, {"add": a}) for a in adds]),
+                _scala_seq(data, [parsed_action(spark, {"add": a}) for a in adds]),
                 [add["path"] for add in adds],
                 sum(int(file.stats["numRecords"]) for file in files),
                 creating=creating,
             )
-            rows = df.filter(F.col(column) == target.value).drop(column)  # if not committed so
-            writes.append(_staged(uri, target, rows, stage, files, seconds, states[index]))
+            writes.append(
+                _staged(uri, target, rows_of(target), stage, files, seconds, states[index])
+            )
             seconds = 0.0  # the job's time goes to the first table
     except BaseException:
         for table, paths in zip(tables, published, strict=True):
@@ -238,4 +289,4 @@ def _staged(
     )
 
 
-__all__ = ["stage_split_native"]
+__all__ = ["stage_append_native", "stage_split_native"]

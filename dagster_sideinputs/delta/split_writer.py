@@ -87,6 +87,14 @@ def split_job(
     return time.perf_counter() - started
 
 
+def write_job(df: DataFrame, staging: Staging) -> float:
+    """One Spark job writing ``df``'s rows into ``staging``; returns the seconds it took.
+    On failure the folder is left for the caller's discard."""
+    started = time.perf_counter()
+    df.write.mode("overwrite").parquet(staging.spark_location())
+    return time.perf_counter() - started
+
+
 def same_filesystem(paths: Sequence[str]) -> bool:
     """Whether local ``paths`` are on one filesystem (files can be renamed between them)."""
     return len({_filesystem(path) for path in paths}) <= 1
@@ -118,4 +126,4 @@ def _filesystem(path: str) -> int:
     return os.stat(path).st_dev
 
 
-__all__ = ["same_filesystem", "split_job", "stage_split_dataframe"]
+__all__ = ["same_filesystem", "split_job", "stage_split_dataframe", "write_job"]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta import spark_commit
+from dagster_sideinputs.delta import spark_commit, spark_engine
 from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
 from dagster_sideinputs.delta.spark_direct import commit_stage, open_append, qualifies
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
@@ -19,6 +19,17 @@ from dagster_sideinputs.delta.spark_session import session_setting
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 TX = "tx_id long, customer_id long, amount double"
+
+
+@pytest.fixture(params=["footers", "writeFiles"])
+def staging(request, monkeypatch):
+    """The two ways a plain append is staged through Delta's transaction: Spark writes
+    the files and their statistics come from the footers (delta/spark_split.py, the
+    default), or Delta's ``writeFiles`` writes them (tables with CHECK constraints or
+    NOT NULL fields, which it checks)."""
+    if request.param == "writeFiles":
+        monkeypatch.setattr(spark_engine, "stage_append_native", lambda *a, **k: None)
+    return request.param
 
 
 def commit_file(uri: str, version: int) -> list[dict]:
@@ -188,7 +199,7 @@ def staged_files(staged: StagedWrite) -> set[str]:
 
 
 def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, monkeypatch, staging
 ):
     engine = DeltaSparkEngine(spark)
     uri = str(tmp_path / "t")
@@ -214,6 +225,7 @@ def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
     # Staged through the cache and committed by the writer, the same append takes more
     # jobs (the rows are computed into the cache, counted, then written).
     monkeypatch.setattr("dagster_sideinputs.delta.spark_stage.plain_append", lambda *a, **k: False)
+    monkeypatch.setattr(spark_engine, "stage_append_native", lambda *a, **k: None)
     cached, cached_stage_jobs = jobs_of(spark, "cached", lambda: engine.stage(data, uri))
     assert cached.handle.direct is None
     assert cached.handle.persisted
@@ -228,7 +240,7 @@ def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
     assert len(rows(spark, uri)) == 81
 
 
-def test_files_written_without_statistics_are_counted_by_reading_them(spark, tmp_path):
+def test_files_written_without_statistics_are_counted_by_reading_them(spark, tmp_path, staging):
     engine = DeltaSparkEngine(spark)
     uri = str(tmp_path / "t")
     engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
@@ -237,14 +249,15 @@ def test_files_written_without_statistics_are_counted_by_reading_them(spark, tmp
     with session_setting(spark, "spark.databricks.delta.stats.collect", "false"):
         staged = engine.stage(data, uri)
     assert staged.handle.direct is not None
-    assert staged.handle.direct.rows is None  # no numRecords in the files' actions
+    # Delta's writeFiles then leaves numRecords out; footers always have it.
+    assert staged.handle.direct.rows == (None if staging == "writeFiles" else 7)
     assert staged.num_rows == 7
     result = engine.commit(staged, app_transaction=AppTransaction("op", 1))
     assert (result.version, result.num_rows) == (1, 7)
     assert len(rows(spark, uri)) == 8
 
 
-def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_path):
+def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_path, staging):
     engine = DeltaSparkEngine(spark)
     uri = str(tmp_path / "t")
     engine.write(
@@ -279,7 +292,9 @@ def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_p
     assert len(rows(spark, uri)) == 3
 
 
-def test_a_staged_append_whose_commit_fails_keeps_its_files_and_commits_nothing(spark, tmp_path):
+def test_a_staged_append_whose_commit_fails_keeps_its_files_and_commits_nothing(
+    spark, tmp_path, staging
+):
     engine = DeltaSparkEngine(spark)
     uri = str(tmp_path / "t")
     engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
