@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace) -> None:
         "default_parallelism": spark.sparkContext.defaultParallelism,
         "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
     }
-    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10MB"
     try:
         for variant in VARIANTS:
             keyed = variant == "keyed"

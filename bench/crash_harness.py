@@ -715,8 +715,8 @@ def inspect_phase(trial: Path, expected: dict[tuple[str, int], set[str]] | None 
             detail = f"{where}; written {written}"
         return Phase(category, detail)
     spark = any(e["event"] == "spark" for e in since)
-    commits = {op: lake.ids(STATE, op, "commits") for op in lake.operators()}
-    last = {k: (v[-1] if v else None) for k, v in commits.items()}
+    latest = {op: lake.ids(STATE, op, "commits") for op in lake.operators()}
+    last = {k: (v[-1] if v else None) for k, v in latest.items()}
     return Phase(
         "job: no batch in flight" if spark else "job: starting Spark",
         f"{action.arg}; planning, between batches or reporting; last commits {last}",
@@ -1227,7 +1227,7 @@ def summary(results: Sequence[TrialResult], seconds: float) -> str:
             else ""
         ),
     ]
-    totals = collections.Counter()
+    totals: collections.Counter[str] = collections.Counter()
     for r in results:
         for diff in r.diffs.values():
             totals.update(

@@ -22,6 +22,7 @@ slowest repeat, because the machine may be shared (the load average is printed).
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -81,7 +82,7 @@ def interleaved_rates(
     times: dict[str, list[float]] = {name: [] for name in actions}
     for i in range(repeats):
         for name, action in actions.items():
-            times[name].append(timed(lambda action=action, i=i: action(i)))
+            times[name].append(timed(functools.partial(action, i)))
     for name, values in times.items():
         SPREAD[name] = (rows / max(values), rows / min(values))
     return {name: rows / statistics.median(values) for name, values in times.items()}

@@ -280,7 +280,7 @@ SHUFFLE_FIGURES = (
 def bench_prekeyed(ctx: dict[str, Any]) -> dict[str, Any]:
     spark, lake, broker, topic, args = _unpack(ctx)
     rest: SparkRest | None = ctx["rest"]
-    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10MB"
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     own: dict[str, list[float]] = {"shuffled": [], "pre_keyed": []}
     metrics: dict[str, list[dict[str, Any]]] = {"shuffled": [], "pre_keyed": []}
@@ -424,9 +424,11 @@ def bench_murmur2(ctx: dict[str, Any]) -> dict[str, Any]:
         .collect()
     )
     agree = all(r["arrow_udf"] == r["pandas_udf"] == r["sql_expression"] for r in check)
-    actions = {
-        name: (lambda i, c=col: keys.select(F.sum(c)).collect()) for name, col in variants.items()
-    }
+
+    def summed(column: Any) -> Callable[[int], Any]:
+        return lambda i: keys.select(F.sum(column)).collect()
+
+    actions = {name: summed(col) for name, col in variants.items()}
     seconds, _ = interleaved(actions, args.repeats)
     print(f"\n[murmur2] Kafka's partition of 2M string keys in Spark (same results: {agree})")
     for name, value in seconds.items():

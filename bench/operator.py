@@ -38,6 +38,7 @@ prints medians and ratios against the baseline measured in the same run.
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import inspect
 import json
 import os
@@ -50,7 +51,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ def interleaved(
     results: dict[str, list[Any]] = {name: [] for name in actions}
     for i in range(repeats):
         for name, action in actions.items():
-            seconds, result = timed(lambda action=action, i=i: action(i))
+            seconds, result = timed(functools.partial(action, i))
             times[name].append(seconds)
             results[name].append(result)
     TIMES.clear()
@@ -1055,13 +1056,13 @@ def rows_operator(main_uri: str, lake: Lake, root: Path) -> dsi.SideInputOperato
 
 def map_in_pandas_job(spark: SparkSession, lake: Lake, main_uri: str, out: Path) -> None:
     """Per record: look the name up in a broadcast dict, flag suspicious; write both outputs."""
-    names = dict(
+    names: dict[int, str] = dict(
         spark.read.parquet(lake.profiles()).select("customer_id", "name").toLocalIterator()
     )
     lookup = spark.sparkContext.broadcast(names)
     threshold = spark.read.parquet(lake.rules()).first()["threshold"]  # type: ignore[index]
 
-    def per_record(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    def per_record(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         table = lookup.value
         for pdf in batches:
             columns = [pdf[c].tolist() for c in MAIN_COLUMNS]
@@ -1339,7 +1340,7 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     )
     lake.profiles()
     lake.rules()
-    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10MB"
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     names = ("shuffled", "pre_keyed", "both_keyed")
     metrics: dict[str, list[dict[str, Any]]] = {name: [] for name in names}

@@ -118,6 +118,7 @@ def run_baseline(spark: SparkSession, root: str, out: str) -> float:
     )
     joined = main.join(side, "customer_id", "left").persist()
     enriched = enrich(joined, None)  # type: ignore[arg-type]
+    assert isinstance(enriched, dict)
     enriched[dsi.MAIN].write.mode("overwrite").parquet(f"{out}/enriched")
     enriched[SUSPICIOUS].write.mode("overwrite").parquet(f"{out}/suspicious")
     joined.unpersist()

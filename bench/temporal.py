@@ -18,6 +18,7 @@ repeat: a pair runs back to back, so a noisy neighbour slows both alike).
 """
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -117,12 +118,14 @@ def main() -> None:
         dsi.write_dataframe(prices(spark, args.keys, args.versions), side_uri)
         variants: dict[str, Callable[[Path], dsi.SideInputOperator]] = {}
         for distribution in ("broadcast", "keyed"):
-            variants[f"map/{distribution}"] = lambda root, d=distribution: operator(
-                root, main_uri, side_uri, distribution=d, pick="valid_from"
-            )
-            variants[f"as_of/{distribution}"] = lambda root, d=distribution: operator(
-                root, main_uri, side_uri, distribution=d, as_of="valid_from"
-            )
+            variants[f"map/{distribution}"] = functools.partial(
+                operator, main_uri=main_uri, side_uri=side_uri, distribution=distribution,
+                pick="valid_from",
+            )  # fmt: skip
+            variants[f"as_of/{distribution}"] = functools.partial(
+                operator, main_uri=main_uri, side_uri=side_uri, distribution=distribution,
+                as_of="valid_from",
+            )  # fmt: skip
         if args.history:
             history_uri = str(work / "prices_history")
             for version in range(args.versions):
@@ -136,9 +139,10 @@ def main() -> None:
             frame = orders(spark, args.rows, args.keys, start, int(last.timestamp()) - start + 1)
             dsi.write_dataframe(frame.repartition(max(2, args.rows // 500_000)), history_main)
             for distribution in ("broadcast", "keyed"):
-                variants[f"as_of_history/{distribution}"] = lambda root, d=distribution: operator(
-                    root, history_main, history_uri, distribution=d, as_of=dsi.AsOf.history()
-                )
+                variants[f"as_of_history/{distribution}"] = functools.partial(
+                    operator, main_uri=history_main, side_uri=history_uri,
+                    distribution=distribution, as_of=dsi.AsOf.history(),
+                )  # fmt: skip
 
         def run(name: str) -> tuple[float, int]:
             nonlocal runs

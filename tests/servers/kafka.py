@@ -619,7 +619,7 @@ class KafkaBroker:
         }
         producer = self.producer(**config)
         send = producer.produce
-        pinned: dict[str, int] = {} if partition is None else {"partition": partition}
+        pinned: dict[str, Any] = {} if partition is None else {"partition": partition}
         if timestamp_ms is not None:
             pinned["timestamp"] = timestamp_ms
         count = 0
@@ -681,6 +681,8 @@ class KafkaBroker:
                     if msg.error() is not None:
                         raise KafkaException(msg.error())
                     p, offset = msg.partition(), msg.offset()
+                    if p is None or offset is None:
+                        continue  # (not a record: an event of the client)
                     if p in wanted and offset < wanted[p]:
                         out.append((p, offset, msg.key(), msg.value()))
                         if offset + 1 >= wanted[p]:
