@@ -14,12 +14,20 @@ turn, ``--repeats`` times:
   through Delta's transaction when the append qualifies (the same commit contents as
   ``writer+txn``), plus the engine's own log reads and checks.
 - ``stage+commit``: ``DeltaSparkEngine.stage`` then ``commit``, as a batch stages and
-  commits each output: Delta's transaction writes the files at staging and commits them.
+  commits each output: Spark writes the files at staging, their statistics come from the
+  footers, and Delta's transaction commits them (delta/spark_split.py);
+- ``stage(writeFiles)+commit``: the same through Delta's ``writeFiles`` (how a plain
+  append was staged before, and how a table with CHECK constraints or NOT NULL fields
+  still is): Delta computes the statistics from the rows as it writes them;
 - ``stage(cached)+commit``: the same, staged the way the engine stages a write whose
   commit also removes files (``removes_files=True``, the buffer's): the rows computed into
-  Spark's cache and counted, then written from it at commit.
+  Spark's cache and counted, then written from it at commit;
+- ``new table``: ``stage+commit`` creating a new table every commit (a first batch);
+  ``new table(writer)``: the same the way it was before delta/spark_split.py staged
+  single appends: the rows persisted and checked at staging, written by Delta's writer at
+  commit.
 
-The two staged ways compute their rows from ``spark.range`` each time (nothing persisted),
+The staged ways compute their rows from ``spark.range`` each time (nothing persisted),
 as a batch computes its outputs; the first three append the persisted rows.
 
 Prints the median and spread of each way's commits (the first two of a table left out:
@@ -28,12 +36,13 @@ measured in this run. Every 10th commit also writes a checkpoint, for every way 
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -41,6 +50,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.delta import spark_engine
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
 
@@ -68,14 +78,31 @@ def engine_write(spark: SparkSession) -> Callable[[DataFrame, str, int], None]:
     return write
 
 
-def engine_stage(spark: SparkSession, *, cached: bool) -> Callable[[DataFrame, str, int], None]:
+@contextlib.contextmanager
+def through_delta_writer() -> Iterator[None]:
+    """Stage as before delta/spark_split.py staged single appends: Delta's writeFiles for
+    an existing table, the rows persisted and checked for a new one."""
+    native = spark_engine.stage_append_native
+    spark_engine.stage_append_native = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        spark_engine.stage_append_native = native
+
+
+def engine_stage(
+    spark: SparkSession, *, cached: bool = False, writer: bool = False, new: bool = False
+) -> Callable[[DataFrame, str, int], None]:
     engine = DeltaSparkEngine(spark)
 
     def write(frame: DataFrame, uri: str, batch: int) -> None:
-        if batch == 0:  # the table's creation, left out of the figures like every way's
+        if new:
+            uri = os.path.join(uri, str(batch))  # a table of its own
+        elif batch == 0:  # the table's creation, left out of the figures like every way's
             engine.write(frame, uri, app_transaction=AppTransaction("bench", batch))
             return
-        staged = engine.stage(frame, uri, removes_files=cached)
+        with through_delta_writer() if writer else contextlib.nullcontext():
+            staged = engine.stage(frame, uri, removes_files=cached)
         engine.commit(staged, app_transaction=AppTransaction("bench", batch))
 
     return write
@@ -110,15 +137,18 @@ def main() -> None:
         "writer": writer,
         "writer+txn": writer_txn,
         "engine": engine_write(spark),
-        "stage+commit": engine_stage(spark, cached=False),
+        "stage+commit": engine_stage(spark),
+        "stage(writeFiles)+commit": engine_stage(spark, writer=True),
         "stage(cached)+commit": engine_stage(spark, cached=True),
+        "new table": engine_stage(spark, new=True),
+        "new table(writer)": engine_stage(spark, new=True, writer=True),
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
     root = tempfile.mkdtemp(prefix="bench-delta-commit-")
     try:
         for _ in range(args.repeats):
             for name, way in ways.items():
-                rows = computed if name.startswith("stage") else frame
+                rows = computed if name.startswith(("stage", "new")) else frame
                 times[name] += commits(way, rows, os.path.join(root, name), args.commits)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -127,7 +157,7 @@ def main() -> None:
     for name, values in times.items():
         median = statistics.median(values)
         print(
-            f"  {name:20s} median {median:.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+            f"  {name:24s} median {median:.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
             f"  {median / floor:.2f}x the plain writer"
         )
 
