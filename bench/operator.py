@@ -25,7 +25,9 @@ Sections (``--only`` runs one):
 - ``prekeyed``: a keyed (shuffled) map side input over a main table partitioned by key
   group, read as pre-keyed (``KeyGroups``), and with the profiles partitioned by the same
   key groups too (neither side shuffled), against the same operator without it; speed,
-  shuffle bytes and Exchange counts from Spark's REST API.
+  shuffle bytes and Exchange counts from Spark's REST API. And the bound: the same join
+  and writes by hand, shuffled against both sides read as bucketed tables (what Spark
+  itself gains from pre-partitioned inputs here, with no promise checked).
 - ``s3`` (only with ``--s3`` or ``--only s3``): the frames-mode operator of ``frames``
   with its inputs, outputs and state on an S3-compatible server (the test suite's moto
   server on 127.0.0.1, through s3a and delta-rs) against the same operator on the local
@@ -70,6 +72,7 @@ from dagster_sideinputs.core import sources as sources_module
 from dagster_sideinputs.core import write as write_stage
 from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.delta.engine import AppTransaction
+from dagster_sideinputs.delta.spark_session import session_setting
 
 MAIN_COLUMNS = ["tx_id", "customer_id", "amount", "currency", "ts"]
 THRESHOLD = 950.0  # about 5% of the amounts (uniform in [0, 1000))
@@ -1318,6 +1321,33 @@ def _print_points(points: list[dict[str, Any]]) -> None:
 # --- 4. pre-keyed vs shuffled keyed path ----------------------------------------------------
 
 
+def bucketed(lake: Lake, uri: str, ddl: str) -> DataFrame:
+    """A Delta table partitioned by key group (its files as of now) read by Spark as a
+    table bucketed by ``customer_id``: what the operator does for a pre-keyed input, with
+    no check of the promise and no bookkeeping."""
+    folder = lake.work / "buckets" / f"b{lake.runs}_{time.monotonic_ns()}"
+    folder.mkdir(parents=True)
+    for index, file in enumerate(dsi.DeltaRsEngine().snapshot(uri).files):
+        group = int(file.partition_values["key_group"] or 0)
+        os.symlink(file.uri.removeprefix("file://"), folder / f"f{index:07d}_{group:05d}.parquet")
+    name = f"bench_buckets_{time.monotonic_ns()}"
+    lake.spark.sql(
+        f"CREATE TABLE {name} ({ddl}) USING parquet CLUSTERED BY (customer_id) INTO "
+        f"{KEY_GROUPS} BUCKETS LOCATION 'file://{folder}'"
+    )
+    return lake.spark.table(name)
+
+
+def both_outputs_by_hand(joined: DataFrame, out: Path) -> None:
+    """The enriched records and the suspicious ones written in one tag-partitioned pass
+    (each task keeping both files open, as the operator's split does)."""
+    tags = F.when(F.col("amount") > F.lit(THRESHOLD), F.array(F.lit(0), F.lit(1)))
+    enriched = joined.select(*MAIN_COLUMNS, "name", "segment", "risk_score")
+    tagged = enriched.select("*", F.explode(tags.otherwise(F.array(F.lit(0)))).alias("tag"))
+    with session_setting(joined.sparkSession, "spark.sql.maxConcurrentOutputFileWriters", "2"):
+        tagged.write.partitionBy("tag").parquet(str(out))
+
+
 def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     spark, args = lake.spark, lake.args
     main_uri = lake.table(
@@ -1363,15 +1393,35 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
         return run
 
+    main_ddl = "tx_id long, customer_id long, amount double, currency string, ts timestamp"
+    profile_ddl = "customer_id long, name string, segment string, risk_score double, country string"
+
+    def by_hand(buckets: bool) -> Callable[[int], None]:
+        """The bound: the same join and writes by hand, both sides read as bucketed tables
+        (no Exchange) or read plainly and shuffled (sort-merge join)."""
+
+        def run(i: int) -> None:
+            if buckets:
+                main = bucketed(lake, main_uri, main_ddl)
+                side = bucketed(lake, keyed_profiles, profile_ddl)
+            else:
+                main = dsi.read_table(spark, main_uri).select(*MAIN_COLUMNS)
+                side = dsi.read_table(spark, keyed_profiles).drop("key_group")
+            both_outputs_by_hand(main.join(side, "customer_id", "left"), lake.fresh_root("hand"))
+
+        return run
+
     try:
-        actions = {
+        actions: dict[str, Callable[[int], Any]] = {
             "shuffled": variant("shuffled", False),
             "pre_keyed": variant("pre_keyed", True),
             "both_keyed": variant("both_keyed", True),
+            "hand_shuffled": by_hand(False),
+            "hand_bucketed": by_hand(True),
         }
         for action in actions.values():
             action(-1)
-        _, results = interleaved(actions, args.repeats)
+        hand_seconds, results = interleaved(actions, args.repeats)
     finally:
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", previous)
     seconds = {name: median_of(values) for name, values in own.items()}
@@ -1382,7 +1432,7 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         f"(shuffled) map of {args.side_rows} profiles (both_keyed: partitioned by the same "
         "key groups), broadcast joins off"
     )
-    for name in actions:
+    for name in names:
         counts = {
             (r.result.emitted("enriched"), r.result.emitted("suspicious")) for r in results[name]
         }
@@ -1423,6 +1473,19 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             f"  {name} / shuffled speed {figures[name]['speedup']:5.2f}x; rows "
             f"{'match' if figures[name]['counts_match'] else 'MISMATCH'}"
         )
+    pairs = [s / b for s, b in zip(TIMES["hand_shuffled"], TIMES["hand_bucketed"], strict=True)]
+    figures["bound"] = {
+        "hand_shuffled_s": hand_seconds["hand_shuffled"],
+        "hand_bucketed_s": hand_seconds["hand_bucketed"],
+        "speedup": hand_seconds["hand_shuffled"] / hand_seconds["hand_bucketed"],
+        "per_repeat": pairs,
+    }
+    print(
+        f"  the bound, by hand (same join, both outputs in one pass, no check): shuffled "
+        f"{hand_seconds['hand_shuffled']:.2f} s, both sides bucketed (no Exchange) "
+        f"{hand_seconds['hand_bucketed']:.2f} s: {figures['bound']['speedup']:.2f}x; per repeat "
+        f"{' '.join(f'{r:.2f}' for r in pairs)}"
+    )
     return figures
 
 
