@@ -105,8 +105,8 @@ def stage_append_native(
     tables: Spark writes the files, their statistics come from the footers, and Delta's
     transaction commits them. Delta's ``writeFiles`` would compute the statistics from
     the rows as it writes them, and a new table would need the rows persisted and checked
-    first (its writer commits what it writes). Measured (4M records, local[2]): an
-    existing table's append 1.44x faster, a new table's 1.8x (docs/DECISIONS.md).
+    first (its writer commits what it writes). ``bench/delta_commit.py``, 4M rows on
+    local[2]: stage and commit 0.58 s against 0.74 s, a new table's 0.65 s against 1.22 s.
 
     Returns None, having run nothing, when the table does not qualify (see the module
     docstring); the caller then stages it through Delta's writer.
