@@ -5,7 +5,6 @@ A commit is one Delta log entry: the files a write staged (``add``), the files i
 removes (``remove``), and the application transaction that makes it idempotent.
 """
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -126,7 +125,7 @@ def _add_actions(staged: list[StagedFile]) -> list[AddAction]:
             partition_values=file.partition_values,
             modification_time=now_ms,
             data_change=True,
-            stats=json.dumps(file.stats),
+            stats=file.log_stats(),
         )
         for file in staged
     ]

@@ -55,7 +55,7 @@ def add_action(file: StagedFile, now_ms: int) -> dict[str, Any]:
         "size": file.size,
         "modificationTime": now_ms,
         "dataChange": True,
-        "stats": json.dumps(file.stats),
+        "stats": file.log_stats(),
     }
 
 

@@ -167,7 +167,8 @@ def _stage_files(
         ):
             assert handle is not None
             delta_log, txn = handle
-            files = staging.collect(data.schema, [])
+            properties = json.loads(txn.metadata().json())["metaData"].get("configuration")
+            files = staging.collect(data.schema, [], properties)
             creating = None
             if states[index] is None:  # its folder holds no table: mark what the files are
                 staging.files.write_bytes_atomic(CREATING_MARKER, b"")

@@ -61,7 +61,8 @@ def stage_split_dataframe(
             df, column, Staging(plans[0].files), list(zip(values, stagings, strict=True))
         )
         for plan, staging in zip(plans, stagings, strict=True):
-            writes.append(plan.staged(staging, staging.collect(plan.schema, []), seconds))
+            files = staging.collect(plan.schema, [], plan.configuration)
+            writes.append(plan.staged(staging, files, seconds))
             seconds = 0.0  # the job's time goes to the first table
     except BaseException:
         for staging in stagings:

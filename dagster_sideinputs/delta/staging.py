@@ -6,6 +6,7 @@ and checks them against the write's promises (partition values, NOT NULL columns
 before anything is committed.
 """
 
+import json
 import os
 import re
 import shutil
@@ -27,7 +28,7 @@ from dagster_sideinputs.delta.files import (
     spark_uri,
 )
 from dagster_sideinputs.delta.schema import partition_string, quoted
-from dagster_sideinputs.delta.stats import file_stats
+from dagster_sideinputs.delta.stats import file_stats, indexed_columns, logged_stats
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError, StorageError
 
 STAGING_DIR = "_dsi_staging"
@@ -43,7 +44,13 @@ class StagedFile:
     path: str  # final path relative to the table root, decoded
     size: int
     partition_values: dict[str, str | None]
-    stats: dict[str, Any]
+    stats: dict[str, Any]  # every column's, from the footer: what our checks read
+    indexed: frozenset[tuple[str, ...]] | None = None  # the columns the log keeps (None: all)
+
+    def log_stats(self) -> str:
+        """The ``stats`` of its ``add`` action: the table's indexed columns only, as
+        Delta's writer records them (:func:`~dagster_sideinputs.delta.stats.indexed_columns`)."""
+        return json.dumps(logged_stats(self.stats, self.indexed))
 
 
 def _partition_values(relative_dir: str, partition_by: list[str]) -> dict[str, str | None]:
@@ -185,7 +192,15 @@ class Staging:
     def spark_location(self) -> str:
         return spark_uri(f"{self.files.root}/{self.relative}")
 
-    def collect(self, data_schema: T.StructType, partition_by: list[str]) -> list[StagedFile]:
+    def collect(
+        self,
+        data_schema: T.StructType,
+        partition_by: list[str],
+        configuration: Mapping[str, str | None] | None = None,
+    ) -> list[StagedFile]:
+        """The data files Spark wrote here, with their footers' statistics; the log will
+        keep those of the columns the table's ``configuration`` indexes."""
+        indexed = indexed_columns(data_schema, configuration or {})
         staged = []
         prefix = self.relative + "/"
         for entry in self.files.list_files(self.relative):
@@ -203,6 +218,7 @@ class Staging:
                     size=entry.size,
                     partition_values=_partition_values(directory, partition_by),
                     stats=file_stats(metadata, data_schema),
+                    indexed=indexed,
                 )
             )
         return staged

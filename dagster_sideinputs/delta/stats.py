@@ -146,6 +146,92 @@ def file_stats(metadata: pq.FileMetaData, schema: T.StructType) -> dict[str, Any
     return result
 
 
+NUM_INDEXED_COLUMNS = "delta.dataSkippingNumIndexedCols"
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+DEFAULT_INDEXED_COLUMNS = 32
+
+
+def _leaves(schema: T.StructType, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Leaf columns in schema order, depth-first; an array or a map is one leaf."""
+    leaves: list[tuple[str, ...]] = []
+    for f in schema.fields:
+        path = (*prefix, f.name)
+        if isinstance(f.dataType, T.StructType):
+            leaves += _leaves(f.dataType, path)
+        else:
+            leaves.append(path)
+    return leaves
+
+
+def _column_path(name: str) -> tuple[str, ...]:
+    """A column name of ``delta.dataSkippingStatsColumns`` as its path: dots separate
+    nested fields, backticks quote a name (two backticks: one)."""
+    parts, current, quoted, index = [], "", False, 0
+    while index < len(name):
+        char = name[index]
+        if char == "`":
+            if quoted and name[index + 1 : index + 2] == "`":
+                current += "`"
+                index += 1
+            else:
+                quoted = not quoted
+        elif char == "." and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+        index += 1
+    parts.append(current)
+    return tuple(part.strip() for part in parts)
+
+
+def indexed_columns(
+    schema: T.StructType, configuration: Mapping[str, str | None]
+) -> frozenset[tuple[str, ...]] | None:
+    """The leaf columns whose statistics Delta's writer records in a table of this data
+    schema (no partition columns) and configuration, lower-cased; None: every column.
+
+    As delta-spark 4.4 does (checked against its writer by tests/delta/test_spark_append.py):
+    the columns ``delta.dataSkippingStatsColumns`` names (a struct: all its leaves), else
+    the first ``delta.dataSkippingNumIndexedCols`` leaves (default 32, -1: all), counted
+    depth-first with an array or a map as one leaf.
+    """
+    leaves = [tuple(part.lower() for part in leaf) for leaf in _leaves(schema)]
+    named = (configuration.get(STATS_COLUMNS) or "").strip()
+    if named:
+        wanted = [_column_path(n.strip().lower()) for n in named.split(",") if n.strip()]
+        return frozenset(leaf for leaf in leaves if any(leaf[: len(w)] == w for w in wanted))
+    try:
+        count = int(configuration.get(NUM_INDEXED_COLUMNS) or DEFAULT_INDEXED_COLUMNS)
+    except ValueError:
+        count = DEFAULT_INDEXED_COLUMNS
+    return None if count < 0 or count >= len(leaves) else frozenset(leaves[:count])
+
+
+def _kept(tree: Mapping[str, Any], keep: frozenset[tuple[str, ...]], path: tuple[str, ...]) -> dict:
+    kept: dict[str, Any] = {}
+    for name, value in tree.items():
+        here = (*path, name.lower())
+        if isinstance(value, Mapping):
+            if inner := _kept(value, keep, here):
+                kept[name] = inner
+        elif here in keep:
+            kept[name] = value
+    return kept
+
+
+def logged_stats(stats: Mapping[str, Any], indexed: frozenset[tuple[str, ...]] | None) -> dict:
+    """``stats`` as the log gets them: only the ``indexed`` columns' (None: all), and
+    ``numRecords``, as Delta's writer records them."""
+    if indexed is None:
+        return dict(stats)
+    logged: dict[str, Any] = {"numRecords": stats["numRecords"]}
+    for key in ("minValues", "maxValues", "nullCount"):
+        if kept := _kept(stats.get(key) or {}, indexed, ()):
+            logged[key] = kept
+    return logged
+
+
 def _parse_timestamp(value: Any, *, utc: bool) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
         parsed = value

@@ -50,6 +50,8 @@ class TablePlan:
     constraints: Mapping[str, str] = field(default_factory=dict)
     """The table's CHECK constraints and nested NOT NULL fields, which ``projected``
     checks as it is written (:func:`~dagster_sideinputs.delta.staging.checked_constraints`)."""
+    configuration: Mapping[str, str | None] = field(default_factory=dict)
+    """The table's properties (empty for a new table): its statistics columns among them."""
 
     def staged(self, staging: Staging, files: list[StagedFile], seconds: float) -> StagedWrite:
         """The staged write of ``files`` (in ``staging``), checked against the plan."""
@@ -119,5 +121,5 @@ def plan_table(
     return TablePlan(
         uri, label, files, exists, schema, checked_constraints(projected, constraints),
         new_fields, partitions, mode, replace_partition, schema_mode, storage_options,
-        constraints,
+        constraints, dict(snapshot.configuration) if snapshot else {},
     )  # fmt: skip

@@ -94,7 +94,7 @@ def stage_dataframe(
         if partitions:
             writer = writer.partitionBy(*partitions)
         writer.parquet(staging.spark_location())
-        staged = staging.collect(data_schema, partitions)
+        staged = staging.collect(data_schema, partitions, plan.configuration)
         return plan.staged(staging, staged, time.perf_counter() - started)
     except BaseException as exc:
         staging.discard(published_too=False)
