@@ -191,7 +191,7 @@ def indexed_columns(
     """The leaf columns whose statistics Delta's writer records in a table of this data
     schema (no partition columns) and configuration, lower-cased; None: every column.
 
-    As delta-spark 4.4 does (checked against its writer by tests/delta/test_spark_append.py):
+    As delta-spark 4.4 does (checked against its writer by tests/delta/test_stats_columns.py):
     the columns ``delta.dataSkippingStatsColumns`` names (a struct: all its leaves), else
     the first ``delta.dataSkippingNumIndexedCols`` leaves (default 32, -1: all), counted
     depth-first with an array or a map as one leaf.
