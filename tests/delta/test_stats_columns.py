@@ -77,7 +77,7 @@ def test_an_append_records_the_statistics_delta_writer_records(
     assert sorted(r.a for r in spark.read.format("delta").load(ours).collect()) == [1, 3]
 
 
-def test_indexed_columns_count_leaves_as_delta_does():
+def test_indexed_columns_count_leaves_as_delta_does(spark):  # (fromDDL needs a session)
     schema = T.StructType.fromDDL(DDL)
     assert indexed_columns(schema, {}) is None  # fewer than 32 leaves: all
     assert indexed_columns(schema, {"delta.dataSkippingNumIndexedCols": "4"}) == {
