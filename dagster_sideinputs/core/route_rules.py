@@ -94,18 +94,21 @@ def with_routes(
     route = route.otherwise(F.lit("released"))
     not_ready = {ns: not_ready_reason(plan, ns) for ns, p in plan.namespaces.items() if not p.ready}
     missing = F.concat_ws(", ", *missing_reasons) if missing_reasons else F.lit("")
-    emptied = F.concat_ws(", ", *empty_reasons) if empty_reasons else F.lit("")
     why = (
         F.when(F.col(ROUTE) == "invalid", reason)
         .when(F.col(ROUTE) == "buffered", lookup(not_ready, F.col(NS_ID)))
         .when((F.col(ROUTE) == "key_wait") & horizon_reason.isNotNull(), horizon_reason)
         .when(F.col(ROUTE) == "key_wait", F.concat(F.lit("waiting for the side row of: "), missing))
-        .when(
+    )
+    if empty_reasons:
+        # Only when some side input can be empty: comparing a literal "" with "" is the
+        # trivially true predicate Spark warns about on every batch.
+        emptied = F.concat_ws(", ", *empty_reasons)
+        why = why.when(
             (F.col(ROUTE) == "unmatched") & (emptied != ""),
             F.concat(F.lit("the side namespace holds no rows in: "), emptied),
         )
-        .when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
-    )
+    why = why.when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
 
 
