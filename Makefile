@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# The demo's and the UI's run processes each start a JVM: they map a class archive of
+# its class path (docs/JVM_PACKAGES.md; opt-in, off in a user's own processes).
+export DSI_JVM_ARCHIVE ?= on
 
 .PHONY: install jars kafka-jars demo demo-kafka dev test test-fast test-extended test-engines lint bench bench-scale crash clean
 

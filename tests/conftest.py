@@ -34,6 +34,11 @@ os.environ.setdefault("DSI_DELTA_ENGINE", "delta-rs")
 # already has is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
 
+# The tests start hundreds of JVMs of a few class paths (this session's, the workers',
+# demo runs', Connect servers'): they opt in to the class archive of each class path
+# (dagster_sideinputs/core/jvm_archive.py, off by default in users' processes).
+os.environ.setdefault("DSI_JVM_ARCHIVE", "on")
+
 if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
 

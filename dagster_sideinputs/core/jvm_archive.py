@@ -10,7 +10,10 @@ creates a 400-row Delta table, appends and reads it 15.4-16.3 s -> 11.4 s (start
 4.9-5.8 s -> 3.2 s, first table 5.3-5.4 s -> 3.3 s); the crash harness's worker (two
 enrichment jobs and an FX materialization through Dagster) 31.5-33.1 s -> 26.6-28.4 s.
 
-How it runs, with nothing to set up:
+Opt-in: ``DSI_JVM_ARCHIVE=on`` turns it on (the project's tests, ``make demo`` and
+``make dev`` do). A library must not, uninvited, hold a user's process at exit while the
+JDK writes an archive, nor keep hundreds of megabytes in their cache; so by default a
+session starts as Spark starts it. Once on:
 
 - The second local JVM of a class path (the first only counts: a class path used once
   never pays for this) records its classes when its process exits: the
@@ -24,7 +27,7 @@ How it runs, with nothing to set up:
   options, so an upgrade
   of any of them records anew; a JVM refusing an archive (``-Xshare:auto``) starts
   normally.
-- ``DSI_JVM_ARCHIVE=off`` turns it off; ``DSI_JVM_ARCHIVE_DIR`` moves the archives
+- ``DSI_JVM_ARCHIVE_DIR`` moves the archives
   (default ``$XDG_CACHE_HOME/dagster-sideinputs/jvm``, i.e. ``~/.cache/...``); the
   :data:`MAX_ARCHIVES` most recently used are kept (100-200 MB each). Options
   the user gives the driver JVM that already name an archive (``SharedArchiveFile``,
@@ -80,7 +83,8 @@ def archive_dir() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENABLED_VARIABLE, "on").strip().lower() not in {"off", "0", "false"}
+    """On only when the environment asks for it (``DSI_JVM_ARCHIVE=on``, ``1``, ``true``)."""
+    return os.environ.get(ENABLED_VARIABLE, "").strip().lower() in {"on", "1", "true", "yes"}
 
 
 def _spark_jars() -> list[Path]:

@@ -31,8 +31,7 @@ assert spark.range(100).selectExpr("sum(id)").first()[0] == 4950
 
 def start_jvm(folder: Path, class_log: Path) -> None:
     class_log.unlink(missing_ok=True)
-    env = {**os.environ, DIR_VARIABLE: str(folder), "PYTHONPATH": str(REPO)}
-    env.pop(ENABLED_VARIABLE, None)
+    env = {**os.environ, DIR_VARIABLE: str(folder), "PYTHONPATH": str(REPO), ENABLED_VARIABLE: "on"}
     subprocess.run(
         [sys.executable, "-c", START % class_log], env=env, check=True, timeout=300, cwd=REPO
     )
@@ -61,7 +60,7 @@ def test_a_class_path_started_twice_records_its_classes_and_the_next_start_maps_
 @pytest.fixture
 def archives(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv(DIR_VARIABLE, str(tmp_path))
-    monkeypatch.delenv(ENABLED_VARIABLE, raising=False)
+    monkeypatch.setenv(ENABLED_VARIABLE, "on")
     monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
     return tmp_path
 
@@ -142,8 +141,14 @@ def test_options_that_already_name_an_archive_are_left_alone(
     assert list(archives.iterdir()) == []
 
 
-def test_turned_off_it_neither_maps_nor_records(archives, monkeypatch):
-    monkeypatch.setenv(ENABLED_VARIABLE, "off")
+@pytest.mark.parametrize("value", [None, "", "off", "0"])
+def test_off_unless_asked_it_neither_maps_nor_records(archives, monkeypatch, value):
+    """Opt-in: a user's process that did not ask starts its JVM as Spark does, and
+    nothing is written to their cache."""
+    if value is None:
+        monkeypatch.delenv(ENABLED_VARIABLE)
+    else:
+        monkeypatch.setenv(ENABLED_VARIABLE, value)
     assert {plan_launch({}, []).options for _ in range(3)} == {""}
     assert list(archives.iterdir()) == []
 
