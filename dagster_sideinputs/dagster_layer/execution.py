@@ -199,6 +199,7 @@ def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics)
         "buffered_rows": metrics.buffer_rows,
         "main_range": metrics.main_range,
         "side_input_versions": dg.MetadataValue.json(metrics.side_versions),
+        "readiness": dg.MetadataValue.md(readiness_markdown(metrics.readiness)),
         "batch_seconds": metrics.durations.get("total", 0.0),
         **kafka_batch_metadata(metrics),
     }

@@ -481,5 +481,7 @@ def test_continuous_mode_materializes_every_micro_batch(env):
     assert [e.description for e in events[:1]] == ["micro-batch 0"]
     assert events[0].metadata["rows_written"].value == 1
     assert events[0].metadata["new_records"].value == 1
+    # Each micro-batch shows its readiness table, as a run's materialization does.
+    assert "| profile | global | yes |" in events[0].metadata["readiness"].value
     # Nothing flagged or unmatched in that micro-batch, but the tables were created.
     assert materialized(result) == {"enriched", "flagged", "unmatched"}
