@@ -129,12 +129,16 @@ def run_summary(result: object) -> str:
     from dagster_sideinputs.dagster_layer.figures import figures_line
 
     assert isinstance(result, dg.ExecuteInProcessResult)
-    materialized, observed = [], []
+    materialized, created, observed = [], [], []
     figures: dict[str, int] = {}
     for event in result.all_events:
         if event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
             data = event.step_materialization_data.materialization
-            materialized.append(data.asset_key.to_user_string())
+            rows = data.metadata.get("rows_written")
+            # A table the run created but wrote no row to is materialized (it now
+            # exists); say so rather than list it beside the tables that got rows.
+            empty = rows is not None and rows.value == 0
+            (created if empty else materialized).append(data.asset_key.to_user_string())
         elif event.event_type == dg.DagsterEventType.ASSET_OBSERVATION:
             data = event.asset_observation_data.asset_observation
             observed.append(data.asset_key.to_user_string())
@@ -145,6 +149,7 @@ def run_summary(result: object) -> str:
     return (
         f"{figures_line(figures)}; buffered_rows={figures['buffered_rows']}\n"
         f"    materialized: {', '.join(materialized) or 'none'}"
+        + (f"; created (0 rows): {', '.join(created)}" if created else "")
         + (f"; nothing written to: {', '.join(observed)}" if observed else "")
     )
 

@@ -128,6 +128,29 @@ def _shape(line: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\d+", "N", line)).rstrip()
 
 
+def test_the_demo_says_which_outputs_were_only_created():
+    """A table a run created without writing a row to it is listed as created (0 rows),
+    not beside the tables that got rows (before: "materialized: ..., late_transactions"
+    with late=0)."""
+    import dagster as dg
+
+    from assets.demo import run_summary
+    from dagster_sideinputs.dagster_layer.figures import GLOSSARY, ROUTES
+
+    figures = {name: 0 for name in GLOSSARY if name in ("new_records", "from_buffer")}
+    figures |= {name: 0 for name in ROUTES} | {"buffered_rows": 0, "rows_written": 2}
+
+    @dg.multi_asset(specs=[dg.AssetSpec("enriched_transactions"), dg.AssetSpec("late")])
+    def run():
+        yield dg.MaterializeResult(asset_key="enriched_transactions", metadata=figures)
+        yield dg.MaterializeResult(asset_key="late", metadata={"rows_written": 0})
+
+    summary = run_summary(dg.materialize([run]))
+    assert summary.splitlines()[1] == (
+        "    materialized: enriched_transactions; created (0 rows): late"
+    )
+
+
 @pytest.mark.slow
 def test_demo_prints_what_the_readme_shows(tmp_path_factory):
     """``python -m assets.demo`` as ``make demo`` runs it, in a scratch instance and lake

@@ -303,7 +303,9 @@ def _run_continuous(
                     dg.AssetMaterialization(
                         asset_key=_key(tag),
                         metadata=batch_metadata(op, tag, metrics),
-                        description=what,
+                        description=what
+                        if metrics.emitted(tag.name)
+                        else f"{what}: created (0 rows)",
                     )
                 )
             for tag in untouched:

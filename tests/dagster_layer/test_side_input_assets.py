@@ -485,3 +485,9 @@ def test_continuous_mode_materializes_every_micro_batch(env):
     assert "| profile | global | yes |" in events[0].metadata["readiness"].value
     # Nothing flagged or unmatched in that micro-batch, but the tables were created.
     assert materialized(result) == {"enriched", "flagged", "unmatched"}
+    created = {
+        e.step_materialization_data.materialization.description
+        for e in result.get_asset_materialization_events()
+        if e.step_materialization_data.materialization.asset_key == dg.AssetKey("unmatched")
+    }
+    assert created == {"micro-batch 0: created (0 rows)"}
