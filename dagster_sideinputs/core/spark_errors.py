@@ -281,9 +281,12 @@ def translated(
     except Exception as exc:
         if not is_store_error(exc):
             raise
-        raise storage_error(
-            context.spec.operator_id, exc, what or "running a batch", store=_store(context)
-        ) from exc
+        raise store_failure(context, exc, what or "running a batch") from exc
+
+
+def store_failure(context: "StageContext", exc: BaseException, doing: str) -> StorageError:
+    """:func:`storage_error` for a store failure of one batch, naming the lake's store."""
+    return storage_error(context.spec.operator_id, exc, doing, store=_store(context))
 
 
 def _store(context: "StageContext") -> str:
@@ -304,7 +307,7 @@ def storage_error(
     path). ``subject`` replaces "Operator '<id>'" at its start (e.g. an asset's name)."""
     fault = describe_store_fault(exc)
     where = f" at {fault.path}" if fault.path else ""
-    named = f"the lake's storage ({store})" if store else "the lake's storage"
+    named = f" (store: {store})" if store else ""
     kind = {
         "credentials": " refused the credentials",
         "unreachable": " could not be reached",
@@ -321,12 +324,14 @@ def storage_error(
         "path": f"make {fault.path or target} readable and writable (a folder where one is "
         "expected, free space, permissions, the store reachable), then rerun",
     }
-    return StorageError(
-        f"{subject or f'Operator {operator_id!r}'}: {named}{kind}{where} while {doing}: "
-        f"{fault.reason.rstrip('.')}. "
-        f"{NOTHING_LOST}",
+    error = StorageError(
+        f"{subject or f'Operator {operator_id!r}'}: the lake's storage{kind}{where} while "
+        f"{doing}{named}: {fault.reason.rstrip('.')}. {NOTHING_LOST}",
         fix=fixes[fault.fault],
     )
+    for note in getattr(exc, "__notes__", ()):  # what failed after it (cleanups)
+        error.add_note(note)
+    return error
 
 
 def partly_committed(

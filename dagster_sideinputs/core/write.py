@@ -25,7 +25,7 @@ from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.frame_split import one_pass
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.spark_errors import partly_committed, translated
+from dagster_sideinputs.core.spark_errors import partly_committed, store_failure, translated
 from dagster_sideinputs.core.state import COMMIT
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -34,7 +34,7 @@ from dagster_sideinputs.delta.engine import (
     StagedWrite,
     WriteResult,
 )
-from dagster_sideinputs.delta.store_errors import run_cleanup
+from dagster_sideinputs.delta.store_errors import is_store_error, run_cleanup
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -116,6 +116,8 @@ def write(context: StageContext, batch: Batch) -> Batch:
                 if later is not None:
                     _discard(context, later, during=exc)
             if not committed:
+                if is_store_error(exc):  # named by the table it was committing
+                    raise store_failure(context, exc, f"committing {target.label!r}") from exc
                 raise
             rest = [t.label for t, _ in staged[index:]]
             raise partly_committed(
