@@ -302,3 +302,47 @@ def test_the_store_down_while_reading_the_state(lake, store):
                 look()
     assert op.last_committed_batch() == 0
     exact(lake)
+
+
+# --- the Dagster IO manager ----------------------------------------------------------------
+
+
+def test_the_store_down_while_the_io_manager_loads_an_input(spark, store):
+    import dagster as dg
+
+    from dagster_sideinputs.dagster_layer.io_manager import DeltaIOManager
+    from dagster_sideinputs.dagster_layer.resources import SparkResource
+
+    @dg.asset
+    def orders(spark: SparkResource) -> DataFrame:
+        return spark.spark_session.createDataFrame([(1, "a"), (2, "b")], "id long, name string")
+
+    @dg.asset
+    def order_count(orders: DataFrame) -> DataFrame:
+        return orders.agg(F.count("*").alias("n"))
+
+    session = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
+    root = store.server.fresh_prefix("io")
+    manager = DeltaIOManager(root=root, storage_options=store.options(), spark=session)
+    resources = {"spark": session, "io_manager": manager}
+    with dg.instance_for_test() as instance:
+        dg.materialize([orders], resources=resources, instance=instance)
+        with store.down(), pytest.raises(Exception) as failure:  # noqa: PT011 (Dagster's wrapper)
+            dg.materialize(
+                [orders, order_count], resources=resources, instance=instance,
+                selection=[order_count],
+            )  # fmt: skip
+        chain = [failure.value]
+        while chain[-1].__cause__ is not None:
+            chain.append(chain[-1].__cause__)
+        [error] = [e for e in chain if isinstance(e, dsi.SideInputError)]
+        assert type(error) is dsi.StorageError, error
+        for name in ("Asset orders", "could not be reached", "reading table", BUCKET):
+            assert name in error.message, (name, error.message)
+        assert error.fix
+        assert "make the store reachable" in error.fix
+        dg.materialize(
+            [orders, order_count], resources=resources, instance=instance, selection=[order_count]
+        )  # the store back: the same run works
+    lake = Lake(spark, manager.storage)
+    assert lake.rows("order_count") == [(2,)]
