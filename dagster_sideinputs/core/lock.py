@@ -11,6 +11,12 @@ holder every third of the lease (:func:`lease_seconds`, 60 s unless
 expired. A crashed run's lock therefore blocks others for at most one lease. A holder
 paused longer than its lease (SIGSTOP, a suspended VM) can be taken over while it still
 runs: the lock alone cannot stop its late writes (README, "Guarantees").
+
+A store that refuses the lock (credentials) or cannot be reached raises a
+:class:`~dagster_sideinputs.errors.StorageError` naming the lock. A release that fails
+after the run failed never hides the run's error (it is logged and noted on it); one that
+fails after the run succeeded is a ``StorageError`` that says the batches are committed and
+when the lock expires.
 """
 
 import contextlib
@@ -22,8 +28,11 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 
+from dagster_sideinputs.core.spark_errors import storage_error
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.delta.lease import ObjectStoreLease
+from dagster_sideinputs.delta.s3 import store_label
+from dagster_sideinputs.delta.store_errors import is_store_error, run_cleanup
 from dagster_sideinputs.errors import DeclarationError, OperatorBusyError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -119,9 +128,13 @@ def _object_store_lock(
     storage_options: Mapping[str, str] | None,
     lease_s: float,
 ) -> Iterator[None]:
-    lease = ObjectStoreLease(state_uri, "lock", storage_options, lease_s=lease_s)
-    if not lease.acquire(wait_s=wait_s):
-        holder = lease.holder()
+    where = f"{state_uri}/lock"
+    store = store_label(state_uri, storage_options)
+    with _as_storage_error(operator_id, f"taking the operator's lock {where}", store):
+        lease = ObjectStoreLease(state_uri, "lock", storage_options, lease_s=lease_s)
+        acquired = lease.acquire(wait_s=wait_s)
+        holder = None if acquired else lease.holder()
+    if not acquired:
         if holder is None:
             described = "another process"
         else:
@@ -129,22 +142,48 @@ def _object_store_lock(
             described = f"{holder.owner}, lease until {until:%Y-%m-%d %H:%M:%S} UTC unless renewed"
         raise OperatorBusyError(
             f"Operator {operator_id!r} is already running ({described}); two runs must not "
-            f"process the same batches at once. Nothing was done. Lock: {state_uri}/lock.",
+            f"process the same batches at once. Nothing was done. Lock: {where}.",
             fix="wait for the other run to finish (or terminate it: its lock expires "
             f"{lease_s:.0f}s after it stops renewing), or pass wait_for_lock=<seconds>; "
             "in Dagster, limit the job's concurrency",
         )
     try:
         yield
-    finally:
+    except BaseException as first:
+        # The run's own error goes up; a store that also refuses the release (it went
+        # down mid-run) is logged and noted on it, never raised in its place.
         lost = not lease.held
+        run_cleanup(lease.release, during=first, what=f"releasing the operator's lock {where}")
+        _warn_if_lost(lost, operator_id, state_uri, lease_s)
+        raise
+    lost = not lease.held
+    releasing = (
+        f"releasing the operator's lock {where} (the run's batches are committed; the lock "
+        f"expires {lease_s:.0f}s after its last renewal, then the next run takes it: "
+        "pass wait_for_lock= to wait for it)"
+    )
+    with _as_storage_error(operator_id, releasing, store):
         lease.release()
-        if lost:
-            # Another run took the lock over while this one was paused past its lease.
-            log.warning(
-                "Operator %r lost its lock %s/lock during the run (paused longer than "
-                "the %ss lease?); batch plans are created exclusively, so no batch ran twice.",
-                operator_id,
-                state_uri,
-                lease_s,
-            )
+    _warn_if_lost(lost, operator_id, state_uri, lease_s)
+
+
+@contextlib.contextmanager
+def _as_storage_error(operator_id: str, doing: str, store: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        if not is_store_error(exc):
+            raise
+        raise storage_error(operator_id, exc, doing, store=store) from exc
+
+
+def _warn_if_lost(lost: bool, operator_id: str, state_uri: str, lease_s: float) -> None:
+    if lost:
+        # Another run took the lock over while this one was paused past its lease.
+        log.warning(
+            "Operator %r lost its lock %s/lock during the run (paused longer than "
+            "the %ss lease?); batch plans are created exclusively, so no batch ran twice.",
+            operator_id,
+            state_uri,
+            lease_s,
+        )

@@ -39,7 +39,7 @@ from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.step import peek, step
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.delta.s3 import configure_spark
+from dagster_sideinputs.delta.s3 import configure_spark, store_label
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
@@ -193,15 +193,15 @@ class SideInputOperator:
 
     def buffer(self) -> BufferState:
         """The buffer's current state (from the Delta log; no Spark needed)."""
-        with storage_errors(self.operator_id, "reading the buffer's state"):
+        with self._storage_errors("reading the buffer's state"):
             return load_state(self.spec)
 
     def last_committed_batch(self) -> int | None:
-        with storage_errors(self.operator_id, "reading the commit records"):
+        with self._storage_errors("reading the commit records"):
             return self.state.last_committed()
 
     def last_plan(self) -> BatchPlan | None:
-        with storage_errors(self.operator_id, "reading the batch plans"):
+        with self._storage_errors("reading the batch plans"):
             planned = self.state.last_planned()
             if planned is None:
                 return None
@@ -214,7 +214,7 @@ class SideInputOperator:
         Uses no Spark unless windows of new records cannot be told from statistics.
         An incomplete batch that some table committed (to be replayed) is returned as is.
         """
-        with storage_errors(self.operator_id, "planning the next batch"):
+        with self._storage_errors("planning the next batch"):
             return peek(self.recovery, now or _utc_now())
 
     # --- running --------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class SideInputOperator:
         stop = stop or threading.Event()
         batches: list[BatchMetrics] = []
         self._use_session(spark)
-        with storage_errors(self.operator_id, "running the operator"), self._lock(wait_for_lock):
+        with self._storage_errors("running the operator"), self._lock(wait_for_lock):
             context = self._context_for(spark)
             context.explain = explain
             verdict = identity.check(self.spec, self.state)
@@ -289,9 +289,16 @@ class SideInputOperator:
         """Run at most one batch (the incomplete one first); None when there is nothing to do."""
         self._use_session(spark)
         fit_shuffle_partitions(spark)
-        with storage_errors(self.operator_id, "running a batch"), self._lock(0.0):
+        with self._storage_errors("running a batch"), self._lock(0.0):
             verdict = identity.check(self.spec, self.state)
             return self._step(self._context_for(spark), now or _utc_now(), verdict)
+
+    def _storage_errors(self, doing: str) -> Any:
+        """Store failures of the block as a StorageError naming the lake's store."""
+        storage = self.spec.storage
+        return storage_errors(
+            self.operator_id, doing, store=store_label(storage.root, storage.storage_options)
+        )
 
     def _lock(self, wait_s: float) -> Any:
         return operator_lock(
@@ -361,7 +368,7 @@ class SideInputOperator:
         Returns:
             The reset batch's id.
         """
-        with storage_errors(self.operator_id, "resetting the operator"), self._lock(wait_for_lock):
+        with self._storage_errors("resetting the operator"), self._lock(wait_for_lock):
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
 
 

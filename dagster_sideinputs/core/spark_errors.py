@@ -14,9 +14,11 @@ Spark's own data errors (ANSI mode's bad casts, overflows, division by zero, and
 kept as the cause.
 
 A filesystem or object-store failure outside Spark (an ``OSError`` of the operator's own
-file access) becomes a :class:`StorageError` naming the path. A commit that fails after
-other tables of the batch committed says which tables hold the batch and which the next
-run's replay completes, instead of "nothing was written".
+file access, an ``obstore`` error of the lease or a conditional write, delta-rs's store
+errors) becomes a :class:`StorageError` naming the store, the operation and the path,
+with a fix for its kind of fault (credentials refused, store unreachable, a path). A
+commit that fails after other tables of the batch committed says which tables hold the
+batch and which the next run's replay completes, instead of "nothing was written".
 """
 
 import base64
@@ -31,6 +33,9 @@ from pyspark.errors import AnalysisException, PySparkException
 
 from dagster_sideinputs import errors
 from dagster_sideinputs.core.columns import DUPLICATE_MARK, PRE_KEYED_MARK, ROW_ERROR_MARK
+from dagster_sideinputs.delta.s3 import store_label
+from dagster_sideinputs.delta.store_errors import describe as describe_store_fault
+from dagster_sideinputs.delta.store_errors import is_store_error
 from dagster_sideinputs.errors import (
     CorruptDataFileError,
     DeclarationError,
@@ -273,21 +278,60 @@ def translated(
         raise
     except (PySparkException, Py4JJavaError) as exc:
         raise translate(context, exc, views, what=what) from exc
-    except OSError as exc:
-        raise storage_error(context.spec.operator_id, exc, what or "running a batch") from exc
+    except Exception as exc:
+        if not is_store_error(exc):
+            raise
+        raise store_failure(context, exc, what or "running a batch") from exc
 
 
-def storage_error(operator_id: str, exc: OSError, doing: str) -> StorageError:
-    """A filesystem or object-store failure outside Spark as the project's error."""
-    path = exc.filename if isinstance(exc.filename, str) else None
-    where = f" at {path}" if path else ""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    return StorageError(
-        f"Operator {operator_id!r}: the lake's storage failed{where} while {doing}: "
-        f"{type(exc).__name__}: {reason}. {NOTHING_LOST}",
-        fix=f"make {path or 'the lake'} readable and writable (a folder where one is "
+def store_failure(context: "StageContext", exc: BaseException, doing: str) -> StorageError:
+    """:func:`storage_error` for a store failure of one batch, naming the lake's store."""
+    return storage_error(context.spec.operator_id, exc, doing, store=_store(context))
+
+
+def _store(context: "StageContext") -> str:
+    return store_label(context.spec.storage.root, context.spec.storage.storage_options)
+
+
+def storage_error(
+    operator_id: str,
+    exc: BaseException,
+    doing: str,
+    *,
+    store: str | None = None,
+    subject: str | None = None,
+) -> StorageError:
+    """A filesystem or object-store failure outside Spark as the project's error: it names
+    the store (``store``: the lake's root, with its endpoint), the operation and the path,
+    and its fix says what to repair for the kind of fault (credentials, reachability, a
+    path). ``subject`` replaces "Operator '<id>'" at its start (e.g. an asset's name)."""
+    fault = describe_store_fault(exc)
+    where = f" at {fault.path}" if fault.path else ""
+    named = f" (store: {store})" if store else ""
+    kind = {
+        "credentials": " refused the credentials",
+        "unreachable": " could not be reached",
+        "path": " failed",
+    }[fault.fault]
+    target = store or fault.path or "the lake"
+    fixes = {
+        "credentials": f"give credentials that may read and write {target} (storage_options "
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, or the AWS_* "
+        "environment variables; check that the key is active and its secret matches), "
+        "then rerun: nothing of the batch is lost",
+        "unreachable": f"make the store reachable ({target}: its endpoint, the network, the "
+        "service up), then rerun: the run resumes where it stopped",
+        "path": f"make {fault.path or target} readable and writable (a folder where one is "
         "expected, free space, permissions, the store reachable), then rerun",
+    }
+    error = StorageError(
+        f"{subject or f'Operator {operator_id!r}'}: the lake's storage{kind}{where} while "
+        f"{doing}{named}: {fault.reason.rstrip('.')}. {NOTHING_LOST}",
+        fix=fixes[fault.fault],
     )
+    for note in getattr(exc, "__notes__", ()):  # what failed after it (cleanups)
+        error.add_note(note)
+    return error
 
 
 def partly_committed(
@@ -305,8 +349,10 @@ def partly_committed(
     (an injected crash, an interrupt) are returned as they are."""
     if isinstance(exc, (PySparkException, Py4JJavaError)):
         error: SideInputError = translate(context, exc, views, what=f"committing {rest[0]!r}")
-    elif isinstance(exc, OSError):
-        error = storage_error(context.spec.operator_id, exc, f"committing {rest[0]!r}")
+    elif is_store_error(exc):
+        error = storage_error(
+            context.spec.operator_id, exc, f"committing {rest[0]!r}", store=_store(context)
+        )
     elif isinstance(exc, SideInputError):
         error = exc
     else:
@@ -321,9 +367,14 @@ def partly_committed(
 
 
 @contextmanager
-def storage_errors(operator_id: str, doing: str) -> Iterator[None]:
-    """Raise a filesystem or object-store failure of the block as a :class:`StorageError`."""
+def storage_errors(operator_id: str, doing: str, *, store: str | None = None) -> Iterator[None]:
+    """Raise a filesystem or object-store failure of the block (an ``OSError``, an
+    obstore error, delta-rs's store errors) as a :class:`StorageError` naming ``store``."""
     try:
         yield
-    except OSError as exc:
-        raise storage_error(operator_id, exc, doing) from exc
+    except SideInputError:
+        raise
+    except Exception as exc:
+        if not is_store_error(exc):
+            raise
+        raise storage_error(operator_id, exc, doing, store=store) from exc

@@ -15,6 +15,7 @@
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from pyspark.sql import DataFrame
 
@@ -24,7 +25,7 @@ from dagster_sideinputs.core.context import Batch, StageContext
 from dagster_sideinputs.core.frame_split import one_pass
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.spark_errors import partly_committed, translated
+from dagster_sideinputs.core.spark_errors import partly_committed, store_failure, translated
 from dagster_sideinputs.core.state import COMMIT
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
@@ -33,6 +34,7 @@ from dagster_sideinputs.delta.engine import (
     StagedWrite,
     WriteResult,
 )
+from dagster_sideinputs.delta.store_errors import is_store_error, run_cleanup
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -80,12 +82,18 @@ def write(context: StageContext, batch: Batch) -> Batch:
                     ),
                 )
             )
-    except BaseException:
+    except BaseException as exc:
         for stage in [*(stage for _, stage in staged), *shared.values()]:
             if stage is not None:
-                spec.engine.discard(stage)
+                _discard(context, stage, during=exc)
         raise
-    decision = context.state.claim(plan, COMMIT)
+    try:
+        decision = context.state.claim(plan, COMMIT)
+    except BaseException as exc:  # e.g. the store went down after staging
+        for _, stage in staged:
+            if stage is not None:
+                _discard(context, stage, during=exc)
+        raise
     if decision != COMMIT:
         for _, stage in staged:
             if stage is not None:
@@ -106,8 +114,10 @@ def write(context: StageContext, batch: Batch) -> Batch:
         except BaseException as exc:
             for _, later in staged[index + 1 :]:
                 if later is not None:
-                    spec.engine.discard(later)
+                    _discard(context, later, during=exc)
             if not committed:
+                if is_store_error(exc):  # named by the table it was committing
+                    raise store_failure(context, exc, f"committing {target.label!r}") from exc
                 raise
             rest = [t.label for t, _ in staged[index:]]
             raise partly_committed(
@@ -125,6 +135,16 @@ def write(context: StageContext, batch: Batch) -> Batch:
         writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
     batch = batch.but(writes=writes)
     return batch.noted(f"outputs {one_pass} written in one pass") if one_pass else batch
+
+
+def _discard(context: StageContext, stage: StagedWrite, *, during: BaseException) -> None:
+    """Discard a stage after ``during`` failed the batch, never in that error's place (a
+    store that went down fails the discard too)."""
+    run_cleanup(
+        partial(context.spec.engine.discard, stage),
+        during=during,
+        what=f"discarding the files staged for {stage.name}",
+    )
 
 
 def _targets(context: StageContext, batch: Batch) -> list[_Target]:

@@ -1,7 +1,8 @@
 """Spark DataFrames stored as Delta tables, one table per asset."""
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -9,14 +10,48 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.spark_errors import storage_error
 from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.s3 import store_label
 from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.store_errors import is_store_error
 from dagster_sideinputs.delta.writer import WriteResult
-from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError
+from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError, SideInputError
+
+R = TypeVar("R")
 
 DEFAULT_PARTITION_COLUMN = "partition"
 _WRITE_MODES = ("overwrite", "append")
 _SCHEMA_MODES = ("merge", "overwrite")
+
+
+def _store_faults(doing: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Store failures (credentials refused, a store down) of an IO manager call as a
+    StorageError naming the asset, the table and the store."""
+
+    def wrap(method: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(method)
+        def wrapped(self: "DeltaIOManager", context: Any, *args: Any) -> R:
+            try:
+                return method(self, context, *args)
+            except SideInputError:
+                raise
+            except Exception as exc:
+                if not is_store_error(exc):
+                    raise
+                asset = context.asset_key.to_user_string()
+                storage = self.storage
+                raise storage_error(
+                    "",
+                    exc,
+                    f"{doing} table {storage.table_uri(context.asset_key.path)}",
+                    store=store_label(storage.root, storage.storage_options),
+                    subject=f"Asset {asset}",
+                ) from exc
+
+        return wrapped
+
+    return wrap
 
 
 def table_schema_metadata(schema: T.StructType) -> dg.TableSchema:
@@ -134,6 +169,7 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             engine=self.engine,  # type: ignore[arg-type]  # checked by DeltaStorage
         )
 
+    @_store_faults("writing")
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
             return
@@ -213,6 +249,7 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             )
         return df, [column], {column: keys}
 
+    @_store_faults("reading")
     def load_input(self, context: dg.InputContext) -> DataFrame:
         asset_key = context.asset_key
         asset = asset_key.to_user_string()

@@ -108,13 +108,28 @@ def object_store_options(
     return config, client
 
 
+def retry_config(storage_options: Mapping[str, str]) -> dict[str, Any] | None:
+    """obstore's retry settings from delta-rs's ``max_retries`` option (the same key, so
+    that the lease, conditional writes and delta-rs give up on a store that is down after
+    as many attempts); None: object_store's defaults (10 retries, up to 3 minutes)."""
+    raw = next((v for k, v in storage_options.items() if k.lower() == "max_retries"), None)
+    if raw is None or not str(raw).strip().isdigit():
+        return None
+    return {"max_retries": int(raw)}
+
+
 def open_object_store(uri: str, storage_options: Mapping[str, str]) -> Any:
     """An ``obstore`` store rooted at ``uri`` (``s3://``, ``gs://``, ``az://``, ...)."""
     config, client = object_store_options(uri, storage_options)
     # s3a:// is Hadoop's name for s3://; obstore knows both, say it plainly anyway.
     if uri.startswith("s3a://"):
         uri = "s3://" + uri[len("s3a://") :]
-    return _store_from_url(uri, config=config or None, client_options=client or None)
+    return _store_from_url(
+        uri,
+        config=config or None,
+        client_options=client or None,
+        retry_config=retry_config(storage_options),
+    )
 
 
 def put_if_absent(store: Any, path: str, data: bytes) -> bool:

@@ -243,6 +243,15 @@ class S3Store:
         return tuple(v for v in (getattr(self, name) for name in SECRET_FIELDS) if v)
 
 
+def store_label(uri: str, storage_options: Mapping[str, str] | None) -> str:
+    """The store of a location, for messages: the URI, with its S3 endpoint when one is
+    set (never a credential)."""
+    if not is_s3(uri):
+        return uri
+    endpoint = S3Store.from_storage_options(storage_options or {}).endpoint
+    return f"{uri} at {endpoint}" if endpoint else uri
+
+
 def resolve_storage_options(
     uri: str, storage_options: Mapping[str, str] | None, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:

@@ -10,15 +10,15 @@ plugin is not available), no delta-rs: one set of storage credentials. py4j only
 the session is classic, for one fast path with a Connect-safe fallback: a plain append
 with its transaction (:mod:`~dagster_sideinputs.delta.spark_direct`).
 
-This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps
-live in ``spark_stage`` (staging), ``spark_commit`` (committing) and ``spark_read``
-(reading). docs/DECISIONS.md has the reasoning.
+This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps live
+in ``spark_stage``, ``spark_commit`` and ``spark_read``. docs/DECISIONS.md has the why.
 """
 
 import datetime as dt
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -60,6 +60,7 @@ from dagster_sideinputs.delta.spark_session import active_session, session_setti
 from dagster_sideinputs.delta.spark_split import stage_append_native, stage_split_native
 from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
+from dagster_sideinputs.delta.store_errors import cleaning_up
 from dagster_sideinputs.errors import DeltaTableError
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -278,7 +279,8 @@ class DeltaSparkEngine:
         started = time.perf_counter()
         handle: SparkStage = staged.handle
         uri, label = staged.uri, staged.name
-        try:
+        discard = partial(self.discard, staged)  # never in place of the commit's own error
+        with cleaning_up(discard, f"discarding the files staged for {label}"):
             if refused := refused_removals(remove_files, staged.mode, handle.table_existed, label):
                 raise refused
             current = self._state(uri, name=label) if self.exists(uri) else None
@@ -305,8 +307,6 @@ class DeltaSparkEngine:
                     handle.frame, staged, current, self._files(uri), remove_files=remove_files,
                     app_transaction=app_transaction, commit_metadata=commit_metadata,
                 )  # fmt: skip
-        finally:
-            self.discard(staged)
         return with_duration(result, staged.seconds + time.perf_counter() - started)
 
     def write(

@@ -42,6 +42,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -69,6 +70,7 @@ from dagster_sideinputs.delta.staging import (
     Staging,
     table_constraints,
 )
+from dagster_sideinputs.delta.store_errors import run_cleanup
 
 log = logging.getLogger(__name__)
 
@@ -189,14 +191,17 @@ def _stage_files(
                 _staged(uri, target, rows_of(target), stage, files, seconds, states[index])
             )
             seconds = 0.0  # the job's time goes to the first table
-    except BaseException:
+    except BaseException as exc:
         for table, paths in zip(tables, published, strict=True):
             for path in paths:
-                table.delete_file(path)
-        raise  # (a marker stays, as the bridge's does: earlier strays may need it)
-    finally:
+                run_cleanup(partial(table.delete_file, path), during=exc,
+                            what=f"deleting {path} of {table.root}")  # fmt: skip
         for staging in stagings:
-            staging.discard(published_too=False)
+            run_cleanup(partial(staging.discard, published_too=False), during=exc,
+                        what=f"discarding the files staged in {staging.files.root}")  # fmt: skip
+        raise  # (a marker stays, as the bridge's does: earlier strays may need it)
+    for staging in stagings:
+        staging.discard(published_too=False)
     return writes
 
 

@@ -18,6 +18,7 @@ files are invisible to Delta readers anyway.
 
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -51,6 +52,7 @@ from dagster_sideinputs.delta.staging import (
     Staging,
     constraint_error,
 )
+from dagster_sideinputs.delta.store_errors import run_cleanup
 from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
 from dagster_sideinputs.delta.write_plan import plan_table
 
@@ -97,7 +99,10 @@ def stage_dataframe(
         staged = staging.collect(data_schema, partitions, plan.configuration)
         return plan.staged(staging, staged, time.perf_counter() - started)
     except BaseException as exc:
-        staging.discard(published_too=False)
+        run_cleanup(
+            partial(staging.discard, published_too=False),
+            during=exc, what=f"discarding the files staged for {plan.label}",
+        )  # fmt: skip
         violation = constraint_error(exc, plan.constraints, table=plan.label)
         if violation is not None:
             raise violation from exc
@@ -139,13 +144,17 @@ def commit_staged(
     table = open_table(uri, storage_options=options, name=label) if exists and not known else None
     current = known.version if known else (table.version() if table else -1)
     if holds_transaction(known, table, app_transaction):
-        handle.staging.discard(published_too=False)
+        run_cleanup(
+            partial(handle.staging.discard, published_too=False),
+            during=None, what=f"discarding the files staged for {label}", quiet=True,
+        )  # fmt: skip
         return WriteResult(uri, current, 0, 0, 0, True, time.perf_counter() - started, ENGINE_NAME)
     if exists and not handle.table_existed:
         # Created by another writer since staging: the data must fit its schema.
         schema = known.schema if known else load_snapshot(uri, storage_options=options).schema
         plan_append(handle.schema, schema, table=label, merge=False)
     committed = False
+    failed: BaseException | None = None
     try:
         if skip_empty_commit and exists and not handle.files and not remove_files:
             committed = True
@@ -197,10 +206,21 @@ def commit_staged(
                 label=label,
             )
         committed = True
-        if not exists:
-            handle.staging.files.delete_file(CREATING_MARKER)
+        if not exists:  # a marker left behind is harmless once the table has a log
+            run_cleanup(
+                partial(handle.staging.files.delete_file, CREATING_MARKER),
+                during=None, what=f"deleting the creation marker of {label}", quiet=True,
+            )  # fmt: skip
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        handle.staging.discard(published_too=not committed)
+        # Never in place of the commit's own error; after a commit, files left behind in
+        # the staging folder are unreferenced (and the commit stands).
+        run_cleanup(
+            partial(handle.staging.discard, published_too=not committed),
+            during=failed, what=f"discarding the files staged for {label}", quiet=True,
+        )  # fmt: skip
     return WriteResult(
         uri=uri,
         version=version,

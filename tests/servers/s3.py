@@ -43,8 +43,18 @@ class S3Server:
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(self, bucket: str = DEFAULT_BUCKET, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        bucket: str = DEFAULT_BUCKET,
+        start_timeout_s: float = 60.0,
+        *,
+        check_credentials: bool = False,
+    ) -> None:
+        """``check_credentials``: the server refuses requests not signed with the tests'
+        key and secret (moto's IAM authentication: 403 ``InvalidAccessKeyId`` or
+        ``SignatureDoesNotMatch``, as S3 answers), instead of accepting any."""
         self.bucket = bucket
+        self.check_credentials = check_credentials
         self.host = "127.0.0.1"
         self.port = 0
         self._start_timeout_s = start_timeout_s
@@ -58,7 +68,14 @@ class S3Server:
             return self
         # The child binds port 0 itself and prints the port it got: no race for a free port.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.servers.s3", "--host", self.host],
+            [
+                sys.executable,
+                "-m",
+                "tests.servers.s3",
+                "--host",
+                self.host,
+                *(["--check-credentials"] if self.check_credentials else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -199,6 +216,17 @@ class S3Server:
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
         )
 
+    def set_secret(self, secret: str) -> None:
+        """Give the tests' key another secret (a server started with ``check_credentials``):
+        from now on it refuses requests signed with the old one, as S3 refuses a rotated
+        or deactivated key."""
+        assert self.check_credentials, "the server accepts any credentials"
+        request = urllib.request.Request(
+            self.endpoint_url + CONTROL_PATH, data=secret.encode(), method="PUT"
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.read() == b"ok"
+
     def keys(self, prefix: str = "") -> list[str]:
         """Every key in the bucket below a prefix (a path or an ``s3://`` URI)."""
         if prefix.startswith(("s3://", "s3a://")):
@@ -243,6 +271,53 @@ def _exit_when_parent_goes(stream: Iterator[bytes]) -> None:
     os._exit(0)
 
 
+CONTROL_PATH = "/_dsi/secret"
+"""A request path of the test server (not S3's): a PUT there sets the tests' key's secret."""
+
+
+def _control(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """Serve :data:`CONTROL_PATH` (rotate the key's secret: the server then refuses
+    requests signed with the old one); pass everything else to moto."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != CONTROL_PATH:
+            return app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        secret = environ["wsgi.input"].read(length).decode()
+        _tests_key().secret_access_key = secret
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    return wrapped
+
+
+def _tests_key() -> Any:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.iam.models import iam_backends
+
+    [key] = iam_backends[DEFAULT_ACCOUNT_ID]["aws"].get_user("dsi-tests").access_keys
+    return key
+
+
+def _check_credentials() -> None:
+    """Make moto authenticate every request (signature and key) against one IAM user
+    holding the tests' key and secret, allowed everything."""
+    import json
+
+    from moto import settings
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.iam.models import iam_backends
+
+    iam = iam_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    iam.create_user(REGION, "dsi-tests")
+    key = iam.create_access_key("dsi-tests")
+    key.access_key_id, key.secret_access_key = ACCESS_KEY, SECRET_KEY
+    allowed = {"Effect": "Allow", "Action": "*", "Resource": "*"}
+    everything = {"Version": "2012-10-17", "Statement": [allowed]}
+    iam.put_user_policy("dsi-tests", "everything", json.dumps(everything))
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -252,9 +327,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--check-credentials", action="store_true")
     args = parser.parse_args(argv)
+    if args.check_credentials:
+        _check_credentials()
 
-    app = _serialize_writes(create_backend_app("s3"))
+    app = _control(_serialize_writes(create_backend_app("s3")))
     server = make_server(
         args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler
     )
