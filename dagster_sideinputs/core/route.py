@@ -97,7 +97,7 @@ def side_windows(bound: BoundSide, plan: BatchPlan) -> list[WindowSpan] | None:
         return None
     return sorted(
         {
-            map_to_side_window(window, bound.side.window_mapping, p.start, p.end)
+            map_to_side_window(window, bound.side.window_mapping, p.start, p.end, label=bound.label)
             for p in plan.namespaces.values()
             if p.ready and p.start is not None and p.end is not None
         }
