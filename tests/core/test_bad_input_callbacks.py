@@ -400,3 +400,27 @@ def test_row_mode_emitting_to_the_unmatched_route_tag_says_it_is_the_route(lake)
         (2, "amount over 100"),
         (3, "no side row in: profile"),
     ]
+
+
+# --- what is not a callable at all: refused when declared ----------------------------------------
+
+
+class NoDecide:
+    """A provider object without decide()."""
+
+
+def test_a_callable_option_given_something_else_is_refused_when_declared(events):
+    """Before: a TypeError ('str' object is not callable) or AttributeError at the first
+    batch."""
+    side = dsi.Window.tumbling(hours(1), time_column="ts")
+    with refused(dsi.DeclarationError, "SideInput.list('events')", "window_mapping=", "str"):
+        dsi.SideInput.list("events", window=side, window_mapping="previous hour")
+    with refused(dsi.DeclarationError, "SideInput.map('profiles')", "key_translator=", "int"):
+        dsi.SideInput.map("profiles", key="customer_id", key_translator=10)
+    put(events, "profiles", [(10, "ann")], PROFILES)
+    with refused(dsi.DeclarationError, "readiness=", "NoDecide", fix="dsi.DeltaReadiness()"):
+        operator(events, readiness=NoDecide())
+    fixed = _windowed(events, lambda start, end: (start, end))
+    events.run(fixed, Clock(NOW))
+    accounted(events, fixed, [1, 2])
+    assert events.rows("enriched") == [(1, "a"), (2, "b")]
