@@ -141,8 +141,9 @@ def _as_dict(record: Any, schema: T.StructType, name: str, main: bool) -> dict[s
         return dict(zip(schema.fieldNames(), record, strict=False))
     how = f"yielded to output {name!r}" if main else f"emitted to output {name!r}"
     raise FunctionError(
-        f"The row function {how} {_short(record)} ({type(record).__name__}); row functions "
-        "must yield dicts, Rows or tuples. Nothing was written.",
+        f"The row function {how} a record that is not a dict, Row or tuple (row functions "
+        f"must yield dicts, Rows or tuples); got {_short(record)} ({type(record).__name__}). "
+        "Nothing was written.",
         fix="yield one dict per output record (a bare `yield` or `yield None` emits nothing valid)",
     )
 

@@ -315,7 +315,7 @@ def rows_enrich(record: dsi.Record, ctx: Any) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("fn", "what"),
     [
-        (rows_yields_none, "yielded to output 'enriched' None (NoneType)"),
+        (rows_yields_none, "yielded to output 'enriched' a record that is not a dict"),
         (rows_returns_a_dict, "returned {'tx_id': 1, 'name': None} (dict)"),
     ],
     ids=["yields-none", "returns-a-dict"],
