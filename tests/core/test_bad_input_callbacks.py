@@ -424,3 +424,21 @@ def test_a_callable_option_given_something_else_is_refused_when_declared(events)
     events.run(fixed, Clock(NOW))
     accounted(events, fixed, [1, 2])
     assert events.rows("enriched") == [(1, "a"), (2, "b")]
+
+
+def test_the_side_windows_a_batch_reads_are_the_ones_its_plan_recorded(events):
+    """The mapping is called and checked when the batch is planned; the stages after read
+    the side windows from the plan (as a replay does), not from a second call, which
+    could answer otherwise (before: called again, here failing)."""
+    asked: list[tuple] = []
+
+    def once(start, end):
+        if (start, end) in asked:
+            raise RuntimeError("asked twice")
+        asked.append((start, end))
+        return start, end
+
+    op = _windowed(events, once)
+    events.run(op, Clock(NOW))
+    accounted(events, op, [1, 2])
+    assert events.rows("enriched") == [(1, "a"), (2, "b")]
