@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.buffer import BufferState, load_state
-from dagster_sideinputs.core.callbacks import callable_name, short
+from dagster_sideinputs.core.callbacks import clock_time, report_batch
 from dagster_sideinputs.core.context import StageContext
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.lock import operator_lock
@@ -42,7 +42,7 @@ from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.errors import DeclarationError, FunctionError, SideInputError
+from dagster_sideinputs.errors import DeclarationError
 
 Trigger = Literal["available_now", "continuous"]
 
@@ -266,13 +266,13 @@ class SideInputOperator:
             while not stop.is_set():
                 started = time.monotonic()
                 fit_shuffle_partitions(spark)
-                metrics = self._step(context, _clock_time(clock, self.operator_id), verdict)
+                metrics = self._step(context, clock_time(clock, self.operator_id), verdict)
                 if metrics is not None:
                     batches.append(metrics)
                     if not metrics.replayed:  # a replay finished an older plan's batch
                         verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
-                        _report(on_batch, metrics, self.operator_id)
+                        report_batch(on_batch, metrics, self.operator_id)
                 if max_batches is not None and len(batches) >= max_batches:
                     return RunResult(batches, "max_batches")
                 # A batch that read an empty slice (an empty landed file, a version adding
@@ -364,48 +364,6 @@ class SideInputOperator:
         """
         with storage_errors(self.operator_id, "resetting the operator"), self._lock(wait_for_lock):
             return reset(self.spec, self.state, main_from=main_from, drop_buffered=drop_buffered)
-
-
-def _clock_time(clock: Callable[[], dt.datetime], operator_id: str) -> dt.datetime:
-    """``clock()``, checked: the batch pins it in its plan, so it must be a datetime (a
-    naive one is taken as UTC, like every naive time the operator meets)."""
-    try:
-        now = clock()
-    except SideInputError:
-        raise
-    except Exception as exc:
-        raise DeclarationError(
-            f"Operator {operator_id!r}: the clock {callable_name(clock)} raised "
-            f"{type(exc).__name__}: {exc}. Nothing was planned or written.",
-            fix="pass clock= a function returning the current time as a datetime, e.g. "
-            "lambda: datetime.now(timezone.utc) (the default)",
-        ) from exc
-    if not isinstance(now, dt.datetime):
-        raise DeclarationError(
-            f"Operator {operator_id!r}: the clock {callable_name(clock)} returned "
-            f"{short(now)}, not a datetime. Nothing was planned or written.",
-            fix="pass clock= a function returning the current time as a datetime, e.g. "
-            "lambda: datetime.now(timezone.utc) (the default)",
-        )
-    return now
-
-
-def _report(on_batch: Callable[[BatchMetrics], None], metrics: BatchMetrics, op: str) -> None:
-    """``on_batch(metrics)``, called after the batch committed: what it raises stops the
-    run as a :class:`FunctionError` saying the batch itself is committed."""
-    try:
-        on_batch(metrics)
-    except SideInputError:
-        raise
-    except Exception as exc:
-        raise FunctionError(
-            f"Operator {op!r}: the on_batch callback {callable_name(on_batch)} raised "
-            f"{type(exc).__name__}: {exc} after batch {metrics.batch_id} committed. The batch "
-            "stays committed (its records are placed, none lost or written twice); the run "
-            "stopped there.",
-            fix="fix the callback, then rerun: the next run goes on after that batch (it is "
-            "not called again for it)",
-        ) from exc
 
 
 def _idle(metrics: BatchMetrics) -> bool:

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
+from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import SIDE_NS, quoted
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
@@ -34,7 +35,6 @@ from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
-    map_to_side_window,
     namespace_id,
     parse_stat_time,
 )

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import Counts, enforce_limits
+from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
 from dagster_sideinputs.core.context import Batch, StageContext, Views
 from dagster_sideinputs.core.invalid_records import check_invalid
@@ -40,7 +41,6 @@ from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
-    map_to_side_window,
     namespace_id_column,
     parse_namespace_id,
     shifted,

@@ -22,9 +22,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.callbacks import callable_name, short
 from dagster_sideinputs.core.columns import NS_END, NS_START, quoted
-from dagster_sideinputs.errors import DeclarationError, SideInputError, did_you_mean
+from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 GLOBAL = "global"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -256,82 +255,6 @@ def default_side_window(
     """
     start = window_start_containing(side_window, as_utc(main_end) - LAST_INSTANT)
     return start, shifted(start, side_window.size)
-
-
-def map_to_side_window(
-    side_window: Window,
-    mapping: WindowMapping | None,
-    main_start: dt.datetime,
-    main_end: dt.datetime,
-    *,
-    label: str = "the side input",
-) -> WindowSpan:
-    """The side window a main window reads: by ``mapping`` when given, else Beam's default.
-
-    A custom mapping is the user's: what it raises, and a result that is not one of
-    ``side_window``'s windows (not a ``(start, end)`` pair of datetimes, empty or
-    reversed, or off the side window grid, where no side row could be found), is a
-    :class:`DeclarationError` naming it (by qualified name), ``label`` (the side input)
-    and the main window it was given.
-    """
-    if mapping is None:
-        return default_side_window(side_window, main_start, main_end)
-    main = (as_utc(main_start), as_utc(main_end))
-    try:
-        result = mapping(*main)
-    except SideInputError:
-        raise
-    except Exception as exc:
-        raise _mapping_error(
-            mapping, label, side_window, main, f"raised {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        raise _mapping_error(
-            mapping, label, side_window, main,
-            f"returned {short(result)}, not a (start, end) pair of datetimes",
-        )  # fmt: skip
-    if not all(isinstance(value, dt.datetime) for value in result):
-        raise _mapping_error(
-            mapping, label, side_window, main,
-            f"returned {short(tuple(result))}: start and end must be datetimes",
-        )  # fmt: skip
-    start, end = as_utc(result[0]), as_utc(result[1])
-    if start >= end:
-        raise _mapping_error(
-            mapping, label, side_window, main,
-            f"returned {describe((start, end))}, which is empty or reversed (start >= end)",
-        )  # fmt: skip
-    if not is_window_start(side_window, start) or end - start != side_window.size:
-        raise _mapping_error(
-            mapping, label, side_window, main,
-            f"returned {describe((start, end))}, which is not one of the side input's "
-            f"windows ({side_window!r}): no side row is assigned to it, so every record "
-            "would read an empty view",
-        )  # fmt: skip
-    return start, end
-
-
-def _mapping_error(
-    mapping: WindowMapping,
-    label: str,
-    side_window: Window,
-    main: WindowSpan,
-    what: str,
-) -> DeclarationError:
-    try:
-        near = window_start_containing(side_window, main[1] - LAST_INSTANT)
-        span = describe((near, shifted(near, side_window.size)))
-        example = f"; e.g. the side window holding the main window's last instant is {span}"
-    except (OverflowError, ValueError):
-        example = ""
-    return DeclarationError(
-        f"The window_mapping {callable_name(mapping)} of {label}, given the main window "
-        f"{describe(main)}, {what}. Nothing was written; buffered records are intact.",
-        fix="make window_mapping= a function (start, end) -> (side_start, side_end) returning "
-        "one of the side input's windows: side_start on its grid (epoch + offset + a "
-        f"multiple of its slide {side_window.slide}) and side_end = side_start + its size "
-        f"{side_window.size}{example}; or drop window_mapping= for the default mapping",
-    )
 
 
 def check_time_column(schema: T.StructType, column: str, *, where: str) -> None:
