@@ -72,6 +72,13 @@ def build_spec(
             "names a folder and the Delta application transactions of the operator).",
             fix=f"pass operator_id={re.sub(r'[^A-Za-z0-9_.-]', '_', operator_id)!r}",
         )
+    if readiness is not None and not callable(getattr(readiness, "decide", None)):
+        raise DeclarationError(
+            f"readiness= takes a readiness provider (an object with a method decide(facts, "
+            f"windows, now)), got {type(readiness).__name__}.",
+            fix="pass readiness=dsi.DeltaReadiness() (the default) or an object whose "
+            "decide(...) returns {namespace id: dsi.Decision(ready, reason)}",
+        )
     for bound in sides:
         _check_side(bound, options, readiness)
     if options.buffer.on_exceed == "overflow" and options.overflow is None:

@@ -17,6 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.callbacks import callable_name, prefixed
 from dagster_sideinputs.core.columns import (
     LOOKUP_PREFIX,
     NS_END,
@@ -127,17 +128,22 @@ def _frames(context: StageContext, batch: Batch) -> dict[OutputTag, DataFrame]:
     main = function_input(context, batch)
     try:
         result = spec.options.fn(main, side_inputs(batch))
-        outputs = normalize_outputs(result, spec.declared)
     except SideInputError:
         raise
     except PySparkException as exc:
         raise translate(context, exc, batch.views) from exc
     except Exception as exc:
         raise FunctionError(
-            f"Operator {spec.operator_id!r}: the function {_name(spec.options.fn)} raised "
+            f"Operator {spec.operator_id!r}: the function {callable_name(spec.options.fn)} raised "
             f"{type(exc).__name__}: {exc}. {NOTHING_WRITTEN}",
             fix="fix the function, then rerun: the batch is replayed from its plan",
         ) from exc
+    try:
+        outputs = normalize_outputs(result, spec.declared)
+    except SideInputError as error:  # what it returned: name the operator and function
+        raise prefixed(
+            error, f"Operator {spec.operator_id!r}, function {callable_name(spec.options.fn)}: "
+        ) from None
     return {tag: _conform(tag, frame) for tag, frame in outputs.items()}
 
 
@@ -212,6 +218,8 @@ def _rows(
         ],
         lookups=lookups,
         side_labels={name: batch.views.data[name].bound.label for name in joined},
+        who=f"Operator {spec.operator_id!r}, row function {callable_name(spec.options.fn)}: ",
+        routes={tag.name: route for route, tag in spec.routes.items() if tag not in user_tags},
     )
     # No job of its own: the function runs while the first output is staged (the write
     # stage writes its outputs in one pass, or persists it when several writes read it).
@@ -274,7 +282,3 @@ def _check_singletons(context: StageContext, plan: BatchPlan, views: Views) -> N
                 "send such records to the unmatched tag with on_empty='unmatched'",
             )
         context.unique_checked.add(checked)
-
-
-def _name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"

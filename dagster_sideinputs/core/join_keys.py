@@ -6,6 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.callbacks import callable_name, short
 from dagster_sideinputs.core.columns import quoted
 from dagster_sideinputs.core.spec import BoundSide
 from dagster_sideinputs.errors import DeclarationError, SideInputError, did_you_mean
@@ -48,13 +49,15 @@ def _resolve_main_key(bound: BoundSide, main: DataFrame) -> Column:
         raise
     except Exception as exc:
         raise DeclarationError(
-            f"The key_translator of {bound.label} failed: {type(exc).__name__}: {exc}",
+            f"The key_translator {callable_name(translator)} of {bound.label} raised "
+            f"{type(exc).__name__}: {exc}. Nothing was written; buffered records are intact.",
             fix="make it a function of the main DataFrame returning a Column, e.g. "
             "lambda main: F.upper(main.currency)",
         ) from exc
     if not isinstance(result, Column):
         raise DeclarationError(
-            f"The key_translator of {bound.label} returned {type(result).__name__}, not a Column.",
+            f"The key_translator {callable_name(translator)} of {bound.label} returned "
+            f"{short(result)}, not a Column. Nothing was written; buffered records are intact.",
             fix="return a Column, e.g. lambda main: F.upper(main.currency)",
         )
     return result

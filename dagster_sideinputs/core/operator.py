@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.buffer import BufferState, load_state
+from dagster_sideinputs.core.callbacks import clock_time, report_batch
 from dagster_sideinputs.core.context import StageContext
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.lock import operator_lock
@@ -265,13 +266,13 @@ class SideInputOperator:
             while not stop.is_set():
                 started = time.monotonic()
                 fit_shuffle_partitions(spark)
-                metrics = self._step(context, clock(), verdict)
+                metrics = self._step(context, clock_time(clock, self.operator_id), verdict)
                 if metrics is not None:
                     batches.append(metrics)
                     if not metrics.replayed:  # a replay finished an older plan's batch
                         verdict = replace(verdict, reroute=False)
                     if on_batch is not None:
-                        on_batch(metrics)
+                        report_batch(on_batch, metrics, self.operator_id)
                 if max_batches is not None and len(batches) >= max_batches:
                     return RunResult(batches, "max_batches")
                 # A batch that read an empty slice (an empty landed file, a version adding

@@ -17,11 +17,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
+from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import SIDE_NS, quoted
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
-from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace
+from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace, decide_readiness
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.temporal import (
@@ -34,7 +35,6 @@ from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
-    map_to_side_window,
     namespace_id,
     parse_stat_time,
 )
@@ -206,7 +206,9 @@ class Planner:
                 if side.window is None or start is None or end is None:
                     mapping[ns][bound.name] = GLOBAL
                     continue
-                span = map_to_side_window(side.window, side.window_mapping, start, end)
+                span = map_to_side_window(
+                    side.window, side.window_mapping, start, end, label=bound.label
+                )
                 mapping[ns][bound.name] = namespace_id(span[0])
                 side_windows[namespace_id(span[0])] = span
             facts = self._facts(bound, side_snapshots[bound.name])
@@ -214,7 +216,7 @@ class Planner:
             if side.window is not None and not windows:
                 decisions[bound.name] = {}
                 continue
-            decided = dict(self.spec.readiness.decide(facts, windows, now))
+            decided = decide_readiness(self.spec.readiness, bound.label, facts, windows, now)
             if windows is not None:
                 decided = apply_grace(side, windows, decided, now)
             wanted = [GLOBAL] if windows is None else [namespace_id(s) for s, _ in windows]

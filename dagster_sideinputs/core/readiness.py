@@ -16,11 +16,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+
+from dagster_sideinputs.core.callbacks import callable_name, short
 from dagster_sideinputs.core.declarations import Readiness
 from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.delta.engine import TableSnapshot
+from dagster_sideinputs.errors import DeclarationError, SideInputError
 
 WindowSpan = tuple[dt.datetime, dt.datetime]
 
@@ -165,6 +170,60 @@ class DeltaReadiness:
             f"{verdict}: last commit {_age(now, snapshot.commit_timestamp)} ago "
             f"(version {snapshot.version}), max age {human_duration(max_age)}",
         )
+
+
+def decide_readiness(
+    provider: ReadinessProvider,
+    label: str,
+    facts: SideFacts,
+    windows: Sequence[WindowSpan] | None,
+    now: dt.datetime,
+) -> dict[str, Decision]:
+    """``provider.decide(...)``, its errors and its answer checked: what it raises (other
+    than the project's errors, Spark's and the storage's, which keep their own
+    translation) and an answer that is not a mapping of namespace ids to
+    :class:`Decision` are a :class:`DeclarationError` naming the provider and the side
+    input (``label``). Namespaces it leaves out are not ready (the caller's rule)."""
+    name = callable_name(provider)
+    try:
+        answer = provider.decide(facts, windows, now)
+    except (SideInputError, PySparkException, Py4JError, OSError):
+        raise
+    except Exception as exc:
+        raise DeclarationError(
+            f"The readiness provider {name} raised {type(exc).__name__}: {exc} deciding "
+            f"{label} ({_asked(windows)}). Nothing was written; buffered records are intact.",
+            fix="fix the provider's decide(facts, windows, now); it must return "
+            "{namespace id: dsi.Decision(ready, reason)}",
+        ) from exc
+    problem = None
+    if not isinstance(answer, Mapping):
+        problem = f"returned {short(answer)}, not a mapping"
+    else:
+        for key, value in answer.items():
+            if not isinstance(key, str):
+                problem = f"returned the key {short(key)}, not a namespace id (str)"
+            elif not isinstance(value, Decision):
+                problem = f"returned {short(value)} for {key!r}, not a Decision"
+            elif not isinstance(value.ready, bool) or not isinstance(value.reason, str):
+                problem = f"returned {value!r} for {key!r}: ready must be a bool, reason a str"
+            if problem is not None:
+                break
+    if problem is not None:
+        raise DeclarationError(
+            f"The readiness provider {name}, deciding {label} ({_asked(windows)}), {problem}. "
+            "Nothing was written; buffered records are intact.",
+            fix="return {namespace id: dsi.Decision(ready: bool, reason: str)}, keyed by "
+            "'global' for a non-windowed side input, else by the namespace id of each "
+            "window's start, e.g. '2024-05-01T10:00:00Z'",
+        )
+    return dict(answer)
+
+
+def _asked(windows: Sequence[WindowSpan] | None) -> str:
+    if windows is None:
+        return "namespace 'global'"
+    return f"windows {[namespace_id(start) for start, _ in windows][:5]}"
 
 
 def apply_grace(

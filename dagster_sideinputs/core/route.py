@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import Counts, enforce_limits
+from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
 from dagster_sideinputs.core.context import Batch, StageContext, Views
 from dagster_sideinputs.core.invalid_records import check_invalid
@@ -40,8 +41,9 @@ from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
-    map_to_side_window,
     namespace_id_column,
+    parse_namespace_id,
+    shifted,
 )
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import join_uri
@@ -91,17 +93,23 @@ def route(context: StageContext, batch: Batch) -> Batch:
 
 
 def side_windows(bound: BoundSide, plan: BatchPlan) -> list[WindowSpan] | None:
-    """The side windows that released records of this batch read (None: not windowed)."""
+    """The side windows that released records of this batch read (None: not windowed):
+    the ones the plan recorded (the mapping, a user's included, was called and checked
+    when planning: a replay reads what the plan says, even if the mapping changed)."""
     window = bound.side.window
     if window is None:
         return None
-    return sorted(
-        {
-            map_to_side_window(window, bound.side.window_mapping, p.start, p.end)
-            for p in plan.namespaces.values()
-            if p.ready and p.start is not None and p.end is not None
-        }
-    )
+    spans: set[WindowSpan] = set()
+    for p in plan.namespaces.values():
+        if not p.ready or p.start is None or p.end is None:
+            continue
+        recorded = parse_namespace_id(p.side_namespaces.get(bound.name, GLOBAL))
+        spans.add(
+            map_to_side_window(window, bound.side.window_mapping, p.start, p.end, label=bound.label)
+            if recorded is None
+            else (recorded, shifted(recorded, window.size))
+        )
+    return sorted(spans)
 
 
 def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> Views:

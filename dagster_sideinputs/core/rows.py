@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.callbacks import prefixed
 from dagster_sideinputs.core.columns import ROW_ERROR_MARK
 from dagster_sideinputs.core.lookups import Lookup
 from dagster_sideinputs.core.outputs import MAIN, OutputTag, undeclared_tag_error
@@ -49,9 +50,11 @@ class RowContext:
         broadcast_values: Mapping[str, Any],
         joined: Sequence[str],
         main: str,
+        routes: Mapping[str, str] | None = None,
     ) -> None:
         self._tags = tags
         self._main = main
+        self._routes = dict(routes or {})  # route tags it may not emit to -> their route
         self._broadcast = broadcast_values
         self._positions = {name: index for index, name in enumerate(joined)}
         self._values: Sequence[Any] = ()  # the joined side values of the current record
@@ -84,9 +87,24 @@ class RowContext:
         name = tag.name if isinstance(tag, OutputTag) else tag
         if name == MAIN.name:
             name = self._main
+        if name in self._routes and name not in self.emitted:
+            raise route_tag_error(name, self._routes[name])
         if name not in self.emitted:
             raise undeclared_tag_error(name, [n for n in self._tags if n != self._main])
         self.emitted[name].append(record)
+
+
+def route_tag_error(name: str, route: str) -> DeclarationError:
+    """The row function emitted to a route tag it cannot emit to (one without a schema)."""
+    return DeclarationError(
+        f"The row function emitted to output {name!r}, the operator's own {route} route "
+        f"(declared as {route}=). In row mode the function may emit to a route tag only when "
+        "the tag declares a schema (its records and the routed ones, the main columns plus "
+        "'reason', are written with it); this one declares none. Nothing was written.",
+        fix=f'declare {route}=dsi.OutputTag("{name}", schema=<the main columns plus reason '
+        "string>) to emit there too, or emit to a side output of its own: "
+        'side_outputs=[dsi.OutputTag("<other name>", schema=...)]',
+    )
 
 
 def _short(value: Any) -> str:
@@ -94,10 +112,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _returned_a_record(value: Any) -> FunctionError:
+def _returned_a_record(value: Any, main: str) -> FunctionError:
     return FunctionError(
         f"The row function returned {_short(value)} ({type(value).__name__}) instead of yielding "
-        "records. Nothing was written.",
+        f"records of output {main!r}. Nothing was written.",
         fix="use `yield record` (or return a list of records); emit side outputs with "
         "ctx.output(tag, record)",
     )
@@ -114,16 +132,18 @@ def _misfit(name: str, tag: OutputTag, items: list[Any], error: Exception) -> Fu
     )
 
 
-def _as_dict(record: Any, schema: T.StructType) -> dict[str, Any]:
+def _as_dict(record: Any, schema: T.StructType, name: str, main: bool) -> dict[str, Any]:
     if isinstance(record, Row):
         return record.asDict(recursive=True)
     if isinstance(record, dict):
         return record
     if isinstance(record, tuple | list):
         return dict(zip(schema.fieldNames(), record, strict=False))
+    how = f"yielded to output {name!r}" if main else f"emitted to output {name!r}"
     raise FunctionError(
-        f"Row functions must yield dicts, Rows or tuples; got {_short(record)} "
-        f"({type(record).__name__}). Nothing was written.",
+        f"The row function {how} a record that is not a dict, Row or tuple (row functions "
+        f"must yield dicts, Rows or tuples); got {_short(record)} ({type(record).__name__}). "
+        "Nothing was written.",
         fix="yield one dict per output record (a bare `yield` or `yield None` emits nothing valid)",
     )
 
@@ -138,6 +158,8 @@ def run_row_function(
     record_columns: Sequence[str],
     lookups: Mapping[str, Lookup] | None = None,
     side_labels: Mapping[str, str] | None = None,
+    who: str = "",
+    routes: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Apply a row function to every released record; returns the tagged DataFrame
     (``layout.split`` gives the per-tag DataFrames).
@@ -145,7 +167,9 @@ def run_row_function(
     ``layout.tags[0]`` is the main output. ``joined_columns`` are side values Spark
     joined to each record; ``lookups`` are keyed side values looked up in Python (a dict
     shipped with the function) from a key column of the record. ``side_labels`` name the
-    side inputs (by joined column) in errors.
+    side inputs (by joined column) in errors; ``who`` (the operator and function) starts
+    every error's message; ``routes``: the route tags the function may not emit to (no
+    schema), by name, with their route.
     """
     tag_names = [tag.name for tag in layout.tags]
     declared = {tag.name: tag for tag in layout.tags}
@@ -183,10 +207,10 @@ def run_row_function(
                 produced = fn(record, ctx)
                 if produced is not None:
                     if isinstance(produced, dict | Row | str | bytes):
-                        raise _returned_a_record(produced)
+                        raise _returned_a_record(produced, tag_names[0])
                     main_out.extend(produced)
             except SideInputError as error:
-                raise RuntimeError(encode(error)) from None
+                raise RuntimeError(encode(prefixed(error, who))) from None
             except Exception as error:
                 raise RuntimeError(
                     f"{ROW_ERROR_MARK}: {type(error).__name__}: {error} (on record "
@@ -200,18 +224,21 @@ def run_row_function(
             assert tag.schema is not None
             try:
                 records = [
-                    item if type(item) is dict else _as_dict(item, tag.schema) for item in items
+                    item if type(item) is dict else _as_dict(item, tag.schema, name, index == 0)
+                    for item in items
                 ]
                 out.append(layout.batch(index, records))
             except SideInputError as error:
-                raise RuntimeError(encode(error)) from None
+                raise RuntimeError(encode(prefixed(error, who))) from None
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
-                raise RuntimeError(encode(_misfit(name, tag, items, error))) from None
+                raise RuntimeError(
+                    encode(prefixed(_misfit(name, tag, items, error), who))
+                ) from None
             ctx.emitted[name] = []
         return out
 
     def process(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
-        ctx = RowContext(declared, broadcast_values, joined, tag_names[0])
+        ctx = RowContext(declared, broadcast_values, joined, tag_names[0], routes)
         for batch in batches:
             # Records and side rows hold no cycles; with big lookup tables alive, the
             # collector's full passes cost about 15% of the Python time (measured).

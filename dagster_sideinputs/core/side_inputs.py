@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+from pyspark.sql import Column
+
 from dagster_sideinputs.core.as_of import AsOf
 from dagster_sideinputs.core.declarations import (
     DISTRIBUTIONS,
@@ -175,6 +177,23 @@ class SideInput:
             )
         if self.window_mapping is not None and self.window is None:
             raise DeclarationError(f"{where}: window_mapping= needs window=.")
+        if self.window_mapping is not None and not callable(self.window_mapping):
+            raise DeclarationError(
+                f"{where}: window_mapping= takes a function (start, end) -> (side_start, "
+                f"side_end), got {type(self.window_mapping).__name__}.",
+                fix="window_mapping=lambda start, end: (start - timedelta(hours=1), start), "
+                "or drop it for the default mapping",
+            )
+        translator = self.key_translator
+        if translator is not None and not (
+            isinstance(translator, str | Column) or callable(translator)
+        ):
+            raise DeclarationError(
+                f"{where}: key_translator= takes a main column name, a Column or a function "
+                f"of the main DataFrame returning a Column, got {type(translator).__name__}.",
+                fix='key_translator="currency" or key_translator=lambda main: '
+                "F.upper(main.currency)",
+            )
         if self.pick is not None and self.view != "map":
             raise DeclarationError(f"{where}: pick= only applies to map views.")
         check_choice(self.on_empty, ON_EMPTY, "on_empty", where)

@@ -257,19 +257,6 @@ def default_side_window(
     return start, shifted(start, side_window.size)
 
 
-def map_to_side_window(
-    side_window: Window,
-    mapping: WindowMapping | None,
-    main_start: dt.datetime,
-    main_end: dt.datetime,
-) -> WindowSpan:
-    """The side window a main window reads: by ``mapping`` when given, else Beam's default."""
-    if mapping is not None:
-        start, end = mapping(as_utc(main_start), as_utc(main_end))
-        return as_utc(start), as_utc(end)
-    return default_side_window(side_window, main_start, main_end)
-
-
 def check_time_column(schema: T.StructType, column: str, *, where: str) -> None:
     """A window's time column must exist and hold timestamps (or dates).
 

@@ -270,7 +270,7 @@ def test_a_side_column_the_function_reads_that_disappeared_is_named(lake, mode, 
     ("translator", "names"),
     [
         (lambda main: 1 / 0, ["'profile'", "ZeroDivisionError"]),
-        (lambda main: "customer_id", ["'profile'", "returned str, not a Column"]),
+        (lambda main: "customer_id", ["'profile'", "returned 'customer_id' (str), not a Column"]),
     ],
     ids=["raises", "not-a-column"],
 )

@@ -16,6 +16,7 @@ from dagster_sideinputs.core.buffer import (
     namespace_slot,
     slot_namespace,
 )
+from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.plan import BatchPlan, MainRange, NamespacePlan
 from dagster_sideinputs.core.readiness import Decision
@@ -24,7 +25,6 @@ from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     default_side_window,
-    map_to_side_window,
     namespace_id,
     parse_namespace_id,
     window_start_containing,
