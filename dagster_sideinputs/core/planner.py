@@ -22,7 +22,13 @@ from dagster_sideinputs.core.columns import SIDE_NS, quoted
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
-from dagster_sideinputs.core.readiness import Decision, SideFacts, apply_grace, decide_readiness
+from dagster_sideinputs.core.readiness import (
+    Decision,
+    SideFacts,
+    apply_grace,
+    decide_readiness,
+    never_ready,
+)
 from dagster_sideinputs.core.side_data import SideData
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.temporal import (
@@ -217,7 +223,10 @@ class Planner:
                 decisions[bound.name] = {}
                 continue
             decided = decide_readiness(self.spec.readiness, bound.label, facts, windows, now)
-            if windows is not None:
+            if facts.snapshot is None:
+                # Whatever the provider says, and whatever grace= would make final.
+                decided = never_ready(side, windows, decided)
+            elif windows is not None:
                 decided = apply_grace(side, windows, decided, now)
             wanted = [GLOBAL] if windows is None else [namespace_id(s) for s, _ in windows]
             if side.window is not None and GLOBAL in {m[bound.name] for m in mapping.values()}:

@@ -9,6 +9,10 @@ that reads materializations, partitions and freshness policies from the instance
 Whatever the provider, a windowed side input declaring ``grace`` makes a side window
 final ``grace`` after its end by the batch clock (:func:`apply_grace`): its records go
 on with what the window holds, the view's empty value when nothing.
+
+No rule makes a side input whose table does not exist ready (:func:`never_ready`): not
+a provider's answer, not ``grace``, not an as-of horizon. Its records wait (a table
+that existed and is gone is an error instead, raised by the planner).
 """
 
 import datetime as dt
@@ -260,4 +264,26 @@ def apply_grace(
             )
         else:
             result[key] = Decision(False, f"{current.reason}; final by grace at {due.isoformat()}")
+    return result
+
+
+def never_ready(
+    side: SideInput,
+    windows: Sequence[WindowSpan] | None,
+    decided: Mapping[str, Decision],
+) -> dict[str, Decision]:
+    """The decisions for a side input whose table does not exist: none ready, whatever
+    the provider decided (and before ``grace``, which finalizes windows of a table, not
+    of one never written), each saying why and what ends the wait."""
+    keys = [GLOBAL] if windows is None else [namespace_id(start) for start, _ in windows]
+    reason = (
+        f"side table {side.asset!r} does not exist yet: records wait for its first commit"
+        + (" (grace= counts only once it exists)" if side.grace is not None else "")
+        + "; materialize the side input asset"
+    )
+    result: dict[str, Decision] = {}
+    for key in [*keys, *(k for k in decided if k not in keys)]:
+        before = decided.get(key)
+        said = f" (the readiness provider said: {before.reason})" if before and before.ready else ""
+        result[key] = Decision(False, reason + said)
     return result

@@ -102,7 +102,8 @@ class SideInput:
         on_timeout: after the timeout: ``unmatched`` tag or ``null`` join.
         window: side windows (a time-window partitioned side asset).
         window_mapping: maps a main window ``(start, end)`` to the side window to read;
-            default: the side window containing the main window's last instant.
+            default: the side window containing the main window's last instant (of
+            sliding side windows, the earliest-starting one, as Beam).
         max_age: freshness without Dagster: the table's last commit must be this recent.
         grace: when a side input's data becomes final by the batch clock, even if no
             later side data comes: a side window ``grace`` after its end; for an

@@ -247,13 +247,22 @@ def windows_containing(window: Window, instant: dt.datetime) -> list[WindowSpan]
 def default_side_window(
     side_window: Window, main_start: dt.datetime, main_end: dt.datetime
 ) -> WindowSpan:
-    """Beam's default mapping: the side window containing the main window's last instant.
+    """Beam's default mapping: the side window containing the main window's last instant
+    (``end - 1 µs``); with sliding side windows, the earliest-starting of those (Beam's
+    ``default_window_mapping_fn`` takes the last window ``SlidingWindows.assign`` lists,
+    which lists them latest-starting first).
 
     It covers the three cases of the side-input proposal: equal windows map one to
-    one; a smaller main window maps to the side window containing it; a larger main
-    window maps to the last side window inside it.
+    one (sliding ones too); a smaller main window maps to a side window containing it;
+    a larger main window maps to the last side window inside it. Of the sliding side
+    windows containing the last instant, the earliest-starting one reaches least past
+    the main window's end (equal windows: not at all).
     """
-    start = window_start_containing(side_window, as_utc(main_end) - LAST_INSTANT)
+    last = window_start_containing(side_window, as_utc(main_end) - LAST_INSTANT)
+    # Back over the overlapping windows, but never before year 1 (a side window longer
+    # than the main one, near the first representable instant).
+    back = min(side_window.size // side_window.slide - 1, (last - MIN_INSTANT) // side_window.slide)
+    start = last - back * side_window.slide
     return start, shifted(start, side_window.size)
 
 

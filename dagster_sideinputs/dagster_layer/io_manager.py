@@ -1,7 +1,8 @@
 """Spark DataFrames stored as Delta tables, one table per asset."""
 
+import datetime as dt
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import dagster as dg
@@ -12,6 +13,7 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.spark_errors import storage_error
 from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.engine import TableSnapshot
 from dagster_sideinputs.delta.s3 import store_label
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.delta.store_errors import is_store_error
@@ -82,6 +84,119 @@ def write_metadata(
     }
 
 
+def _looks_like_key(partitions_def: dg.PartitionsDefinition, value: str) -> bool:
+    """Whether ``value`` has the form of one of ``partitions_def``'s keys (time windows:
+    its date format; multi-partitions: one part per dimension; static: one of its keys;
+    other definitions: any text)."""
+    if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        try:
+            dt.datetime.strptime(value, partitions_def.fmt)
+        except ValueError:
+            return False
+        return True
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        dimensions = partitions_def.partitions_defs
+        parts = value.split("|")
+        return len(parts) == len(dimensions) and all(
+            _looks_like_key(d.partitions_def, part)
+            for d, part in zip(dimensions, parts, strict=True)
+        )
+    if isinstance(partitions_def, dg.StaticPartitionsDefinition):
+        return value in set(partitions_def.get_partition_keys())
+    return True
+
+
+def check_partitioning(
+    asset: str,
+    snapshot: TableSnapshot,
+    column: str,
+    keys: Collection[str],
+    partitions_def: dg.PartitionsDefinition | None,
+    *,
+    writing: bool,
+) -> None:
+    """A partitioned asset's table must be able to hold its partition keys: partitioned
+    by ``column`` (the only partition column, for writes), a string column, and not
+    holding keys of another partitions definition when a key asked for is not there.
+    Otherwise a load would read 0 rows without a word, and a write fail in the writer
+    with a fix that does not apply to an asset.
+
+    Raises:
+        SchemaMismatchError: naming the asset, the table, the keys and the fix.
+    """
+    uri = snapshot.uri
+    shown = ", ".join(sorted(keys)[:3]) + (", ..." if len(keys) > 3 else "")
+    what = f"{'writing' if writing else 'loading'} partition(s) {shown} of asset {asset}"
+    columns = list(snapshot.partition_columns)
+    move = (
+        f"move or delete table {uri} (or write the asset to another path) and materialize "
+        "the asset's partitions again (a backfill), which writes a table partitioned by "
+        f"{column!r}"
+    )
+    if not columns:
+        raise SchemaMismatchError(
+            f"{what.capitalize()}: its table {uri} is not partitioned (it was written "
+            f"before the asset was partitioned, or by another writer), so it cannot hold "
+            f"partition keys in column {column!r}: a load would read no rows.",
+            fix=f"{move}; or declare the asset without partitions_def again",
+        )
+    if column not in columns:
+        raise SchemaMismatchError(
+            f"{what.capitalize()}: its table {uri} is partitioned by {columns}, not by "
+            f"{column!r}, the column DeltaIOManager keeps the partition key in.",
+            fix=f"if {columns[0]!r} holds the asset's partition keys, set metadata="
+            f'{{"partition_column": "{columns[0]}"}} on the asset; otherwise {move}',
+        )
+    kind = snapshot.schema[column].dataType
+    if not isinstance(kind, T.StringType):
+        raise SchemaMismatchError(
+            f"{what.capitalize()}: column {column!r} of its table {uri} is "
+            f"{kind.simpleString()}; DeltaIOManager keeps Dagster partition keys as strings "
+            f"(e.g. {sorted(keys)[0]!r}), which it cannot hold.",
+            fix=f'{move}; or set metadata={{"partition_column": "<another name>"}}',
+        )
+    if writing and columns != [column]:
+        raise SchemaMismatchError(
+            f"{what.capitalize()}: its table {uri} is partitioned by {columns}; "
+            f"DeltaIOManager writes a partition by {column!r} alone.",
+            fix=move,
+        )
+    if writing or partitions_def is None:
+        return
+    held = {str(v) for f in snapshot.files if (v := f.partition_values.get(column)) is not None}
+    missing = [k for k in keys if k not in held]
+    foreign = sorted(v for v in held if not _looks_like_key(partitions_def, v))
+    if missing and foreign:
+        raise SchemaMismatchError(
+            f"{what.capitalize()}: its table {uri} holds no partition {missing[0]!r}, and "
+            f"holds keys that are not keys of the asset's partitions ({foreign[:3]}): it "
+            "was written under another partitions definition, so a load would read no "
+            "rows where the asset has data.",
+            fix=f"{move}; or declare the asset's partitions as they were",
+        )
+
+
+def check_unpartitioned_write(
+    asset: str, snapshot: TableSnapshot, columns: Sequence[str], partition_by: Sequence[str]
+) -> None:
+    """An asset without partitions must not overwrite or append to a table partitioned by
+    columns its DataFrame lacks (its rows would belong to no partition: null keys).
+
+    Raises:
+        SchemaMismatchError: naming the asset, the table and the fix.
+    """
+    lacking = [c for c in snapshot.partition_columns if c not in columns]
+    if snapshot.partition_columns and lacking and not partition_by:
+        raise SchemaMismatchError(
+            f"Writing asset {asset}: its table {snapshot.uri} is partitioned by "
+            f"{list(snapshot.partition_columns)} (written by a partitioned asset), and the "
+            f"asset, now without partitions, has no column {lacking[0]!r}: its rows would "
+            "belong to no partition.",
+            fix=f"declare the asset's partitions_def again, or move or delete table "
+            f"{snapshot.uri} (or write the asset to another path) and materialize it again",
+        )
+
+
 class DeltaIOManager(dg.ConfigurableIOManager):
     """Stores asset outputs that are Spark DataFrames as Delta tables, and loads them back.
 
@@ -96,7 +211,11 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     - ``partition_by``: partition columns of an unpartitioned asset's table.
     - ``partition_column``: for partitioned assets, the Delta partition column that
       holds the Dagster partition key (default ``"partition"``). A run writes only its
-      partition(s); loading a partitioned input reads only the mapped partitions.
+      partition(s); loading a partitioned input reads only the mapped partitions. A
+      partition key the table cannot hold (the table unpartitioned, partitioned by
+      another column, its key column not a string, or holding keys of another partitions
+      definition) is refused on load and write (:func:`check_partitioning`); a partition
+      not written yet loads as no rows.
 
     Each materialization reports the Delta version, rows written, files, path and the
     column schema.
@@ -197,6 +316,20 @@ class DeltaIOManager(dg.ConfigurableIOManager):
         storage = self.storage.bind(obj.sparkSession)
         uri = storage.table_uri(context.asset_key.path)
         data, partition_by, replace = self._partitioning(context, obj, metadata, asset)
+        if storage.delta.exists(uri):
+            current = storage.delta.snapshot(uri, name=asset)
+            if replace is None:
+                check_unpartitioned_write(asset, current, data.columns, partition_by or [])
+            else:
+                [(column, written)] = replace.items()
+                check_partitioning(
+                    asset,
+                    current,
+                    column,
+                    [written] if isinstance(written, str) else list(written),
+                    context.asset_partitions_def,
+                    writing=True,
+                )
         result = storage.delta.write(
             data,
             uri,
@@ -264,6 +397,9 @@ class DeltaIOManager(dg.ConfigurableIOManager):
             upstream_metadata = (upstream.definition_metadata if upstream else None) or {}
             column = upstream_metadata.get("partition_column", DEFAULT_PARTITION_COLUMN)
             keys = list(context.asset_partition_keys)
+            check_partitioning(
+                asset, snapshot, column, keys, context.asset_partitions_def, writing=False
+            )
             partition_filter = {column: keys}
         frame = storage.delta.read_snapshot(
             spark, snapshot, partition_filter=partition_filter, name=asset

@@ -88,6 +88,41 @@ def test_the_default_mapping_takes_the_side_window_holding_the_main_windows_last
     assert default_side_window(side, at(0), at(60)) == expected
 
 
+@pytest.mark.parametrize(
+    ("side", "main", "expected"),
+    [
+        # Equal sliding windows map one to one: [08:00, 10:00) reads [08:00, 10:00), not
+        # [09:00, 11:00), which also holds 09:59:59.999999.
+        (dsi.Window.sliding(2 * HOUR, slide=HOUR), (at(480), at(600)), (at(480), at(600))),
+        # A smaller main window: the earliest-starting side window holding its last instant.
+        (dsi.Window.sliding(2 * HOUR, slide=HOUR), (at(480), at(540)), (at(420), at(540))),
+        # A larger main window: the last side window inside it.
+        (dsi.Window.sliding(2 * HOUR, slide=HOUR), (at(0), at(240)), (at(120), at(240))),
+        (
+            dsi.Window.sliding(HOUR, slide=dt.timedelta(minutes=20)),
+            (at(0), at(60)),
+            (at(0), at(60)),
+        ),
+    ],
+)
+def test_the_default_mapping_of_sliding_side_windows_is_beams_earliest_starting(
+    side, main, expected
+):
+    """Beam's ``default_window_mapping_fn`` takes the last window ``SlidingWindows.assign``
+    lists for the main window's last instant, the earliest-starting one
+    (``test_beam_equivalence.py`` runs Beam beside the operator on the same cases)."""
+    assert default_side_window(side, *main) == expected
+
+
+def test_the_default_sliding_mapping_stays_within_the_representable_years():
+    side = dsi.Window.sliding(dt.timedelta(days=2), slide=dt.timedelta(days=1))
+    first = dt.datetime(1, 1, 1, tzinfo=UTC)
+    assert default_side_window(side, first, first + HOUR) == (
+        first,
+        first + 2 * dt.timedelta(days=1),
+    )
+
+
 def test_a_custom_mapping_replaces_the_default():
     side = dsi.Window.tumbling(HOUR)
     previous = map_to_side_window(side, lambda s, e: (s - HOUR, s), at(0), at(60))
