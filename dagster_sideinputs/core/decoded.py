@@ -1,0 +1,48 @@
+"""What an undecodable record is, for the sources whose records the operator decodes
+(landed JSON and CSV files, Kafka values): the conditions and the words of the reason.
+
+A decode that yields nothing is not a record. The rules (docs/DECISIONS.md, "Invalid
+records"): a value that is missing (a Kafka tombstone), empty or blank, not UTF-8 where
+text is expected, not of the declared format, or that holds none of the declared
+fields (every declared column null: ``{}``, an object whose names all differ from the
+schema's, an empty CSV line of separators) is undecodable and goes to the ``invalid=``
+route, or stops the batch naming it. A field that is present but cannot be converted to
+its declared type makes the record undecodable; a field that is absent is null.
+"""
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from dagster_sideinputs.core.columns import quoted
+
+TOMBSTONE = "null value (a tombstone)"
+EMPTY = "empty value"
+BLANK = "blank value (whitespace only)"
+NOT_UTF8 = "value is not UTF-8 text: 0x"
+
+
+def no_field(columns: Sequence[Column]) -> Column:
+    """Whether a decoded record holds none of the declared columns (all of them null)."""
+    condition = F.lit(True)
+    for column in columns:
+        condition = condition & column.isNull()
+    return condition
+
+
+def columns_of(names: Sequence[str]) -> list[Column]:
+    return [F.col(quoted(name)) for name in names]
+
+
+def no_field_text(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return (
+        f"no field of the declared schema ({shown}): every column decodes to null "
+        "(field names differ? the value is empty?)"
+    )
+
+
+def hex_prefix(value: Column, length: int = 32) -> Column:
+    """The first bytes of a binary value in hex, for reasons."""
+    return F.hex(F.substring(value, 1, length))
