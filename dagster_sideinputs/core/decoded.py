@@ -1,13 +1,15 @@
 """What an undecodable record is, for the sources whose records the operator decodes
 (landed JSON and CSV files, Kafka values): the conditions and the words of the reason.
 
-A decode that yields nothing is not a record. The rules (docs/DECISIONS.md, "Invalid
-records"): a value that is missing (a Kafka tombstone), empty or blank, not UTF-8 where
-text is expected, not of the declared format, or that holds none of the declared
-fields (every declared column null: ``{}``, an object whose names all differ from the
-schema's, an empty CSV line of separators) is undecodable and goes to the ``invalid=``
-route, or stops the batch naming it. A field that is present but cannot be converted to
-its declared type makes the record undecodable; a field that is absent is null.
+A decode that yields nothing is not a record. The rules (docs/DECISIONS.md, "A decode
+that yields nothing is not a record"): a value that is missing (a Kafka tombstone),
+empty or blank, not UTF-8 where text is expected (a Kafka key of
+``key_format="string"`` too), not of the declared format, or that holds none of the
+declared fields (every declared column null: ``{}``, an object whose names all differ
+from the schema's, a CSV line of empty fields) is undecodable and goes to the
+``invalid=`` route, or stops the batch naming it. A field that is present but cannot be
+converted to its declared type makes the record undecodable; a field that is absent is
+null.
 """
 
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ TOMBSTONE = "null value (a tombstone)"
 EMPTY = "empty value"
 BLANK = "blank value (whitespace only)"
 NOT_UTF8 = "value is not UTF-8 text: 0x"
+KEY_NOT_UTF8 = "key is not UTF-8 text: 0x"
 
 
 def no_field(columns: Sequence[Column]) -> Column:

@@ -20,6 +20,7 @@ from dagster_sideinputs.core.columns import CORRUPT
 from dagster_sideinputs.core.decoded import (
     BLANK,
     EMPTY,
+    KEY_NOT_UTF8,
     NOT_UTF8,
     TOMBSTONE,
     hex_prefix,
@@ -47,11 +48,18 @@ def decode(
 ) -> DataFrame:
     """The connector's rows as main records: value columns, coordinates, corrupt text
     (and the ``keep`` columns as they are)."""
-    key = F.col("key") if kafka.key_format == "bytes" else F.col("key").cast("string")
     where = F.concat(
         F.col("topic"), F.lit("["), F.col("partition").cast("string"), F.lit("]@"),
         F.col("offset").cast("string"), F.lit(": "),
     )  # fmt: skip
+    key = F.col("key")
+    bad_key = F.lit(None).cast("string")  # a null key is a key (Kafka's default)
+    if kafka.key_format == "string":  # text, so UTF-8 (the route shows U+FFFD for the rest)
+        bad_key = F.when(
+            ~F.is_valid_utf8(key.cast("string")),
+            F.concat(where, F.lit(KEY_NOT_UTF8), hex_prefix(key)),
+        )
+        key = F.make_valid_utf8(key.cast("string"))
     coordinates = [
         key.alias(KEY),
         F.col("topic").alias(TOPIC),
@@ -74,11 +82,13 @@ def decode(
         return raw.select(
             value.alias(VALUE),
             *coordinates,
-            corrupt.otherwise(F.lit(None).cast("string")).alias(CORRUPT),
+            F.coalesce(corrupt.otherwise(F.lit(None).cast("string")), bad_key).alias(CORRUPT),
             *kept,
         )
     parsed, corrupt, schema = _parsed(kafka, label, spark, where)
-    frame = raw.select(parsed.alias(_PARSED), corrupt.alias(CORRUPT), *coordinates, *kept)
+    frame = raw.select(
+        parsed.alias(_PARSED), F.coalesce(corrupt, bad_key).alias(CORRUPT), *coordinates, *kept
+    )
     collisions = sorted(set(schema.fieldNames()) & set(METADATA_COLUMNS))
     if collisions:
         raise DeclarationError(

@@ -6,7 +6,7 @@ blank, not UTF-8, not of the schema, truncated Avro, none of the declared fields
 the batch without ``invalid=`` (naming the topic and offset, or the file, with the fix
 that declares the route) and commits nothing; once the route is declared, every record
 is in exactly one place (Kafka records counted by offset: undecodable ones have no id).
-The rules: docs/DECISIONS.md, "Invalid records".
+The rules: docs/DECISIONS.md, "A decode that yields nothing is not a record".
 """
 
 import json
@@ -141,13 +141,19 @@ def test_kafka_json_field_present_but_mistyped_is_invalid_and_absent_is_null(lak
         b'{"tx_id": 4, "customer_id": 1, "amount": 1, "note": "\xff\xfe"}',  # not UTF-8
     ]
     name = topic_of(kafka_broker, values)
+    kafka_broker.produce(name, [(b"\xff\xfe", good(5))], partition=0)  # a key not UTF-8
     refused_then_routed(
         lake,
         kafka(kafka_broker, name),
         [name, f"{name}[0]@1"],
-        reasons=[f"{name}[0]@1: {{", f"{name}[0]@3: {{", f"{name}[0]@4: value is not UTF-8"],
+        reasons=[
+            f"{name}[0]@1: {{",
+            f"{name}[0]@3: {{",
+            f"{name}[0]@4: value is not UTF-8",
+            f"{name}[0]@5: key is not UTF-8 text: 0xFFFE",
+        ],
         column="kafka_offset",
-        ids=range(len(values)),
+        ids=range(len(values) + 1),
     )
     assert lake.rows("enriched", "tx_id", "amount") == [(0, None)]
 
