@@ -14,16 +14,20 @@ null.
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from dagster_sideinputs.core.columns import quoted
+from dagster_sideinputs.core.columns import CORRUPT, quoted
 
 TOMBSTONE = "null value (a tombstone)"
 EMPTY = "empty value"
 BLANK = "blank value (whitespace only)"
 NOT_UTF8 = "value is not UTF-8 text: 0x"
 KEY_NOT_UTF8 = "key is not UTF-8 text: 0x"
+CORRUPT_FORMATS = ("json", "csv", "xml")
+"""Landed file formats Spark parses permissively, giving unparsable records a corrupt
+text (``columnNameOfCorruptRecord``) instead of nulls."""
 
 
 def no_field(columns: Sequence[Column]) -> Column:
@@ -49,3 +53,31 @@ def no_field_text(names: Sequence[str]) -> str:
 def hex_prefix(value: Column, length: int = 32) -> Column:
     """The first bytes of a binary value in hex, for reasons."""
     return F.hex(F.substring(value, 1, length))
+
+
+def _file_name() -> Column:
+    return F.element_at(F.split(F.input_file_name(), "/"), -1)
+
+
+def checked_lines(parsed: DataFrame, schema: T.StructType) -> DataFrame:
+    """Landed records Spark parsed permissively (:data:`CORRUPT_FORMATS`), a record of
+    none of the schema's fields ({}, other names, only separators) made corrupt too."""
+    names = schema.fieldNames()
+    nothing = F.when(
+        no_field(columns_of(names)),
+        F.concat(_file_name(), F.lit(": " + no_field_text(names))),
+    )
+    return parsed.withColumn(CORRUPT, F.coalesce(F.col(CORRUPT), nothing))
+
+
+def checked_text(lines: DataFrame, schema: T.StructType) -> DataFrame:
+    """Landed ``text`` lines: Spark keeps their bytes as they are, so a line that is not
+    UTF-8 is corrupt (its bad bytes become U+FFFD: such strings break Delta's
+    statistics). An empty line is a record (an empty string), as for Kafka strings."""
+    (name,) = schema.fieldNames()
+    line = F.col(quoted(name))
+    bad = F.when(
+        ~F.is_valid_utf8(line),
+        F.concat(_file_name(), F.lit(": line " + NOT_UTF8[6:]), hex_prefix(line.cast("binary"))),
+    )
+    return lines.select(F.make_valid_utf8(line).alias(name), bad.alias(CORRUPT))

@@ -92,10 +92,12 @@ def read(context: StageContext, batch: Batch) -> Batch:
 
 def _decoded_whole(spec: OperatorSpec) -> bool:
     """Whether every record's corrupt text comes from its whole value whatever columns a
-    job reads (Kafka ``string`` and ``bytes`` values: no parse to prune), so the batch
-    need not persist its parsed records."""
+    job reads (Kafka ``string`` and ``bytes`` values, landed ``text`` lines: no parse to
+    prune), so the batch need not persist its parsed records."""
     kafka = spec.main.kafka_input
-    return kafka is not None and kafka.value_format in ("string", "bytes")
+    if kafka is None:
+        return spec.main.is_files and spec.main.format == "text"
+    return kafka.value_format in ("string", "bytes")
 
 
 def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:

@@ -19,11 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
-from dagster_sideinputs.core.decoded import columns_of, no_field, no_field_text
+from dagster_sideinputs.core.decoded import CORRUPT_FORMATS, checked_lines, checked_text
 from dagster_sideinputs.core.keyed import check_pre_keyed
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.plan import MainRange
@@ -346,7 +345,7 @@ class LandingFolder:
             .option("ignoreCorruptFiles", "false")
             .option("ignoreMissingFiles", "false")
         )
-        if main.format in ("json", "csv"):
+        if main.format in CORRUPT_FORMATS:
             with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
             parsed = (
                 reader.schema(with_corrupt)
@@ -354,17 +353,9 @@ class LandingFolder:
                 .option("columnNameOfCorruptRecord", CORRUPT)
                 .load(uris)
             )
-            # A line of none of the schema's fields ({}, other names, only separators) is
-            # no record: undecodable, like a line Spark cannot parse (core.decoded).
-            names = schema.fieldNames()
-            nothing = F.when(
-                no_field(columns_of(names)),
-                F.concat(
-                    F.element_at(F.split(F.input_file_name(), "/"), -1),
-                    F.lit(": " + no_field_text(names)),
-                ),
-            )
-            return parsed.withColumn(CORRUPT, F.coalesce(F.col(CORRUPT), nothing))
+            return checked_lines(parsed, schema)
+        if main.format == "text":
+            return checked_text(reader.schema(schema).load(uris), schema)
         return reader.schema(schema).load(uris)
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:

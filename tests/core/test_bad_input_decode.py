@@ -305,3 +305,42 @@ def test_landed_csv_lines_of_separators_or_extra_fields_are_invalid(lake, tmp_pa
     fixed.run(lake.spark)
     placed(lake, fixed, {1: 1, 4: 1, 3: 1, None: 1})  # tx 3 keeps its id in the route
     assert sorted(lake.rows("enriched", "tx_id")) == [(1,), (4,)]
+
+
+def test_landed_xml_records_spark_cannot_parse_or_of_no_field_are_invalid(lake, tmp_path: Path):
+    # XML was read without a corrupt column: a record Spark could not parse came out as
+    # nulls and was released.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.xml").write_text(
+        "<txs><tx><tx_id>1</tx_id><customer_id>1</customer_id></tx>"
+        "<tx><tx_id>two</tx_id><customer_id>1</customer_id></tx>"
+        "<tx><other>3</other></tx>"
+        "<tx><tx_id>4</tx_id><customer_id>2</customer_id><amount>4.5</amount></tx></txs>"
+    )
+    main = dsi.MainInput.files(str(folder), format="xml", schema=TX, options={"rowTag": "tx"})
+    op = enrich(lake, main)
+    with nothing_committed(lake, op), refused(dsi.MainInputDataError, "2 record(s)", "'in'"):
+        op.run(lake.spark)
+    fixed = enrich(lake, main, invalid=INVALID)
+    fixed.run(lake.spark)
+    placed(lake, fixed, {1: 1, 4: 1, None: 2})
+    assert sorted(lake.rows("enriched", "tx_id", "amount")) == [(1, None), (4, 4.5)]
+
+
+def test_landed_text_lines_that_are_not_utf8_are_invalid(lake, tmp_path: Path):
+    # Their bytes were written as strings; Delta's statistics then failed on them with a
+    # raw UnicodeDecodeError, on every rerun. An empty line is a record.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"a\n\n\xff\xfe\nb\n")
+    main = dsi.MainInput.files(str(folder), format="text", schema="value string")
+    op = enrich(lake, main)
+    with nothing_committed(lake, op), refused(dsi.MainInputDataError, "1 record(s)", "'in'"):
+        op.run(lake.spark)
+    fixed = enrich(lake, main, invalid=INVALID)
+    fixed.run(lake.spark)
+    accounted(lake, fixed, ["a", "", "\ufffd\ufffd", "b"], column="value")
+    assert lake.rows("invalid", "reason") == [
+        ("corrupt record: a.txt: line is not UTF-8 text: 0xFFFE",)
+    ]
