@@ -112,6 +112,11 @@ def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> 
 
 def _invalid_fix(spec: OperatorSpec) -> str:
     tag = 'declare invalid=dsi.OutputTag("...") to route such records to their own table'
+    if spec.main.is_kafka:  # a record in a topic cannot be changed; only routed
+        return (
+            f"{tag}; a Kafka record cannot be corrected in place, and producing a corrected "
+            "record does not remove the bad one, whose offsets the next batch reads again"
+        )
     if spec.main.is_files:  # a landed file not read yet can still be corrected
         return f"fix the records at the source (the landed file), or {tag}"
     # Correcting a Delta main input in place is a non-append change, which is refused.

@@ -2,7 +2,11 @@
 coordinates, with a corrupt-record text for values that cannot be decoded.
 
 Values are string, bytes, JSON (``from_json``, permissive) or Avro (``from_avro`` of
-Spark's avro module, permissive); a null value (a tombstone) is a corrupt record.
+Spark's avro module, permissive). A decode that yields nothing is not a record
+(:mod:`~dagster_sideinputs.core.decoded`): a null value (a tombstone), in every format;
+a ``string`` value that is not UTF-8; a JSON or Avro value that is empty, blank, not of
+the schema (Spark cannot decode it, or converts a field it holds to null), or holds no
+field of the schema. Each gets a corrupt text naming its topic, partition and offset.
 """
 
 from collections.abc import Sequence
@@ -13,6 +17,16 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
+from dagster_sideinputs.core.decoded import (
+    BLANK,
+    EMPTY,
+    KEY_NOT_UTF8,
+    NOT_UTF8,
+    TOMBSTONE,
+    hex_prefix,
+    no_field,
+    no_field_text,
+)
 from dagster_sideinputs.core.kafka_input import (
     KEY,
     METADATA_COLUMNS,
@@ -26,7 +40,6 @@ from dagster_sideinputs.core.kafka_input import (
 )
 from dagster_sideinputs.errors import DeclarationError, KafkaSourceError
 
-TOMBSTONE = "null value (a tombstone)"
 _PARSED = "_dsi_kafka_value"
 
 
@@ -35,11 +48,18 @@ def decode(
 ) -> DataFrame:
     """The connector's rows as main records: value columns, coordinates, corrupt text
     (and the ``keep`` columns as they are)."""
-    key = F.col("key") if kafka.key_format == "bytes" else F.col("key").cast("string")
     where = F.concat(
         F.col("topic"), F.lit("["), F.col("partition").cast("string"), F.lit("]@"),
         F.col("offset").cast("string"), F.lit(": "),
     )  # fmt: skip
+    key = F.col("key")
+    bad_key = F.lit(None).cast("string")  # a null key is a key (Kafka's default)
+    if kafka.key_format == "string":  # text, so UTF-8 (the route shows U+FFFD for the rest)
+        bad_key = F.when(
+            ~F.is_valid_utf8(key.cast("string")),
+            F.concat(where, F.lit(KEY_NOT_UTF8), hex_prefix(key)),
+        )
+        key = F.make_valid_utf8(key.cast("string"))
     coordinates = [
         key.alias(KEY),
         F.col("topic").alias(TOPIC),
@@ -49,10 +69,26 @@ def decode(
     ]
     kept = [F.col(c) for c in keep]
     if kafka.value_format in ("string", "bytes"):
-        value = F.col("value").cast("string") if kafka.value_format == "string" else F.col("value")
-        return raw.select(value.alias(VALUE), *coordinates, *kept)
+        text = F.col("value").cast("string")
+        corrupt = F.when(F.col("value").isNull(), F.concat(where, F.lit(TOMBSTONE)))
+        if kafka.value_format == "string":  # Spark's strings (and Delta's) are UTF-8
+            corrupt = corrupt.when(
+                ~F.is_valid_utf8(text),
+                F.concat(where, F.lit(NOT_UTF8), hex_prefix(F.col("value"))),
+            )
+        # Its bad bytes become U+FFFD in the (invalid) record: the exact bytes stay at the
+        # offset the reason names (strings that are not UTF-8 break Delta's statistics).
+        value = F.make_valid_utf8(text) if kafka.value_format == "string" else F.col("value")
+        return raw.select(
+            value.alias(VALUE),
+            *coordinates,
+            F.coalesce(corrupt.otherwise(F.lit(None).cast("string")), bad_key).alias(CORRUPT),
+            *kept,
+        )
     parsed, corrupt, schema = _parsed(kafka, label, spark, where)
-    frame = raw.select(parsed.alias(_PARSED), corrupt.alias(CORRUPT), *coordinates, *kept)
+    frame = raw.select(
+        parsed.alias(_PARSED), F.coalesce(corrupt, bad_key).alias(CORRUPT), *coordinates, *kept
+    )
     collisions = sorted(set(schema.fieldNames()) & set(METADATA_COLUMNS))
     if collisions:
         raise DeclarationError(
@@ -60,8 +96,21 @@ def decode(
             "coordinate columns the operator adds.",
             fix="rename the field(s) in the value schema",
         )
-    values = [F.col(_PARSED).getField(f.name).alias(f.name) for f in schema.fields]
-    return frame.select(*values, *[F.col(c) for c in METADATA_COLUMNS], F.col(CORRUPT), *kept)
+    fields = [F.col(_PARSED).getField(f.name) for f in schema.fields]
+    # A value of none of the schema's fields ({} or other names) is no record either.
+    where_read = F.concat(
+        F.col(TOPIC), F.lit("["), F.col(PARTITION).cast("string"), F.lit("]@"),
+        F.col(OFFSET).cast("string"), F.lit(": "),
+    )  # fmt: skip
+    nothing = F.when(
+        no_field(fields), F.concat(where_read, F.lit(no_field_text(schema.fieldNames())))
+    )
+    return frame.select(
+        *[c.alias(f.name) for c, f in zip(fields, schema.fields, strict=True)],
+        *[F.col(c) for c in METADATA_COLUMNS],
+        F.coalesce(F.col(CORRUPT), nothing).alias(CORRUPT),
+        *kept,
+    )
 
 
 def _parsed(
@@ -72,36 +121,53 @@ def _parsed(
         schema = kafka.decoded_schema()
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        parsed = F.from_json(F.col("value").cast("string"), with_corrupt, options)
+        text = F.col("value").cast("string")
+        parsed = F.from_json(text, with_corrupt, options)
         corrupt = (
             F.when(F.col("value").isNull(), F.concat(where, F.lit(TOMBSTONE)))
+            .when(F.length(F.col("value")) == 0, F.concat(where, F.lit(EMPTY)))
+            .when(text.rlike(r"^\s*$"), F.concat(where, F.lit(BLANK)))
+            .when(
+                ~F.is_valid_utf8(text),
+                F.concat(where, F.lit(NOT_UTF8), hex_prefix(F.col("value"))),
+            )
             .when(
                 parsed.getField(CORRUPT).isNotNull(),
                 F.concat(where, parsed.getField(CORRUPT)),
             )
+            .when(  # Spark parsed nothing, and said nothing: still not a record
+                parsed.isNull(),
+                F.concat(where, F.lit("no JSON object: "), F.substring(text, 1, 100)),
+            )
             .otherwise(F.lit(None).cast("string"))
         )
         return parsed, corrupt, schema
-    parsed = _from_avro(label, kafka.avro_schema or "")
-    decoded = _avro_struct(spark, parsed, label)
+    decoded_value = _from_avro(label, kafka.avro_schema or "")
+    decoded = _avro_struct(spark, decoded_value, label)
+    # What Spark's permissive from_avro gives for bytes it cannot decode: null for a
+    # non-record schema (checked before the value is wrapped in a struct, which is never
+    # null), a record of nulls for a record schema.
+    failed = decoded_value.isNull()
     if isinstance(decoded, T.StructType):
-        schema = decoded
-    else:  # a non-record Avro schema: one column
-        parsed = F.struct(parsed.alias(VALUE))
-        schema = T.StructType([T.StructField(VALUE, decoded)])
+        failed = failed | no_field([decoded_value.getField(f.name) for f in decoded.fields])
     corrupt = (
         F.when(F.col("value").isNull(), F.concat(where, F.lit(TOMBSTONE)))
+        .when(F.length(F.col("value")) == 0, F.concat(where, F.lit(EMPTY)))
         .when(
-            parsed.isNull(),
+            failed,
             F.concat(
                 where,
-                F.lit("not decodable with the Avro schema: 0x"),
-                F.hex(F.substring(F.col("value"), 1, 32)),
+                F.lit("not decodable with the Avro schema (truncated, or not Avro): 0x"),
+                hex_prefix(F.col("value")),
             ),
         )
         .otherwise(F.lit(None).cast("string"))
     )
-    return parsed, corrupt, schema
+    if isinstance(decoded, T.StructType):
+        return decoded_value, corrupt, decoded
+    # A non-record Avro schema: one column.
+    parsed = F.struct(decoded_value.alias(VALUE))
+    return parsed, corrupt, T.StructType([T.StructField(VALUE, decoded)])
 
 
 def record_schema(kafka: KafkaInput) -> T.StructType | None:

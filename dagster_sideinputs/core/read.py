@@ -69,7 +69,7 @@ def read(context: StageContext, batch: Batch) -> Batch:
     if spec.main.pre_keyed is not None and piece.files:
         raw, note = _pre_keyed_scan(context, raw, piece)
         notes.append(note)
-    if CORRUPT in raw.columns:
+    if CORRUPT in raw.columns and not _decoded_whole(spec):
         # JSON / CSV records parse only the columns a Spark job reads, so whether a record
         # is corrupt would depend on the job: the job counting routes might see a valid
         # record that the job writing an output sees corrupt, and the record would reach
@@ -88,6 +88,16 @@ def read(context: StageContext, batch: Batch) -> Batch:
     return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
         *notes
     )
+
+
+def _decoded_whole(spec: OperatorSpec) -> bool:
+    """Whether every record's corrupt text comes from its whole value whatever columns a
+    job reads (Kafka ``string`` and ``bytes`` values, landed ``text`` lines: no parse to
+    prune), so the batch need not persist its parsed records."""
+    kafka = spec.main.kafka_input
+    if kafka is None:
+        return spec.main.is_files and spec.main.format == "text"
+    return kafka.value_format in ("string", "bytes")
 
 
 def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:

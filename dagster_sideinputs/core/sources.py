@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
+from dagster_sideinputs.core.decoded import CORRUPT_FORMATS, checked_lines, checked_text
 from dagster_sideinputs.core.keyed import check_pre_keyed
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.plan import MainRange
@@ -344,14 +345,17 @@ class LandingFolder:
             .option("ignoreCorruptFiles", "false")
             .option("ignoreMissingFiles", "false")
         )
-        if main.format in ("json", "csv"):
+        if main.format in CORRUPT_FORMATS:
             with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-            return (
+            parsed = (
                 reader.schema(with_corrupt)
                 .option("mode", "PERMISSIVE")
                 .option("columnNameOfCorruptRecord", CORRUPT)
                 .load(uris)
             )
+            return checked_lines(parsed, schema)
+        if main.format == "text":
+            return checked_text(reader.schema(schema).load(uris), schema)
         return reader.schema(schema).load(uris)
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
