@@ -145,7 +145,7 @@ def cached_max_time(
     the side table stays at one version."""
     files = hash(tuple(sorted(f.path for f in snapshot.files)))
     key = (uri, snapshot.table_id or "", snapshot.version, files, column)
-    if read is not None and key in _CACHE:
+    if key in _CACHE:  # peeking uses an exact value read earlier
         return _CACHE[key]
     value = exact_max_time(snapshot.files, column, read)
     if read is not None:
