@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.time_stats import exact_max_time, time_span
-from dagster_sideinputs.delta.engine import DataFile
+from dagster_sideinputs.core.time_stats import cached_max_time, exact_max_time, time_span
+from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, hours
 
@@ -180,3 +180,32 @@ def test_date_statistics_are_exact_and_need_no_read():
         raise AssertionError("dates are exact")
 
     assert exact_max_time([file], "d", reader) == T0
+
+
+def test_the_exact_maximum_is_read_once_per_table_version():
+    files = (_file("f", T0, T0 + hours(1)),)
+    snapshot = TableSnapshot(
+        uri="memory://cached-max-test",
+        version=7,
+        schema=T.StructType([]),
+        partition_columns=(),
+        files=files,
+        commit_timestamp=T0,
+        configuration={},
+        table_id="t1",
+    )
+    reads: list[int] = []
+
+    def reader(chosen):
+        reads.append(len(chosen))
+        return T0 + hours(1) - dt.timedelta(microseconds=1)
+
+    uri = "memory://cached-max-test"
+    for _ in range(3):  # three batches planned at one side version
+        assert cached_max_time(uri, snapshot, "ts", reader) == T0 + hours(1) - dt.timedelta(
+            microseconds=1
+        )
+    assert cached_max_time(uri, snapshot, "ts", None) == T0 + hours(1) - dt.timedelta(
+        microseconds=1
+    )  # peeking reuses it
+    assert reads == [1]
