@@ -184,6 +184,7 @@ def _recheck_keys(
         # their event time passed, or (Delta history, whose horizon is the clock) when
         # the clock reached their time.
         column = spec.window.time_column if spec.window is not None else spec.main.event_time
+        # Statistics' minimums are lower bounds (time_stats): due no later than exact.
         times = [f.min_values.get(column) for f in buffer.files(slots)] if column else []
         if any(t is None for t in times):
             return True

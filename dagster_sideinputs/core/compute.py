@@ -37,6 +37,7 @@ from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
 from dagster_sideinputs.core.rows import run_row_function
 from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
 from dagster_sideinputs.core.tagged_layout import TaggedLayout, TaggedResult
+from dagster_sideinputs.core.temporal import check_side_instants, instant_column
 from dagster_sideinputs.core.windows import GLOBAL, namespace_id
 from dagster_sideinputs.delta.schema import same_type
 from dagster_sideinputs.errors import (
@@ -61,6 +62,7 @@ def compute(context: StageContext, batch: Batch) -> Batch:
     elif released:
         lookups = local_lookups(context, batch.views, batch.plan)
         outputs, tagged = _rows(context, batch, lookups)
+    _check_side_instants(context, batch.plan, batch.views)
     if released:
         _check_singletons(context, batch.plan, batch.views)
         _check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
@@ -244,6 +246,21 @@ def _check_one_row_per_key(
         found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
         if found:
             raise duplicate_error(data.bound, join, data.version)
+        context.unique_checked.add(checked)
+
+
+def _check_side_instants(context: StageContext, plan: BatchPlan, views: Views) -> None:
+    """No side row the batch consults lacks its instant: an as-of map's ``valid_from``
+    (whatever the batch does with its records: a null start must not send one to
+    ``unmatched`` either), a windowed side input's time (when released records read a
+    side window). Checked before anything is staged, once per side version."""
+    for name, data in views.data.items():
+        if instant_column(data.bound) is None or side_windows(data.bound, plan) == []:
+            continue
+        checked = ("instants", name, data.version)
+        if checked in context.unique_checked:
+            continue
+        translated(context, partial(check_side_instants, data))
         context.unique_checked.add(checked)
 
 

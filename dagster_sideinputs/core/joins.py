@@ -249,7 +249,8 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
         alias = f"_dsi_mt_{name}"
         keyed = keyed.withColumn(alias, time)
         start, end, at = view[valid_from], view[valid_to], keyed[alias]
-        condition.append((start.isNull() | (start <= at)) & (end.isNull() | (at < end)))
+        # A null start is refused before anything is written (check_side_instants).
+        condition.append((start <= at) & (end.isNull() | (at < end)))
         dropped += [alias, valid_from, valid_to]
     joined = keyed.join(view, condition, "left").drop(*dropped)
     joined = joined.withColumn(spec.matched, F.coalesce(F.col(spec.matched), F.lit(False)))

@@ -13,6 +13,7 @@ from dagster_sideinputs.core.buffer import BufferState
 from dagster_sideinputs.core.columns import NS_START, quoted
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.time_stats import time_span
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
@@ -22,7 +23,6 @@ from dagster_sideinputs.core.windows import (
     is_window_start,
     namespace_id,
     parse_namespace_id,
-    parse_stat_time,
     windows_between,
 )
 from dagster_sideinputs.delta.engine import DataFile
@@ -106,15 +106,11 @@ class MainWindows:
         assert window is not None
         assert window.time_column is not None
         column = window.time_column
-        lows = [parse_stat_time(f.min_values.get(column)) for f in files]
-        highs = [parse_stat_time(f.max_values.get(column)) for f in files]
-        if files and None not in lows and None not in highs:
-            spans = windows_between(
-                window,
-                min(v for v in lows if v is not None),
-                max(v for v in highs if v is not None),
-                MAX_ENUMERATED_WINDOWS,
-            )
+        # Statistics are bounds (rounded to milliseconds, see time_stats): the windows
+        # of every instant they allow, a superset of the records' windows.
+        span = time_span(files, column) if files else None
+        if span is not None:
+            spans = windows_between(window, span[0], span[1], MAX_ENUMERATED_WINDOWS)
             if spans is not None:
                 return spans
         if self.spark is None:

@@ -14,11 +14,10 @@ from functools import cache
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
 from dagster_sideinputs.core.callbacks import map_to_side_window
-from dagster_sideinputs.core.columns import SIDE_NS, quoted
+from dagster_sideinputs.core.columns import SIDE_NS
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
@@ -37,6 +36,7 @@ from dagster_sideinputs.core.temporal import (
     main_time_column,
     plan_as_of,
 )
+from dagster_sideinputs.core.time_stats import cached_max_time, max_reader
 from dagster_sideinputs.core.windows import (
     GLOBAL,
     WindowSpan,
@@ -246,10 +246,10 @@ class Planner:
 
         @cache
         def max_event_time() -> dt.datetime | None:
-            highs = [parse_stat_time(f.max_values.get(column)) for f in snapshot.files]
-            if snapshot.files and all(h is not None for h in highs):
-                return max(h for h in highs if h is not None)
-            return self._side_max_time(bound, snapshot)
+            # Exact: a window is final when the side data reaches its end, to the
+            # microsecond; statistics (milliseconds) only choose the files to read.
+            read = max_reader(self.engine, self.spark, snapshot, column, name=bound.side.asset)
+            return cached_max_time(bound.uri, snapshot, column, read)
 
         def window_row_counts(windows: Sequence[WindowSpan]) -> dict[str, int]:
             if self.spark is None:
@@ -267,14 +267,6 @@ class Planner:
             window_row_counts=window_row_counts,
             max_event_time=max_event_time,
         )
-
-    def _side_max_time(self, bound: BoundSide, snapshot: TableSnapshot) -> dt.datetime | None:
-        if self.spark is None:
-            return None
-        column = bound.side.window.time_column  # type: ignore[union-attr]
-        frame = self.engine.read_snapshot(self.spark, snapshot, name=bound.side.asset)
-        value = frame.agg(F.max(F.col(quoted(column)))).collect()[0][0]  # type: ignore[arg-type]
-        return None if value is None else as_utc(value)
 
     def _watermark(self, record: Mapping[str, Any] | None) -> dt.datetime | None:
         window = self.spec.window

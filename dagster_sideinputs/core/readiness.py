@@ -52,7 +52,9 @@ class SideFacts:
         snapshot: the pinned table version, or None when the table does not exist.
         window_row_counts: rows per side window for the given windows (a small Spark
             job on the side table); only for windowed side inputs.
-        max_event_time: largest value of the side's time column (from file stats).
+        max_event_time: largest value of the side's time column, exact to the
+            microsecond (file statistics, rounded to milliseconds, only choose the files
+            read: core/time_stats.py).
     """
 
     name: str

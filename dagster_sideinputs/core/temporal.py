@@ -5,7 +5,9 @@ A side row of key k is valid over ``[valid_from, valid_to)``:
 
 - ``AsOf.column("valid_from")``: from the side table's column; until the next
   ``valid_from`` of key k (or the row's ``valid_to`` column with
-  ``AsOf.column(..., valid_to=...)``). A null ``valid_from`` means "since always".
+  ``AsOf.column(..., valid_to=...)``; a null ``valid_to``: open-ended). A null
+  ``valid_from`` is refused (:func:`check_side_instants`), as is a windowed side
+  input's null time: the operator does not guess when such a row holds.
 - ``AsOf.history()``: from the side table's own Delta history: the rows of version v are
   valid from v's commit timestamp until the next version's (a data file is valid while
   it is live, so each file is read once, however many versions kept it).
@@ -34,9 +36,20 @@ from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan
 from dagster_sideinputs.core.side_data import SideData, value_columns
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.windows import EPOCH, as_utc, check_time_column, utc_of
+from dagster_sideinputs.core.time_stats import (
+    cached_max_time,
+    has_times,
+    max_reader,
+    min_time_bound,
+)
+from dagster_sideinputs.core.windows import EPOCH, as_utc, check_time_column
 from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
-from dagster_sideinputs.errors import DeclarationError, DuplicateKeyError, preview
+from dagster_sideinputs.errors import (
+    DeclarationError,
+    DuplicateKeyError,
+    SideInputDataError,
+    preview,
+)
 
 VALID_FROM = "_dsi_valid_from"
 VALID_TO = "_dsi_valid_to"
@@ -57,17 +70,18 @@ def main_time_column(spec: OperatorSpec) -> str | None:
 
 
 def earliest_time(files: Iterable[DataFile], column: str | None) -> dt.datetime | None:
-    """The earliest event time in ``files`` from their statistics (None when unknown)."""
+    """A lower bound of the earliest event time in ``files``, from their statistics (None
+    when unknown): statistics are rounded down, never up (time_stats)."""
     if column is None:
         return None
     values = []
     for file in files:
-        low = file.min_values.get(column)
+        low = min_time_bound(file, column)
         if low is None:
-            if file.num_records == 0 or (file.num_records and file.null_count.get(column)):
+            if not has_times(file, column):
                 continue  # empty, or only null times (invalid records)
             return None
-        values.append(utc_of(low))
+        values.append(low)
     return min(values) if values else None
 
 
@@ -128,27 +142,17 @@ def _column_horizon(
     engine: DeltaEngine,
     spark: SparkSession | None,
 ) -> dt.datetime | None:
-    """The greatest ``valid_from``: from file statistics, else one small Spark job."""
+    """The greatest ``valid_from``, exact to the microsecond: statistics only say which
+    files may hold it (they are rounded to milliseconds, see
+    :mod:`~dagster_sideinputs.core.time_stats`); those files are read, once per version.
+    Without Spark (peeking), the statistics' upper bound."""
     as_of = bound.side.as_of
     assert as_of is not None
     column = as_of.valid_from
     assert column is not None
     check_time_column(snapshot.schema, column, where=bound.label)
-    files = [f for f in snapshot.files if f.num_records != 0]
-    if not files:
-        return None
-    highs = [f.max_values.get(column) for f in files]
-    if all(
-        h is not None or f.null_count.get(column) == f.num_records
-        for h, f in zip(highs, files, strict=True)
-    ):
-        known = [utc_of(h) for h in highs if h is not None]
-        return max(known) if known else None
-    if spark is None:
-        return None
-    frame = engine.read_snapshot(spark, snapshot, name=bound.side.asset)
-    value = frame.agg(F.max(F.col(quoted(column)).cast("timestamp"))).collect()[0][0]
-    return None if value is None else as_utc(value)
+    read = max_reader(engine, spark, snapshot, column, name=bound.side.asset)
+    return cached_max_time(bound.uri, snapshot, column, read)
 
 
 # --- routing ------------------------------------------------------------------------------
@@ -304,3 +308,66 @@ def overlap_error(bound: BoundSide, found: Sequence[Any], version: int | None) -
 
 def _final_after(grace: dt.timedelta | None) -> str:
     return f"; final {human_duration(grace)} after the record's time)" if grace else ")"
+
+
+# --- null instants ------------------------------------------------------------------------
+
+
+def instant_column(bound: BoundSide) -> str | None:
+    """The side column holding each row's instant: an as-of map's ``valid_from``, a
+    windowed side input's time column (None: the side rows have no instant)."""
+    side = bound.side
+    if side.as_of is not None:
+        return side.as_of.valid_from
+    if side.window is not None:
+        return side.window.time_column
+    return None
+
+
+def check_side_instants(data: SideData) -> None:
+    """A side row without an instant (a null ``valid_from`` or window time) is refused:
+    it would be valid at no time, or at every time (several rows of one key valid at
+    once), or in no window; the operator does not guess. Statistics (null counts) spare
+    the read when no file may hold a null; otherwise only the files that may are read.
+
+    Raises:
+        SideInputDataError: naming the side input, the column and some of the rows' keys.
+    """
+    column = instant_column(data.bound)
+    snapshot = data.snapshot
+    if column is None or snapshot is None:
+        return
+    check_time_column(snapshot.schema, column, where=data.bound.label)
+    files = [
+        f
+        for f in snapshot.files
+        if f.num_records != 0 and (f.null_count.get(column) is None or f.null_count[column] > 0)
+    ]
+    if not files:
+        return
+    side = data.side
+    shown = F.col(quoted(side.key)) if side.key is not None else F.lit(None)
+    frame = data.engine.read_snapshot(data.spark, snapshot, files=files, name=side.asset)
+    found = frame.filter(F.col(quoted(column)).isNull()).select(shown).limit(6).collect()
+    if not found:
+        return
+    keys = preview([row[0] for row in found]) if side.key is not None else ""
+    what = f"for key(s) {keys} " if side.key is not None else ""
+    kind = "valid_from" if side.as_of is not None else "time column"
+    means = (
+        "a row's validity needs a start: a null would make it valid at no time, or at "
+        "every time alongside the key's other rows"
+        if side.as_of is not None
+        else "a row with no time falls in no side window"
+    )
+    since = (
+        " (for 'since always', the earliest time, e.g. TIMESTAMP '0001-01-01 00:00:00')"
+        if side.as_of is not None
+        else ""
+    )
+    raise SideInputDataError(
+        f"{data.bound.label}: its {kind} {column!r} is null {what}at version "
+        f"{data.version}; {means}. Nothing was written.",
+        fix=f"give those rows a {column!r}{since}, or delete them from side table "
+        f"{side.asset!r} (DELETE ... WHERE {column} IS NULL)",
+    )
