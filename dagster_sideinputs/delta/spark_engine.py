@@ -40,7 +40,7 @@ from dagster_sideinputs.delta.engine import (
 from dagster_sideinputs.delta.files import is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.log import append_only_files
 from dagster_sideinputs.delta.reader import select_partitions, verify_files
-from dagster_sideinputs.delta.schema import plan_append, quoted
+from dagster_sideinputs.delta.schema import check_column_names, plan_append, quoted
 from dagster_sideinputs.delta.spark_commit import (
     ENGINE_NAME,
     commit_staged_files,
@@ -213,12 +213,14 @@ class DeltaSparkEngine:
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
     ) -> None:
+        table = name or normalize_uri(uri)
         if not self.exists(uri):
+            check_column_names(schema, table=table, column_mapping=False, mapping_writable=True)
             return
-        existing = self.snapshot(uri, name=name).schema
-        plan_append(
-            schema, existing, table=name or normalize_uri(uri), merge=schema_mode == "merge"
-        )
+        snapshot = self.snapshot(uri, name=name)
+        mapped = snapshot.configuration.get("delta.columnMapping.mode") not in (None, "none")
+        check_column_names(schema, table=table, column_mapping=mapped, mapping_writable=True)
+        plan_append(schema, snapshot.schema, table=table, merge=schema_mode == "merge")
 
     def stage(
         self,
