@@ -7,9 +7,12 @@ file of its own in the output table's folder.
 """
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -147,3 +150,54 @@ def test_an_output_table_with_column_mapping_takes_names_delta_refuses_otherwise
     op = operator(lake, fn=_spaced, main_output="enriched")
     lake.run(op)
     assert lake.rows("enriched", "`tx id`") == [(1,), (2,)]
+
+
+# --- a batch Delta refuses leaves nothing in the output's folder ---------------------------
+
+
+def _amounts(main, sides):
+    # Four tasks, so that the ones without the bad row finish and write their files.
+    return main.repartition(4, "tx_id").select("tx_id", "amount")
+
+
+def _capped(main, sides):
+    return _amounts(main, sides).where(F.col("amount") < 100)
+
+
+def _parquet_files(lake: Lake, name: str) -> set[str]:
+    root = Path(lake.storage.table_uri(name).removeprefix("file://"))
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*.parquet")
+        if not any(part.startswith("_") for part in p.relative_to(root).parts[:-1])
+    }
+
+
+def _logged_files(lake: Lake, name: str) -> set[str]:
+    return {f.path for f in lake.engine.snapshot(lake.storage.table_uri(name)).files}
+
+
+@pytest.mark.both_engines
+def test_a_batch_refused_by_a_check_constraint_leaves_no_file_in_the_output(lake: Lake):
+    """Before: delta-spark's writer left the files of the tasks that had finished in the
+    output table's folder, referenced by no commit."""
+    put(lake, "profiles", [(10, "ann")], PROFILES)
+    put(lake, "transactions", [(i, 10, float(i)) for i in range(8)], TX)
+    uri = lake.storage.table_uri("enriched")
+    if lake.engine_id == "spark":
+        lake.spark.sql(f"CREATE TABLE delta.`{uri}` (tx_id BIGINT, amount DOUBLE) USING delta")
+        lake.spark.sql(f"ALTER TABLE delta.`{uri}` ADD CONSTRAINT small CHECK (amount < 100)")
+    else:  # the bridge writes CHECK-constrained tables (delta-rs checks them)
+        empty = pa.table({"tx_id": pa.array([], pa.int64()), "amount": pa.array([], pa.float64())})
+        write_deltalake(uri, empty)
+        DeltaTable(uri).alter.add_constraint({"small": "amount < 100"})
+    op = operator(lake, fn=_amounts, main_output="enriched")
+    lake.run(op)
+    put(lake, "transactions", [(i, 10, 1000.0 if i == 13 else float(i)) for i in range(8, 16)], TX)
+    with nothing_committed(lake, op), refused(dsi.SchemaMismatchError, "enriched", "small"):
+        lake.run(op)
+    assert _parquet_files(lake, "enriched") == _logged_files(lake, "enriched")
+    fixed = operator(lake, fn=_capped, main_output="enriched", invalid=INVALID)
+    lake.run(fixed)
+    assert _parquet_files(lake, "enriched") == _logged_files(lake, "enriched")
+    assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == [*range(13), 14, 15]
