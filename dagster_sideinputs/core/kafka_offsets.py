@@ -13,12 +13,19 @@ brokers first, so nothing is ever skipped silently:
   a log end that moved back: errors naming the topic, the partition and the position;
 - partitions and topics that appear are read from their earliest offset.
 
+Each of these errors offers a reset that keeps exactly once what the brokers still
+hold: ``operator.reset(main_from='keep')`` (:func:`keep_position`) drops only the
+position of a vanished topic or partition, reads a recreated topic from its beginning,
+starts a partition whose unread offsets retention deleted at its log start, and moves
+a truncated partition back to its log end; every other partition keeps its position.
+
 A replay checks its pinned ranges against the brokers first (:func:`check_pinned`):
 Spark's connector would not notice a recreated topic (it ignores topic ids), and would
 wait ``pollTimeoutMs`` for offsets past the log end.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from dagster_sideinputs.core.declarations import KeyGroups
@@ -28,7 +35,8 @@ from dagster_sideinputs.core.kafka_keyed import check_partition_count
 from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.errors import KafkaOffsetsLostError, OperatorStateError, preview
 
-_RESET = "`operator.reset(main_from='beginning')` or `reset(main_from='latest')`"
+_KEEP = "`operator.reset(main_from='keep')`"
+_OTHERS = "every other partition keeps its position: nothing is read twice or skipped"
 
 
 def _position(ranges: Sequence[OffsetRange], topic: str) -> str:
@@ -119,15 +127,18 @@ def plan_ranges(
             f"read yet (deleted by retention or by hand): {preview(gone, 5)}. Nothing was "
             "written.",
             fix="keep records longer than the operator can fall behind (retention.ms); to "
-            'go on without them, declare MainInput.kafka(..., on_data_loss="skip") (the '
-            f"skipped offsets are counted in the metrics), or start over with {_RESET}",
+            f"go on without them once, {_KEEP} starts those partitions at their log start "
+            f"({_OTHERS} of what the brokers hold); for good, declare "
+            'MainInput.kafka(..., on_data_loss="skip") (the skipped offsets are counted in '
+            "the metrics)",
         )
     if behind:
         raise OperatorStateError(
             f"{label}: partition log(s) end before the operator's position: "
             f"{preview(behind, 5)}. The log was truncated (an unclean leader election) "
             "or replaced; reading on would skip or repeat records. Nothing was written.",
-            fix=f"check the topic; to go on from what the log holds now, {_RESET}",
+            fix=f"check the topic; to go on from what the log holds now, {_KEEP} moves "
+            f"those partitions back to their log end ({_OTHERS})",
         )
     if kafka.max_records_per_batch is not None:
         ranges = share_out(ranges, kafka.max_records_per_batch)
@@ -158,7 +169,8 @@ def check_topics(
                 f"{label}: topic {topic!r} is gone {when} (position "
                 f"{_position(last.offsets, topic)}). Records would be waited for forever "
                 "or skipped. Nothing was written.",
-                fix=f"restore the topic; if it was removed on purpose, {_RESET}",
+                fix=f"restore the topic; if it was removed on purpose, {_KEEP} drops only "
+                f"its position ({_OTHERS})",
             )
         known = known_ids.get(topic)
         if known and info.topic_id != known:
@@ -167,9 +179,8 @@ def check_topics(
                 f"(topic id {known} -> {info.topic_id}). The operator's position "
                 f"({_position(last.offsets, topic)}) refers to the old topic: reading on "
                 "would skip the new topic's first records. Nothing was written.",
-                fix="read the new topic from its beginning with "
-                "`operator.reset(main_from='beginning')` (outputs keep the old topic's "
-                "records), or from now on with `reset(main_from='latest')`",
+                fix=f"read the new topic from its beginning with {_KEEP} (outputs keep the "
+                f"old topic's records; {_OTHERS}), or restore the old topic",
             )
         missing = sorted(
             r.partition
@@ -182,7 +193,8 @@ def check_topics(
                 f"now, but the operator read partition(s) {missing} (position "
                 f"{_position([r for r in last.offsets if r.partition in missing], topic)}): "
                 f"the partition count shrank {when}. Nothing was written.",
-                fix=f"restore the partitions; if the topic was rebuilt on purpose, {_RESET}",
+                fix="restore the partitions; if the topic was rebuilt on purpose, "
+                f"{_KEEP} drops only those partitions' positions ({_OTHERS})",
             )
 
 
@@ -210,6 +222,59 @@ def check_pinned(meta: KafkaMetadata, label: str, main: MainRange) -> None:
             f"{label}: an interrupted batch pinned offsets that the brokers no longer "
             f"hold: {preview(gone, 5)}. Some of its outputs are committed, so it can only be "
             "finished by reading exactly those records. Nothing more was written.",
-            fix="restore the records if you can; otherwise acknowledge the loss and start "
-            f"over with {_RESET} (the committed outputs keep what they have)",
+            fix="restore the records if you can (no reset can finish that batch exactly); "
+            f"otherwise {_KEEP} goes on from the last committed position with what the "
+            "brokers hold (the committed outputs keep what they have of the batch, and get "
+            "its records still in the log again)",
         )
+
+
+def keep_position(meta: KafkaMetadata, label: str, last: MainRange) -> tuple[MainRange, list[str]]:
+    """The recorded position ``last``, for what the brokers hold now (the exact reset).
+
+    A topic that is gone, or partitions of it that are gone, lose their position (the
+    records they held cannot be read by anyone); a recreated topic loses its position
+    and id, so the next batch reads the new topic from its earliest offset, as a topic
+    that appeared; a partition whose unread offsets retention deleted starts at its log
+    start, one whose log ends before the position at its log end. Every other partition
+    keeps its position. Returns the position and a note per change.
+    """
+    topics = sorted({r.topic for r in last.offsets})
+    described = meta.describe(topics)
+    ids = dict(last.topic_ids)
+    notes: list[str] = []
+    kept: list[OffsetRange] = []
+    for topic in topics:
+        info = described.get(topic)
+        mine = [r for r in last.offsets if r.topic == topic]
+        if info is None:
+            notes.append(f"topic {topic!r} is gone: position {_position(mine, topic)} dropped")
+            ids.pop(topic, None)
+            continue
+        if ids.get(topic) and info.topic_id != ids[topic]:
+            notes.append(
+                f"topic {topic!r} was created again: position {_position(mine, topic)} "
+                "dropped, the new topic is read from its earliest offset"
+            )
+            ids.pop(topic)
+            continue
+        for r in mine:
+            if r.partition in info.partitions:
+                kept.append(r)
+            else:
+                notes.append(f"partition {topic}[{r.partition}] is gone: position {r.end} dropped")
+    partitions = [(r.topic, r.partition) for r in kept]
+    earliest = meta.offsets(partitions, "earliest")
+    latest = meta.offsets(partitions, "latest")
+    offsets = []
+    for r in kept:
+        low, high = earliest[(r.topic, r.partition)], latest[(r.topic, r.partition)]
+        at = r.end
+        if at < low:
+            notes.append(f"{r.topic}[{r.partition}] offsets {at}..{low} were deleted unread")
+            at = low
+        elif at > high:
+            notes.append(f"{r.topic}[{r.partition}] log ends at {high}, before the position {at}")
+            at = high
+        offsets.append(OffsetRange(r.topic, r.partition, at, at, high))
+    return replace(last, offsets=tuple(offsets), topic_ids=ids, lost=(), anchor=False), notes

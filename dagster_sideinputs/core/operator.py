@@ -360,8 +360,11 @@ class SideInputOperator:
                 Delta table's first version; a landing folder's every file again),
                 ``latest`` (only what arrives from now on), ``keep`` (the recorded
                 position, when only the identity or the buffer needs resetting; refused
-                when there is none), or a Delta table version (read the versions after
-                it, e.g. to skip a version that deleted rows).
+                when there is none; for Kafka, of what the brokers still hold: a vanished
+                topic's or partition's position is dropped, a recreated topic is read
+                from its beginning, offsets retention deleted unread are skipped, every
+                other partition keeps its position), or a Delta table version (read the
+                versions after it, e.g. to skip a version that deleted rows).
             drop_buffered: delete the buffered records (a removal committed by the reset
                 batch); otherwise they are kept and routed again by the next batch.
             wait_for_lock: seconds to wait for a running run of the operator.

@@ -42,7 +42,7 @@ def reset(
             "main table version after which to read",
         )
     recovery = Recovery(spec, state)
-    main = _position(spec, recovery, main_from)
+    main, dropped = _position(spec, recovery, main_from)
     pending = recovery.pending()
     if pending is not None:
         if isinstance(pending, BatchPlan) and state.claim(pending, SET_ASIDE) == COMMIT:
@@ -89,6 +89,7 @@ def reset(
             "reset": True,
             "main_from": main_from,
             "main": main.to_dict(),
+            "dropped": dropped,
             "buffer_rows": load_state(spec).rows(),
         },
     )
@@ -103,6 +104,8 @@ def reset(
         }
     )
     log.warning("%s: reset at batch %s (main from %s)", spec.operator_id, batch_id, main_from)
+    for note in dropped:
+        log.warning("%s: reset at batch %s: %s", spec.operator_id, batch_id, note)
     return batch_id
 
 
@@ -113,8 +116,11 @@ def _routing_detail(state: OperatorState) -> object:
         return None
 
 
-def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> MainRange:
-    """Where the next batch reads the main input from (checked before anything changes)."""
+def _position(
+    spec: OperatorSpec, recovery: Recovery, main_from: MainFrom
+) -> tuple[MainRange, list[str]]:
+    """Where the next batch reads the main input from (checked before anything changes),
+    with a note per position 'keep' had to drop or move (what the inputs no longer hold)."""
     if main_from == "keep":
         try:
             previous = recovery.previous().plan
@@ -133,7 +139,7 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
                 "input) the version after which to read",
             )
         offsets = tuple(replace(r, start=r.end) for r in previous.main.offsets)
-        return replace(
+        kept = replace(
             previous.main,
             start_version=previous.main.end_version,
             files=(),
@@ -141,6 +147,14 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
             lost=(),
             anchor=False,
         )
+        if spec.main.is_kafka and kept.kind == "kafka":
+            # Local: an operator without Kafka never loads the Kafka modules.
+            from dagster_sideinputs.core.kafka_offsets import keep_position
+            from dagster_sideinputs.core.kafka_source import KafkaSource
+
+            source = KafkaSource(spec)
+            return keep_position(source.metadata, source.label, kept)
+        return kept, []
     if isinstance(main_from, int) and (spec.main.is_kafka or spec.main.is_files):
         kind = "a Kafka topic" if spec.main.is_kafka else "a landing folder"
         raise DeclarationError(
@@ -155,10 +169,10 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
             ends = tuple(
                 replace(r, start=r.log_end or r.end, end=r.log_end or r.end) for r in now.offsets
             )
-            return replace(now, offsets=ends, lost=(), anchor=False)
-        return MainRange("kafka")  # no position: every partition from its earliest offset
+            return replace(now, offsets=ends, lost=(), anchor=False), []
+        return MainRange("kafka"), []  # no position: every partition from its earliest offset
     if spec.main.is_files:
-        return MainRange("files")
+        return MainRange("files"), []
     exists = spec.engine.exists(spec.main_uri)
     latest = spec.engine.snapshot(spec.main_uri, name=spec.main.asset) if exists else None
     if isinstance(main_from, int):
@@ -169,10 +183,10 @@ def _position(spec: OperatorSpec, recovery: Recovery, main_from: MainFrom) -> Ma
                 f"(latest: {newest}).",
                 fix="pass a version of the table (-1 reads it from its beginning)",
             )
-        return MainRange("delta", main_from, main_from, table_id=latest.table_id)
+        return MainRange("delta", main_from, main_from, table_id=latest.table_id), []
     if main_from == "latest" and latest is not None:
-        return MainRange("delta", latest.version, latest.version, table_id=latest.table_id)
-    return MainRange("delta", -1, -1)
+        return MainRange("delta", latest.version, latest.version, table_id=latest.table_id), []
+    return MainRange("delta", -1, -1), []
 
 
 def _reset_ledger(spec: OperatorSpec, main_from: MainFrom, txn: AppTransaction) -> None:

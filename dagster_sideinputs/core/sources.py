@@ -74,8 +74,10 @@ class DeltaTableSource:
                 raise OperatorStateError(
                     f"Main input {self.name!r} ({spec.main_uri}) is gone, but the operator "
                     f"{spec.operator_id!r} has read it up to version {start}.",
-                    fix="restore the table; if it was replaced on purpose, start over with "
-                    "`operator.reset(...)` (README, 'Guarantees')",
+                    fix="restore the table; if it was removed on purpose, "
+                    "`operator.reset(main_from='beginning')` reads the table created there "
+                    "next from its beginning (or main_from=<version> after a copy of the "
+                    "rows already read) (README, 'Guarantees')",
                 ) from None
             return SourceSlice(MainRange("delta", start, start))
         if known_id and latest.table_id and latest.table_id != known_id:
@@ -85,14 +87,20 @@ class DeltaTableSource:
                 f"(version {start}) refers to the old table, and reading on from it would "
                 "skip the new table's first records.",
                 fix="read the new table from its beginning with "
-                "`operator.reset(main_from='beginning')` (outputs keep the old table's "
-                "records), or restore the old table",
+                "`operator.reset(main_from='beginning')` when it holds only new records "
+                "(outputs keep the old table's records); when its first versions hold a "
+                "copy of the rows already read, read only the versions after them with "
+                "`operator.reset(main_from=<version>)` (the last version of the copy); "
+                "or restore the old table",
             )
         if latest.version < start:
             raise OperatorStateError(
                 f"Main input {self.name!r} is at version {latest.version}, before the "
                 f"operator's position (version {start}): it was restored or replaced.",
-                fix="start over with `operator.reset(main_from='beginning')`",
+                fix="when the table holds only rows already read up to some version, read "
+                "on after it with `operator.reset(main_from=<version>)` (e.g. "
+                f"main_from={latest.version}: only versions written from now on); when it "
+                "holds only new records, `operator.reset(main_from='beginning')`",
             )
         end = latest.version
         if spec.options.max_versions_per_batch is not None:

@@ -143,7 +143,10 @@ def namespace_id(start: dt.datetime | None) -> str:
     """The id of the namespace of a window starting at ``start`` (``global`` for None)."""
     if start is None:
         return GLOBAL
-    return as_utc(start).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
+    # The year is padded to four digits by hand: strftime("%Y") does not pad years before
+    # 1000 on every platform (glibc writes "999"), Spark's "yyyy" does (namespace_id_column).
+    utc = as_utc(start)
+    return f"{utc.year:04d}-" + utc.strftime("%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
 
 
 def parse_namespace_id(ns: str) -> dt.datetime | None:

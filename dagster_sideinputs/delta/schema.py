@@ -315,3 +315,63 @@ def plan_write_schema(
     plan = plan_append(df.schema, existing, table=label, merge=schema_mode == "merge")
     schema = T.StructType(list(existing.fields) + list(_nullable_fields(plan.new_fields)))
     return schema, df.select(*plan.columns), plan.new_fields, existing_partitions
+
+
+REFUSED_NAME_CHARACTERS = " ,;{}()\n\t="
+"""Characters delta-spark refuses in column names (at any depth) of a table without
+column mapping (``SchemaUtils.checkFieldNames``)."""
+
+
+def refused_names(data_type: T.DataType, prefix: str = "") -> list[str]:
+    """The column and nested field names (dotted paths) delta-spark refuses without
+    column mapping."""
+    found: list[str] = []
+    if isinstance(data_type, T.StructType):
+        for field in data_type.fields:
+            path = f"{prefix}{field.name}"
+            if any(c in REFUSED_NAME_CHARACTERS for c in field.name):
+                found.append(path)
+            found += refused_names(field.dataType, f"{path}.")
+    elif isinstance(data_type, T.ArrayType):
+        found += refused_names(data_type.elementType, f"{prefix[:-1]}[].")
+    elif isinstance(data_type, T.MapType):
+        found += refused_names(data_type.keyType, f"{prefix[:-1]}{{key}}.")
+        found += refused_names(data_type.valueType, f"{prefix[:-1]}{{value}}.")
+    return found
+
+
+def check_column_names(
+    schema: T.StructType, *, table: str, column_mapping: bool, mapping_writable: bool
+) -> None:
+    """Refuse, before any Spark job, names Delta refuses in a table without column mapping
+    (delta-spark fails the write; delta-rs writes a table delta-spark cannot write to).
+
+    Args:
+        column_mapping: the table exists and maps column names (then any name is fine).
+        mapping_writable: the engine can write a column-mapped table (delta-spark).
+
+    Raises:
+        SchemaMismatchError: naming the columns, what Delta refuses and both fixes.
+    """
+    if column_mapping:
+        return
+    refused = refused_names(schema)
+    if not refused:
+        return
+    mapped = (
+        "or create the output table with column mapping before the first run "
+        "(delta-spark: `CREATE TABLE ... TBLPROPERTIES ('delta.columnMapping.mode' = "
+        "'name', ...)`)"
+    )
+    if not mapping_writable:
+        mapped += (
+            " and write it with the delta-spark engine (DeltaStorage(engine='delta-spark'); "
+            "the delta-rs bridge cannot write column-mapped tables)"
+        )
+    raise SchemaMismatchError(
+        f"Output {table!r}: column name(s) {refused} contain characters Delta refuses in "
+        "column names (space and , ; { } ( ) = newline tab) unless the table maps column "
+        "names (delta.columnMapping.mode), which this table does not. Nothing was written.",
+        fix="rename the column(s) in the function (e.g. `.withColumnRenamed(...)`, or the "
+        f"dict keys / the output tag's schema in row mode), {mapped}",
+    )

@@ -14,12 +14,15 @@ This module owns :class:`DeltaSparkEngine` and the order of each operation; its 
 in ``spark_stage``, ``spark_commit`` and ``spark_read``. docs/DECISIONS.md has the why.
 """
 
+import contextlib
 import datetime as dt
+import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -37,10 +40,10 @@ from dagster_sideinputs.delta.engine import (
     WriteResult,
     refused_removals,
 )
-from dagster_sideinputs.delta.files import is_local, normalize_uri, spark_uri
+from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.delta.log import append_only_files
 from dagster_sideinputs.delta.reader import select_partitions, verify_files
-from dagster_sideinputs.delta.schema import plan_append, quoted
+from dagster_sideinputs.delta.schema import check_column_names, plan_append, quoted
 from dagster_sideinputs.delta.spark_commit import (
     ENGINE_NAME,
     commit_staged_files,
@@ -62,6 +65,11 @@ from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_ro
 from dagster_sideinputs.delta.staging import refuse_blocked_location
 from dagster_sideinputs.delta.store_errors import cleaning_up
 from dagster_sideinputs.errors import DeltaTableError
+
+log = logging.getLogger(__name__)
+_MTIME_SLACK_MS = 2000
+"""How far before a write's start a file's modification time may lie (clocks and the
+filesystem's time granularity) for the file to count as the write's."""
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
@@ -214,12 +222,14 @@ class DeltaSparkEngine:
         schema_mode: SchemaMode | None = None,
         name: str | None = None,
     ) -> None:
+        table = name or normalize_uri(uri)
         if not self.exists(uri):
+            check_column_names(schema, table=table, column_mapping=False, mapping_writable=True)
             return
-        existing = self.snapshot(uri, name=name).schema
-        plan_append(
-            schema, existing, table=name or normalize_uri(uri), merge=schema_mode == "merge"
-        )
+        snapshot = self.snapshot(uri, name=name)
+        mapped = snapshot.configuration.get("delta.columnMapping.mode") not in (None, "none")
+        check_column_names(schema, table=table, column_mapping=mapped, mapping_writable=True)
+        plan_append(schema, snapshot.schema, table=table, merge=schema_mode == "merge")
 
     def stage(
         self,
@@ -240,13 +250,61 @@ class DeltaSparkEngine:
         refuse_blocked_location(uri, label)
         state = self._state(uri, name=label) if self.exists(uri) else None
         plain = mode == "append" and not partition_by and not removes_files
-        if plain and (staged := stage_append_native(df, uri, label, state, schema_mode)):
-            return staged  # else: Delta's writer (stage_rows)
-        return stage_rows(
-            df, uri, label, state, mode=mode, partition_by=partition_by,
-            replace_partition=replace_partition, schema_mode=schema_mode,
-            removes_files=removes_files,
-        )  # fmt: skip
+        with self._cleaning_up(uri):
+            if plain and (staged := stage_append_native(df, uri, label, state, schema_mode)):
+                return staged  # else: Delta's writer (stage_rows)
+            return stage_rows(
+                df, uri, label, state, mode=mode, partition_by=partition_by,
+                replace_partition=replace_partition, schema_mode=schema_mode,
+                removes_files=removes_files,
+            )  # fmt: skip
+
+    @contextlib.contextmanager
+    def _cleaning_up(self, uri: str) -> Iterator[None]:
+        """A write by Delta's own writer (``writeFiles``, ``save``) that fails, e.g. on a
+        CHECK constraint or NOT NULL column, leaves the files its finished tasks wrote in
+        the table's folder, referenced by no commit: delete them. Only files written
+        since the write began (no older version can reference them) that the table's
+        log, read again after the failure, does not reference (a commit that landed
+        keeps its files)."""
+        started_ms = int(time.time() * 1000) - _MTIME_SLACK_MS
+        try:
+            yield
+        except BaseException:
+            try:
+                self._delete_unreferenced(uri, started_ms)
+            except Exception as exc:  # cleanup never masks the write's error
+                log.warning("delta-spark: files of a failed write to %s not removed: %s", uri, exc)
+            raise
+
+    def _delete_unreferenced(self, uri: str, since_ms: int) -> None:
+        files = TableFiles(uri, self.storage_options)
+        if not files.exists():
+            return
+        referenced: set[str] = set()
+        if self.exists(uri):
+            referenced = {unquote(path) for path, _ in self._state(uri).files}
+        stray: list[str] = []
+        checksums: list[str] = []
+        for entry in files.list_files(""):
+            parts = entry.path.replace("\\", "/").split("/")
+            if any(p.startswith(("_", ".")) for p in parts[:-1]):
+                continue  # the log, staging folders, hidden folders
+            if entry.modification_time_ms < since_ms:
+                continue
+            if parts[-1].startswith(".") and parts[-1].endswith(".crc"):
+                checksums.append(entry.path)
+            elif not parts[-1].startswith(("_", ".")) and entry.path not in referenced:
+                stray.append(entry.path)
+        gone = set(stray)
+        for path in checksums:  # Hadoop's local checksum of a deleted file: .<name>.crc
+            head, _, name = path.rpartition("/")
+            if (f"{head}/" if head else "") + name[1:-4] in gone:
+                stray.append(path)
+        for path in stray:
+            files.delete_file(path)
+        if stray:
+            log.info("delta-spark: removed %d file(s) of a failed write to %s", len(stray), uri)
 
     def stage_split(
         self, df: DataFrame, column: str, targets: Sequence[SplitTarget]
@@ -303,10 +361,12 @@ class DeltaSparkEngine:
                     app_transaction=app_transaction, commit_metadata=commit_metadata,
                 )  # fmt: skip
             else:  # the files staged (if any) are deleted below; the writer writes
-                result = save(
-                    handle.frame, staged, current, self._files(uri), remove_files=remove_files,
-                    app_transaction=app_transaction, commit_metadata=commit_metadata,
-                )  # fmt: skip
+                with self._cleaning_up(uri):
+                    result = save(
+                        handle.frame, staged, current, self._files(uri),
+                        remove_files=remove_files, app_transaction=app_transaction,
+                        commit_metadata=commit_metadata,
+                    )  # fmt: skip
         return with_duration(result, staged.seconds + time.perf_counter() - started)
 
     def write(
@@ -342,10 +402,11 @@ class DeltaSparkEngine:
         if skip_empty_commit and current is not None and not remove_files and projected.isEmpty():
             return unchanged(uri, current.version, time.perf_counter() - started, skipped=False)
         target = StagedWrite(uri, label, mode, partitions, replace_partition, schema_mode)
-        result = save(
-            projected, target, current, self._files(uri), remove_files=remove_files,
-            app_transaction=app_transaction, commit_metadata=commit_metadata,
-        )  # fmt: skip
+        with self._cleaning_up(uri):
+            result = save(
+                projected, target, current, self._files(uri), remove_files=remove_files,
+                app_transaction=app_transaction, commit_metadata=commit_metadata,
+            )  # fmt: skip
         return with_duration(result, time.perf_counter() - started)
 
     def commit_removals(

@@ -45,7 +45,7 @@ from dagster_sideinputs.delta.engine import (
 from dagster_sideinputs.delta.files import normalize_uri
 from dagster_sideinputs.delta.log_commit import commit_directly, latest_local_state
 from dagster_sideinputs.delta.s3 import configure_spark
-from dagster_sideinputs.delta.schema import plan_append
+from dagster_sideinputs.delta.schema import check_column_names, plan_append
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
     BridgeStage,
@@ -331,6 +331,8 @@ def validate_append(
         SchemaMismatchError: as :func:`write_dataframe` would.
     """
     uri = normalize_uri(uri)
+    # The bridge refuses to write column-mapped tables (load_snapshot(writing=True)).
+    check_column_names(schema, table=name or uri, column_mapping=False, mapping_writable=False)
     if not is_table(uri, storage_options):
         return
     snapshot = load_snapshot(uri, storage_options=storage_options, name=name, writing=True)

@@ -357,7 +357,10 @@ def test_a_landed_file_name_spark_cannot_read_is_refused_naming_it(ready, tmp_pa
 
 # --- dots, spaces and backticks in column names ------------------------------------------
 
-ODD = "`tx_id` long, `cust.id x`` y` long, `a.b` double, `event time` timestamp"
+# Spaces (and , ; { } ( ) =) are refused in output column names without column mapping
+# (test_bad_input_values_names.py); routed records carry the main columns, so the main
+# input's names here use the other odd characters. The side table keeps a space.
+ODD = "`tx_id` long, `cust.id-x``y` long, `a.b` double, `event.time` timestamp"
 
 
 def _odd_frames(main, sides):
@@ -371,10 +374,10 @@ def _odd_rows(record, ctx):
 
 @pytest.mark.parametrize("mode", ["frames", "rows"])
 def test_dots_spaces_and_backticks_in_key_time_and_side_columns_are_supported(lake, mode):
-    key = "cust.id x` y"
-    put(lake, "profiles", [(10, "ann")], "`cust.id x`` y` long, `full name` string")
+    key = "cust.id-x`y"
+    put(lake, "profiles", [(10, "ann")], "`cust.id-x``y` long, `full name` string")
     put(lake, "transactions", [(1, 10, 1.0, T0), (2, None, 1.0, T0), (3, 11, 1.0, None)], ODD)
-    main = dsi.MainInput("transactions", key=key, event_time="event time")
+    main = dsi.MainInput("transactions", key=key, event_time="event.time")
     op = operator(
         lake,
         mode,
@@ -384,7 +387,7 @@ def test_dots_spaces_and_backticks_in_key_time_and_side_columns_are_supported(la
         window=dsi.Window.sliding(hours(2), slide=hours(1)),
     )
     with refused(
-        dsi.MainInputDataError, f"null key {key!r}", "null event time 'event time'", fix="invalid="
+        dsi.MainInputDataError, f"null key {key!r}", "null event time 'event.time'", fix="invalid="
     ):
         lake.run(op, Clock(T0 + hours(3)))
     fixed = operator(
