@@ -70,7 +70,7 @@ def _tag(output: Output | None) -> OutputTag | None:
     return OutputTag(output.name, description=output.description)
 
 
-class WindowModel(dg.Model):
+class WindowModel(dg.Resolvable, dg.Model):
     """Event-time windows: tumbling (``size`` only) or sliding (``size`` and ``slide``)."""
 
     size: Duration = Field(description='Window length, e.g. "1h".')
@@ -92,7 +92,7 @@ class WindowModel(dg.Model):
         )
 
 
-class MainInputModel(dg.Model):
+class MainInputModel(dg.Resolvable, dg.Model):
     """The main input: a Delta table asset that grows by appends."""
 
     asset: str = Field(description="Asset name of the main input's Delta table.")
@@ -103,7 +103,7 @@ class MainInputModel(dg.Model):
     )
 
 
-class SideInputModel(dg.Model):
+class SideInputModel(dg.Resolvable, dg.Model):
     """A side input: a Delta table asset seen through a view (``SideInput.<view>``)."""
 
     view: Literal["singleton", "list", "map", "multimap"] = Field(
@@ -156,7 +156,7 @@ class SideInputModel(dg.Model):
         return factory(self.asset, **given)
 
 
-class RoutesModel(dg.Model):
+class RoutesModel(dg.Resolvable, dg.Model):
     """The operator's built-in routes, each an output of its own."""
 
     late: Output | None = Field(default=None, description="Records behind the watermark.")
@@ -165,7 +165,7 @@ class RoutesModel(dg.Model):
     invalid: Output | None = Field(default=None, description="Null key, unreadable record.")
 
 
-class BufferModel(dg.Model):
+class BufferModel(dg.Resolvable, dg.Model):
     """Bounds on the records waiting in the buffer (``BufferLimits``)."""
 
     max_rows: int | None = Field(default=10_000_000, description="Most buffered records.")
@@ -173,7 +173,7 @@ class BufferModel(dg.Model):
     on_exceed: Literal["fail", "overflow"] = Field(default="fail", description="Then what.")
 
 
-class JobModel(dg.Model):
+class JobModel(dg.Resolvable, dg.Model):
     """The job that runs the operator (``build_side_input_job``)."""
 
     name: str | None = Field(default=None, description="Default: <name>_job.")
@@ -187,7 +187,7 @@ class JobModel(dg.Model):
     )
 
 
-class SensorModel(dg.Model):
+class SensorModel(dg.Resolvable, dg.Model):
     """The sensor that requests a run when there is work (``build_side_input_sensor``)."""
 
     enabled: bool = Field(default=True, description="Build the sensor.")
@@ -196,7 +196,7 @@ class SensorModel(dg.Model):
     running: bool = Field(default=False, description="Start running when deployed.")
 
 
-class ResourcesModel(dg.Model):
+class ResourcesModel(dg.Resolvable, dg.Model):
     """The Spark session and where the tables live, when the project does not define
     them elsewhere (pipelines giving the same settings share one resource)."""
 
