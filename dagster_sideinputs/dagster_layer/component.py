@@ -7,6 +7,7 @@ values (``MainInput``, ``SideInput``, ``Window``, ``OutputTag``) and calls
 ``build_replay_job`` and ``build_side_input_sensor``; nothing here runs the operator.
 """
 
+import datetime as dt
 import importlib
 import re
 from collections.abc import Callable
@@ -36,12 +37,8 @@ _UNITS = {"w": 604_800.0, "d": 86_400.0, "h": 3_600.0, "m": 60.0, "s": 1.0, "ms"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|w|d|h|m|s)")
 
 
-def parse_duration(value: Duration | None, where: str) -> Any:
-    """A ``datetime.timedelta`` from a YAML duration (``None`` stays ``None``)."""
-    import datetime as dt
-
-    if value is None:
-        return None
+def parse_duration(value: Duration, where: str) -> dt.timedelta:
+    """A ``datetime.timedelta`` from a YAML duration; ``where`` names the field in errors."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return dt.timedelta(seconds=float(value))
     text = str(value).replace(" ", "").lower()
@@ -52,6 +49,10 @@ def parse_duration(value: Duration | None, where: str) -> Any:
             fix=f'write e.g. {where}: "90s", "30m", "1h", "1d" or "1h30m" (or a number of seconds)',
         )
     return dt.timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def _optional_duration(value: Duration | None, where: str) -> dt.timedelta | None:
+    return None if value is None else parse_duration(value, where)
 
 
 class OutputModel(dg.Model):
@@ -85,9 +86,9 @@ class WindowModel(dg.Resolvable, dg.Model):
         size = parse_duration(self.size, f"{where}.size")
         return Window(
             size=size,
-            slide=parse_duration(self.slide, f"{where}.slide") or size,
+            slide=parse_duration(self.slide, f"{where}.slide") if self.slide else size,
             time_column=self.time_column,
-            watermark=parse_duration(self.watermark, f"{where}.watermark"),
+            watermark=_optional_duration(self.watermark, f"{where}.watermark"),
             offset=parse_duration(self.offset or 0, f"{where}.offset"),
         )
 
@@ -153,7 +154,12 @@ class SideInputModel(dg.Resolvable, dg.Model):
         if self.window is not None:
             given["window"] = self.window.window(f"{where}.window")
         factory: Callable[..., SideInput] = getattr(SideInput, self.view)
-        return factory(self.asset, **given)
+        try:
+            return factory(self.asset, **given)
+        except DeclarationError as exc:  # the same error, placed in the defs.yaml
+            raise DeclarationError(
+                f"SideInputPipeline {where}: {exc.message}", fix=exc.fix
+            ) from exc
 
 
 class RoutesModel(dg.Resolvable, dg.Model):
@@ -321,7 +327,7 @@ class SideInputPipeline(dg.Component, dg.Resolvable, dg.Model):
             "window": self.window.window("window") if self.window else None,
             "buffer": BufferLimits(
                 max_rows=self.buffer.max_rows,
-                max_age=parse_duration(self.buffer.max_age, "buffer.max_age"),
+                max_age=_optional_duration(self.buffer.max_age, "buffer.max_age"),
                 on_exceed=self.buffer.on_exceed,
             ),
             "mode": self.mode,

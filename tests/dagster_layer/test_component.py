@@ -196,6 +196,12 @@ def test_a_bad_declaration_names_the_field():
     )
     with pytest.raises(dsi.DeclarationError, match=r"side_inputs\.p\.timeout is 'soon'"):
         component.assets_kwargs()
+    wrong_option = {"r": {"view": "singleton", "asset": "r", "missing": "wait"}}
+    component = SideInputPipeline.from_attributes_dict(
+        attributes={**ATTRIBUTES, "side_inputs": wrong_option}
+    )
+    with pytest.raises(dsi.DeclarationError, match=r"SideInputPipeline side_inputs\.r: .*missing"):
+        component.assets_kwargs()
     with pytest.raises(dsi.DeclarationError, match="not a module:function"):
         SideInputPipeline.from_attributes_dict(attributes={**ATTRIBUTES, "fn": "enrich"}).function()
     with pytest.raises(dsi.DeclarationError, match="has no function 'nope'"):
