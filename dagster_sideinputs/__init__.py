@@ -67,6 +67,7 @@ from dagster_sideinputs.errors import (
 _DAGSTER_LAYER = {
     "DagsterReadiness": "dagster_sideinputs.dagster_layer.readiness",
     "DeltaIOManager": "dagster_sideinputs.dagster_layer.io_manager",
+    "SideInputPipeline": "dagster_sideinputs.dagster_layer.component",
     "SparkResource": "dagster_sideinputs.dagster_layer.resources",
     "build_replay_job": "dagster_sideinputs.dagster_layer.job",
     "build_side_input_checks": "dagster_sideinputs.dagster_layer.checks",
@@ -84,6 +85,12 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    # The Dagster layer's names too: `dg list components` finds SideInputPipeline
+    # through dir() (the entry point `dagster_dg_cli.registry_modules` names this package).
+    return sorted({*globals(), *_DAGSTER_LAYER})
 
 
 __version__ = "0.1.0"
@@ -136,6 +143,7 @@ __all__ = [
     "SideInputDataError",
     "SideInputError",
     "SideInputOperator",
+    "SideInputPipeline",
     "SideInputs",
     "SingletonCardinalityError",
     "SparkJobError",
