@@ -11,7 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dagster_sideinputs"
-MAX_LINES = 400
+MAX_LINES = 600
+"""A module is one concept (STYLE.md): 600 lines of one idea are fine, and a file
+is never split to fit a number. Past this, a module almost always holds two ideas, so
+the test asks which; it is a prompt to look, not a size to cut files to."""
 
 
 def module_name(path: Path) -> str:
@@ -48,13 +51,16 @@ def imported_modules(name: str, path: Path) -> set[str]:
 GRAPH = {name: imported_modules(name, path) for name, path in MODULES.items()}
 
 
-def test_no_module_of_the_library_is_over_400_lines():
+def test_no_module_of_the_library_holds_more_than_one_concept_by_size():
     long = {
         name: n
         for name, path in MODULES.items()
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
-    assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
+    assert long == {}, (
+        f"over {MAX_LINES} lines: {long}; does each hold more than one concept? Split by "
+        "concept (never to fit the number)"
+    )
 
 
 def test_no_module_imports_one_that_imports_it_back():
