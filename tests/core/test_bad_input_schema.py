@@ -325,3 +325,19 @@ def test_a_declared_type_change_that_keeps_every_waiting_value_is_carried_over(l
     accounted(lake, op, [1, 2, 3, 4])
     out = {r[0]: r[1] for r in lake.rows("enriched", "tx_id", "amount")}
     assert (out[2], out[3], out[4]) == ("2.5", "three", "four")
+
+
+def test_a_type_mismatch_alone_does_not_suggest_merging_which_changes_no_type(spark):
+    """The issue saw the suggested ``schema_mode="merge"`` fail the same way."""
+    from pyspark.sql import types as T
+
+    from dagster_sideinputs.delta.schema import plan_append
+
+    table = T.StructType([T.StructField("v", T.IntegerType())])
+    data = T.StructType([T.StructField("v", T.LongType())])
+    with refused(dsi.SchemaMismatchError, "'v' is bigint in the data but int", fix="cast") as err:
+        plan_append(data, table, table="out", merge=True)
+    assert "schema_mode" not in (err.value.fix or "")
+    extra = T.StructType([*data.fields, T.StructField("w", T.StringType())])
+    with refused(dsi.SchemaMismatchError, "'w'", fix='schema_mode="merge"'):
+        plan_append(extra, table, table="out", merge=False)
