@@ -232,6 +232,11 @@ class BatchPlan:
         side_ids: the Delta table id of each side table read: a version number means
             nothing once the table was deleted and created again.
         as_of: per as-of side input, its horizon and (history) versions.
+        buffer_renames: buffered main columns that are not the main input's column of the
+            same name any more (core/buffer_schema.py): the column they now are (renamed
+            under column mapping), or None (dropped).
+        buffer_rewrite: the buffer's columns no longer match the main input's: every slot
+            is read and the buffer written again whole, in the main input's schema.
     """
 
     operator_id: str
@@ -250,6 +255,8 @@ class BatchPlan:
     tables: tuple[str, ...] = ()
     side_ids: Mapping[str, str | None] = field(default_factory=dict)
     as_of: Mapping[str, AsOfPlan] = field(default_factory=dict)
+    buffer_renames: Mapping[str, str | None] = field(default_factory=dict)
+    buffer_rewrite: bool = False
     # Unique per plan (the random part): the key of the plan's claim (state.py).
     planned_by: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -298,6 +305,8 @@ class BatchPlan:
             "side_ids": dict(self.side_ids),
             "as_of": {side: entry.to_dict() for side, entry in self.as_of.items()},
             "planned_by": self.planned_by,
+            "buffer_renames": dict(self.buffer_renames),
+            "buffer_rewrite": self.buffer_rewrite,
         }
         return json.dumps(data, indent=1, sort_keys=True)
 
@@ -340,6 +349,8 @@ class BatchPlan:
                 side: AsOfPlan.from_dict(entry) for side, entry in (data.get("as_of") or {}).items()
             },
             planned_by=data.get("planned_by", ""),
+            buffer_renames=dict(data.get("buffer_renames") or {}),
+            buffer_rewrite=bool(data.get("buffer_rewrite", False)),
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
+from dagster_sideinputs.core.buffer_schema import Carry, plan_carry
 from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import SIDE_NS
 from dagster_sideinputs.core.main_source import MainSource, SourceSlice
@@ -45,7 +46,7 @@ from dagster_sideinputs.core.windows import (
     parse_stat_time,
 )
 from dagster_sideinputs.delta.engine import TableSnapshot
-from dagster_sideinputs.errors import SideInputDataError
+from dagster_sideinputs.errors import DeltaTableError, SideInputDataError
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Planner:
         last = previous.plan
         piece = self.source.next_range(last.main if last is not None else None)
         buffer = load_state(spec)
+        carry = self._carry(piece, buffer, last)
         side_snapshots = {b.name: self._side_snapshot(b, last) for b in spec.sides}
         namespaces = self.windows.namespaces(piece, buffer, reroute=reroute)
         decisions, mapping = self._readiness(namespaces, side_snapshots, now)
@@ -118,7 +120,7 @@ class Planner:
             side_changed=side_changed,
             incoming=_incoming(piece),
             now=now,
-            reroute=reroute,
+            reroute=reroute or carry.rewrite,
         )
         if piece.range.is_empty and not slots:
             return None
@@ -153,8 +155,42 @@ class Planner:
                 for name, snap in side_snapshots.items()
             },
             as_of=as_of,
+            buffer_renames=carry.renames,
+            buffer_rewrite=carry.rewrite,
         )
         return Planned(plan, piece)
+
+    def _carry(self, piece: SourceSlice, buffer: BufferState, last: BatchPlan | None) -> Carry:
+        """How buffered records meet the main input's schema at the plan's version
+        (:mod:`~dagster_sideinputs.core.buffer_schema`)."""
+        if buffer.snapshot is None:
+            return Carry({}, False)
+        schema = self.source.schema()
+        ids_now: Mapping[str, int] = {}
+        ids_then: Mapping[str, int] | None = {}
+        then = None
+        if schema is None and piece.range.kind == "delta":
+            snapshot = piece.snapshot
+            end = piece.range.end_version
+            if end < 0:
+                return Carry({}, False)
+            if snapshot is None or snapshot.version != end:
+                snapshot = self.engine.snapshot(self.spec.main_uri, version=end)
+            schema, ids_now = snapshot.schema, snapshot.field_ids
+            if (
+                ids_now
+                and last is not None
+                and last.main.kind == "delta"
+                and last.main.end_version >= 0
+            ):
+                then = last.main.end_version
+                try:
+                    ids_then = self.engine.snapshot(self.spec.main_uri, version=then).field_ids
+                except DeltaTableError:  # that version's log is gone
+                    ids_then = None
+        return plan_carry(
+            self.spec, buffer, schema, ids_now=ids_now, ids_then=ids_then, then_version=then
+        )
 
     def _as_of(
         self,

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.buffer import fingerprint, read_slots
+from dagster_sideinputs.core.buffer_schema import carried
 from dagster_sideinputs.core.columns import (
     BATCH,
     CORRUPT,
@@ -76,9 +77,14 @@ def read(context: StageContext, batch: Batch) -> Batch:
         # neither. Parsed once, whole, each record is corrupt or not for the whole batch.
         raw = context.persist(raw)
     main_columns = tuple(c for c in raw.columns if c not in (CORRUPT, *INTERNAL))
-    check_main_schema(spec, T.StructType([raw.schema[c] for c in main_columns]))
+    main_schema = T.StructType([raw.schema[c] for c in main_columns])
+    check_main_schema(spec, main_schema)
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
+    if buffered is not None:  # in the main input's schema now (core/buffer_schema.py)
+        buffered = carried(spec, buffered, main_schema, plan.buffer_renames)
+        if plan.buffer_rewrite:  # the key's type may have changed: its hash with it
+            buffered = buffered.withColumn(KEY_GROUP, _key_group(spec))
     if buffered is not None and plan.reroute:
         buffered = _rebuilt(spec, buffered, main_columns, plan)
         notes.append("declaration changed: buffered records routed again under the new one")

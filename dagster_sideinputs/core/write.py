@@ -52,6 +52,13 @@ class _Target:
     schema_mode: str | None = None
     buffer: bool = False
     tag: OutputTag | None = None
+    mode: str = "append"
+
+    @property
+    def removes_released(self) -> bool:
+        """The buffer's commit removes the files of the slots read (an overwrite of the
+        buffer removes every file itself)."""
+        return self.buffer and self.mode == "append"
 
 
 def write(context: StageContext, batch: Batch) -> Batch:
@@ -78,7 +85,10 @@ def write(context: StageContext, batch: Batch) -> Batch:
                     target,
                     shared.pop(target.label, None)
                     or _stage(
-                        context, batch, target, removes_files=target.buffer and bool(removed)
+                        context,
+                        batch,
+                        target,
+                        removes_files=target.removes_released and bool(removed),
                     ),
                 )
             )
@@ -174,7 +184,20 @@ def _targets(context: StageContext, batch: Batch) -> list[_Target]:
     if waiting or batch.plan.read_slots:
         assert batch.classified is not None
         rows = waiting_rows(batch.classified, batch.main_columns) if waiting else None
-        targets.append(_Target(BUFFER, spec.buffer_uri, rows, [SLOT], "merge", buffer=True))
+        # The main input's schema changed under buffered records: the batch read every
+        # slot, and writes the buffer again whole in the new schema (core/buffer_schema.py).
+        whole = batch.plan.buffer_rewrite and rows is not None
+        targets.append(
+            _Target(
+                BUFFER,
+                spec.buffer_uri,
+                rows,
+                [SLOT],
+                "overwrite" if whole else "merge",
+                buffer=True,
+                mode="overwrite" if whole else "append",
+            )
+        )
     return targets
 
 
@@ -257,6 +280,7 @@ def _stage(
             frame,
             target.uri,
             partition_by=target.partition_by,
+            mode=target.mode,  # type: ignore[arg-type]
             schema_mode=target.schema_mode,  # type: ignore[arg-type]
             name=name,
             removes_files=removes_files,
@@ -285,7 +309,7 @@ def _commit(
     result = engine.commit(
         stage,
         app_transaction=txn,
-        remove_files=removed if target.buffer else (),
+        remove_files=removed if target.removes_released else (),
         commit_metadata=meta,
         skip_empty_commit=True,
     )

@@ -77,6 +77,9 @@ class TableSnapshot:
     Attributes:
         table_id: the table's id from its ``metaData`` action: it changes when a table is
             deleted and created again at the same location.
+        field_ids: top-level column name -> its column-mapping id (``delta.columnMapping.id``),
+            empty without column mapping: a column keeps its id through a rename, and a
+            column dropped and added again under the same name gets a new one.
     """
 
     uri: str
@@ -87,6 +90,7 @@ class TableSnapshot:
     commit_timestamp: dt.datetime
     configuration: Mapping[str, str | None]
     table_id: str = ""
+    field_ids: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def num_records(self) -> int | None:

@@ -232,8 +232,10 @@ def plan_append(
                 f"column {field.name!r} is {incoming.dataType.simpleString()} in the data "
                 f"but {field.dataType.simpleString()} in the table"
             )
+    retyped = bool(problems) and all(" in the data but " in p for p in problems)
     extra = [field for name, field in data_fields.items() if name not in table_names]
     if extra and not merge:
+        retyped = False
         problems.extend(
             f"column {field.name!r} ({field.dataType.simpleString()}) is not in the table"
             f"{did_you_mean(field.name, table_names)}"
@@ -242,7 +244,11 @@ def plan_append(
     if problems:
         raise SchemaMismatchError(
             f"Cannot append to table {table}: " + "; ".join(problems) + ". The table is unchanged.",
-            fix="cast or rename the columns to match the table, or pass "
+            # schema_mode="merge" adds and nulls columns; it changes no column's type.
+            fix="cast the columns to the table's types (if a wider type is needed, write "
+            "to a new table)"
+            if retyped
+            else "cast or rename the columns to match the table, or pass "
             'schema_mode="merge" to add new columns and write missing ones as nulls',
         )
     columns.extend(F.col(quoted(field.name)) for field in extra)

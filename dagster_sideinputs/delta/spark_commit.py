@@ -32,7 +32,11 @@ from dagster_sideinputs.delta.spark_direct import (
 from dagster_sideinputs.delta.spark_log import READER
 from dagster_sideinputs.delta.spark_log_files import LogFiles, is_path_not_found
 from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.spark_predicates import removal_predicate, replace_predicate
+from dagster_sideinputs.delta.spark_predicates import (
+    removal_predicate,
+    replace_predicate,
+    sql_table,
+)
 from dagster_sideinputs.delta.spark_session import session_setting
 from dagster_sideinputs.delta.staging import allowed_values
 from dagster_sideinputs.errors import (
@@ -134,11 +138,24 @@ def save(
         )
     spark = frame.sparkSession
     try:
+        if schema_mode is not None and current is not None:
+            _support_timestamp_ntz(frame, current, uri)
         with session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None):
             writer.save(spark_uri(uri))
     except Exception as exc:
         raise _translated(exc, label, replace_partition) from exc
     return _result_of(files, uri, label, before, token)
+
+
+def _support_timestamp_ntz(frame: DataFrame, current: LogState, uri: str) -> None:
+    """A schema change bringing the table its first ``timestamp_ntz`` column: Delta's
+    writer wants the table feature enabled by hand first (a protocol-only commit, which
+    a rerun finds done). Delta enables it itself when it creates a table."""
+    features = set(current.protocol.get("writerFeatures") or ())
+    if "timestampNtz" in features or "timestamp_ntz" not in frame.schema.simpleString():
+        return
+    feature = "'delta.feature.timestampNtz' = 'supported'"
+    frame.sparkSession.sql(f"ALTER TABLE {sql_table(uri)} SET TBLPROPERTIES ({feature})")
 
 
 def commit_staged_files(

@@ -97,7 +97,19 @@ class LogState:
             ),
             configuration=self.configuration,
             table_id=self.table_id,
+            field_ids=self.field_ids,
         )
+
+    @property
+    def field_ids(self) -> dict[str, int]:
+        """Top-level column -> column-mapping id (empty without column mapping)."""
+        if not self.column_mapping:
+            return {}
+        return {
+            f.name: int(f.metadata[COLUMN_MAPPING_KEYS[0]])
+            for f in self.raw_schema.fields
+            if COLUMN_MAPPING_KEYS[0] in (f.metadata or {})
+        }
 
     def data_files(self) -> tuple[DataFile, ...]:
         """The live files, with typed partition values and statistics, by path."""
