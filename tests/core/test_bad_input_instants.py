@@ -29,33 +29,13 @@ from tests.core.catalogue import (
     refused,
 )
 from tests.core.conftest import ALTERNATE, Lake
+from tests.core.test_temporal import ORDERS, PRICED, PRICES, at, priced, priced_frames, priced_rows
 
 DELTA_ENGINES = ("rs", "spark")
 ENGINE_MATRIX = ALTERNATE
 
-ORDERS = "order_id long, sku string, ts timestamp"
-PRICES = "sku string, price double, valid_from timestamp"
-PRICED = dsi.OutputTag(
-    "priced",
-    schema=T.StructType(
-        [T.StructField("order_id", T.LongType()), T.StructField("price", T.DoubleType())]
-    ),
-)
 SINCE_ALWAYS = dt.datetime(1, 1, 1, tzinfo=UTC)  # what the fix suggests for "since always"
 Z = ("z", 0.0, T0 + dt.timedelta(hours=1))  # another key's row: the horizon passes the orders
-
-
-def at(minutes: float) -> dt.datetime:
-    return T0 + dt.timedelta(minutes=minutes)
-
-
-def priced_frames(main, sides):
-    return main.select("order_id", F.col("price.price").alias("price"))
-
-
-def priced_rows(record, ctx):
-    row = ctx.side_input("price")
-    yield {"order_id": record.order_id, "price": row.price if row else None}
 
 
 def as_of_operator(lake: Lake, mode: str, **side: Any) -> dsi.SideInputOperator:
@@ -69,10 +49,6 @@ def as_of_operator(lake: Lake, mode: str, **side: Any) -> dsi.SideInputOperator:
         main_output=PRICED,
         **options,
     )
-
-
-def priced(lake: Lake) -> dict[int, float | None]:
-    return {row[0]: row[1] for row in lake.rows("priced")}
 
 
 def refused_null_valid_from(lake: Lake, op: dsi.SideInputOperator, key: str) -> None:

@@ -15,25 +15,13 @@ from dagster_sideinputs.core.time_stats import cached_max_time, exact_max_time, 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, hours
+from tests.core.test_temporal import ORDERS, PRICED, PRICES, priced
 
 DELTA_ENGINES = ("rs", "spark")
-
-ORDERS = "order_id long, sku string, ts timestamp"
-PRICES = "sku string, price double, valid_from timestamp"
-PRICED = dsi.OutputTag(
-    "priced",
-    schema=T.StructType(
-        [T.StructField("order_id", T.LongType()), T.StructField("price", T.DoubleType())]
-    ),
-)
 
 
 def us(n: int) -> dt.datetime:
     return T0 + dt.timedelta(microseconds=n)
-
-
-def priced(lake) -> dict[int, float | None]:
-    return {row[0]: row[1] for row in lake.rows("priced")}
 
 
 def test_as_of_horizon_is_exact_at_the_microsecond(lake):
