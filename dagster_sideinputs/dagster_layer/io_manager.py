@@ -330,16 +330,19 @@ class DeltaIOManager(dg.ConfigurableIOManager):
                     context.asset_partitions_def,
                     writing=True,
                 )
-        result = storage.delta.write(
-            data,
-            uri,
-            mode=mode,
-            partition_by=partition_by,
-            replace_partition=replace if mode == "overwrite" else None,
-            schema_mode=schema_mode,
-            name=asset,
-            commit_metadata={"dagster.run_id": context.run_id, "dagster.asset": asset},
-        )
+        try:
+            result = storage.delta.write(
+                data,
+                uri,
+                mode=mode,
+                partition_by=partition_by,
+                replace_partition=replace if mode == "overwrite" else None,
+                schema_mode=schema_mode,
+                name=asset,
+                commit_metadata={"dagster.run_id": context.run_id, "dagster.asset": asset},
+            )
+        except SchemaMismatchError as exc:
+            raise _as_metadata_fix(exc) from exc
         context.add_output_metadata(
             write_metadata(result, data.schema, self._row_count(storage, result, replace))
         )
@@ -411,3 +414,14 @@ class DeltaIOManager(dg.ConfigurableIOManager):
                 {"delta_version": snapshot.version, "delta_engine": storage.delta.name}
             )
         return frame
+
+
+def _as_metadata_fix(exc: SchemaMismatchError) -> SchemaMismatchError:
+    """The writer's fix in the IO manager's spelling: a write's ``schema_mode`` is the
+    asset's ``schema_mode`` metadata here."""
+    fix = exc.fix
+    for mode in _SCHEMA_MODES:
+        spelled = f'schema_mode="{mode}"'
+        if fix is not None and spelled in fix:
+            fix = fix.replace(spelled, f'metadata={{"schema_mode": "{mode}"}} on the asset')
+    return SchemaMismatchError(exc.message, fix=fix)

@@ -193,7 +193,12 @@ def computed_by_delta(field: T.StructField) -> bool:
 
 
 def plan_append(
-    data: T.StructType, table_schema: T.StructType, *, table: str, merge: bool
+    data: T.StructType,
+    table_schema: T.StructType,
+    *,
+    table: str,
+    merge: bool,
+    overwrite: bool = False,
 ) -> AppendPlan:
     """Match a DataFrame schema to a table schema, or explain precisely why it does not.
 
@@ -202,6 +207,9 @@ def plan_append(
     columns are added to the table and missing ones are written as nulls. Unlike
     delta-spark, a missing column is an error without ``merge`` (output schemas are
     strict), except an identity or generated column, which Delta's writer computes.
+
+    ``overwrite``: the data replaces the table's rows (a full overwrite that keeps the
+    schema): the error says so, and that ``schema_mode="overwrite"`` replaces the schema.
 
     Raises:
         SchemaMismatchError: naming every offending column, with the fix.
@@ -240,6 +248,14 @@ def plan_append(
             f"column {field.name!r} ({field.dataType.simpleString()}) is not in the table"
             f"{did_you_mean(field.name, table_names)}"
             for field in extra
+        )
+    if problems and overwrite:
+        raise SchemaMismatchError(
+            f"Cannot overwrite table {table} keeping its schema: "
+            + "; ".join(problems)
+            + ". The table is unchanged.",
+            fix='pass schema_mode="overwrite" to replace the table\'s schema with the '
+            "data's along with its rows, or cast or rename the columns to match the table",
         )
     if problems:
         raise SchemaMismatchError(
@@ -318,7 +334,9 @@ def plan_write_schema(
             f"({existing_partitions}); got {sorted(replace_partition)}.",
             fix=f"pass replace_partition={{{shown}}}",
         )
-    plan = plan_append(df.schema, existing, table=label, merge=schema_mode == "merge")
+    plan = plan_append(
+        df.schema, existing, table=label, merge=schema_mode == "merge", overwrite=full_replace
+    )
     schema = T.StructType(list(existing.fields) + list(_nullable_fields(plan.new_fields)))
     return schema, df.select(*plan.columns), plan.new_fields, existing_partitions
 

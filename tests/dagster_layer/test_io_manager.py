@@ -251,6 +251,32 @@ def test_new_column_without_schema_mode_is_rejected_and_table_unchanged(resource
     assert DeltaTable(os.path.join(root, "orders")).version() == 0
 
 
+def test_an_overwrite_with_another_schema_names_the_overwrite_and_its_fix(
+    resources, instance, root
+):
+    """Before: "Cannot append to table ...; pass schema_mode="merge"" for an overwrite,
+    whose fix is to replace the schema (the asset's schema_mode metadata)."""
+
+    def renamed(**asset_kwargs: Any) -> dg.AssetsDefinition:
+        @dg.asset(name="orders", **asset_kwargs)
+        def orders(spark: SparkResource) -> DataFrame:
+            return spark.spark_session.createDataFrame([(3, "c")], "id long, label string")
+
+        return orders
+
+    run([orders_asset()], resources, instance)
+    with pytest.raises(SchemaMismatchError) as caught:
+        run([renamed()], resources, instance)
+    assert "Cannot overwrite table orders keeping its schema" in caught.value.message
+    assert "'label'" in caught.value.message
+    assert caught.value.fix is not None
+    assert 'metadata={"schema_mode": "overwrite"} on the asset' in caught.value.fix
+    assert "merge" not in caught.value.fix
+    assert DeltaTable(os.path.join(root, "orders")).version() == 0
+    run([renamed(metadata={"schema_mode": "overwrite"})], resources, instance)
+    assert rows(os.path.join(root, "orders")) == [{"id": 3, "label": "c"}]
+
+
 # --- materialization metadata ----------------------------------------------------------
 
 
