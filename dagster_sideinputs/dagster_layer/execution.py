@@ -21,6 +21,7 @@ from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
@@ -105,10 +106,11 @@ def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
 def table_versions(op: SideInputOperator) -> dict[str, int | None]:
     """The Delta version of every output table now (None: no table yet)."""
     engine = op.spec.storage.delta
-    return {
-        name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
-        for name, uri in op.output_tables.items()
-    }
+    with lake_storage_errors(op.spec, "reading the output tables' versions"):
+        return {
+            name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
+            for name, uri in op.output_tables.items()
+        }
 
 
 def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool:
@@ -144,8 +146,9 @@ def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
         "dagster/uri": dg.MetadataValue.path(uri),
         "delta_engine": engine.name,
     }
-    if engine.exists(uri):
-        snapshot = engine.snapshot(uri, name=tag.name)
+    with lake_storage_errors(op.spec, f"reading output table {tag.name!r} for the run's metadata"):
+        snapshot = engine.snapshot(uri, name=tag.name) if engine.exists(uri) else None
+    if snapshot is not None:
         metadata["delta_version"] = snapshot.version
         metadata["dagster/column_schema"] = table_schema_metadata(snapshot.schema)
         if snapshot.num_records is not None:

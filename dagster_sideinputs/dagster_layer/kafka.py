@@ -16,6 +16,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.errors import DeclarationError, SideInputError
 
@@ -129,7 +130,8 @@ def _lag_now(op: SideInputOperator) -> list[dict[str, Any]]:
     committed = op.last_committed_batch()
     if committed is None:
         return []
-    plan = op.state.plan(committed)
+    with lake_storage_errors(op.spec, "reading the batch plans"):
+        plan = op.state.plan(committed)
     if plan is None or plan.main.kind != "kafka":
         return []
     try:
