@@ -9,6 +9,7 @@ ends the run: no batch is left half-written, and none is lost.
 """
 
 import datetime as dt
+import logging
 import queue
 import threading
 import time
@@ -32,7 +33,9 @@ from dagster_sideinputs.dagster_layer.readiness import (
     side_assets_from_graph,
 )
 from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.errors import DeclarationError, did_you_mean
+from dagster_sideinputs.errors import DeclarationError, StorageError, did_you_mean
+
+log = logging.getLogger("dagster_sideinputs")
 
 
 def storage_of(resources: Any, decl: SideInputAssets) -> DeltaStorage:
@@ -126,8 +129,19 @@ def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool
     return write.rows > 0 or write.skipped or version_before is None
 
 
+def _after_commit(op: SideInputOperator, what: str, error: StorageError) -> dict[str, Any]:
+    """Figures read after the run's batches committed that the store refused: left out
+    (with the error's text), never failing a run whose batches are committed (its
+    materializations are what Dagster must not lose)."""
+    log.warning("%s: %s left out of the run's metadata: %s", op.operator_id, what, error.message)
+    return {"figures_unavailable": f"{what}: {error.message}"[:1000]}
+
+
 def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
-    buffer = op.buffer()
+    try:
+        buffer = op.buffer()
+    except StorageError as exc:
+        return _after_commit(op, "the buffer's figures", exc)
     oldest = buffer.oldest()
     return {
         "buffered_rows": buffer.rows(),
@@ -146,8 +160,11 @@ def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
         "dagster/uri": dg.MetadataValue.path(uri),
         "delta_engine": engine.name,
     }
-    with lake_storage_errors(op.spec, f"reading output table {tag.name!r} for the run's metadata"):
-        snapshot = engine.snapshot(uri, name=tag.name) if engine.exists(uri) else None
+    try:
+        with lake_storage_errors(op.spec, f"reading the figures of output table {tag.name!r}"):
+            snapshot = engine.snapshot(uri, name=tag.name) if engine.exists(uri) else None
+    except StorageError as exc:
+        return metadata | _after_commit(op, f"the figures of table {tag.name!r}", exc)
     if snapshot is not None:
         metadata["delta_version"] = snapshot.version
         metadata["dagster/column_schema"] = table_schema_metadata(snapshot.schema)
@@ -373,7 +390,7 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     buffer = _buffer_figures(op)
     context.log.info(
         f"{len(batches)} micro-batch(es), stopped: {result.stopped}; "
-        f"{figures_line(record_figures(batches))}; buffered_rows={buffer['buffered_rows']}"
+        f"{figures_line(record_figures(batches))}; buffered_rows={buffer.get('buffered_rows')}"
     )
     # A replay runs its own operator, which never writes the output it replays: that
     # table's figures come from the main operator.

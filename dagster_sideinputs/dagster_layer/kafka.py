@@ -123,19 +123,19 @@ def kafka_batch_metadata(metrics: BatchMetrics) -> dict[str, Any]:
 
 
 def _lag_now(op: SideInputOperator) -> list[dict[str, Any]]:
-    """Per partition: the committed end offset, the log end now and the lag (brokers
-    unreachable: none, with a warning; metadata never fails a run that succeeded)."""
+    """Per partition: the committed end offset, the log end now and the lag (brokers or
+    store unreachable: none, with a warning; metadata never fails a run that succeeded)."""
     from dagster_sideinputs.core.kafka_source import KafkaSource
 
-    committed = op.last_committed_batch()
-    if committed is None:
-        return []
-    with lake_storage_errors(op.spec, "reading the batch plans"):
-        plan = op.state.plan(committed)
-    if plan is None or plan.main.kind != "kafka":
-        return []
     try:
+        committed = op.last_committed_batch()
+        if committed is None:
+            return []
+        with lake_storage_errors(op.spec, "reading the batch plans"):
+            plan = op.state.plan(committed)
+        if plan is None or plan.main.kind != "kafka":
+            return []
         return KafkaSource(op.spec).lag(plan.main)
-    except SideInputError as exc:
+    except SideInputError as exc:  # the brokers, or the store, failing after the run
         log.warning("%s: no Kafka lag in the metadata: %s", op.operator_id, exc.message)
         return []

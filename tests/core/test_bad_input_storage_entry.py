@@ -10,6 +10,7 @@ with its text, an asset check fails with it), never obstore's or delta-rs's own
 exception, and nothing is committed.
 """
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from dagster_sideinputs.dagster_layer.declaration import CHECK_BUFFER, CHECK_REA
 from dagster_sideinputs.delta.object_store import open_object_store
 from tests.core import test_bad_input_storage as storage_cases
 from tests.core.catalogue import nothing_committed, refused
-from tests.core.test_bad_input_storage import BUCKET, Store, enrich, exact, operator
+from tests.core.test_bad_input_storage import BUCKET, IDS, Store, enrich, exact, operator
 
 pytestmark = pytest.mark.s3
 
@@ -180,6 +181,42 @@ def test_a_dagster_run_with_the_store_down_fails_with_a_storage_error(lake, stor
     for name in ("could not be reached", "reading the output tables' versions", BUCKET):
         assert name in error.message, (name, error.message)
     assert dg.materialize([guarded], resources=resources, instance=instance).success
+
+
+def test_a_dagster_run_whose_store_goes_down_after_its_batches_committed_materializes(
+    lake, store, instance, monkeypatch
+):
+    """The figures read after the batches committed (the tables' versions, the buffer) are
+    left out with the error's text; the run succeeds and reports its materializations,
+    which Dagster would otherwise never get (the next run has nothing to write)."""
+    run = dsi.SideInputOperator.run
+
+    def store_gone_after(op: dsi.SideInputOperator, *args: Any, **kwargs: Any) -> Any:
+        result = run(op, *args, **kwargs)
+        store.proxy.stop()
+        return result
+
+    monkeypatch.setattr(dsi.SideInputOperator, "run", store_gone_after)
+    instance.report_runless_asset_event(dg.AssetMaterialization("profiles"))  # ready
+    manager = io_manager(lake, store)
+    resources = {"io_manager": manager, "spark": manager.spark}
+    try:
+        result = dg.materialize([guarded], resources=resources, instance=instance)
+    finally:
+        store.proxy.start()
+    assert result.success
+    events = {
+        e.asset_key.to_user_string(): e.step_materialization_data.materialization
+        for e in result.get_asset_materialization_events()
+    }
+    assert set(events) == {"enriched", "big"}
+    metadata = {k: v.value for k, v in events["enriched"].metadata.items()}
+    assert metadata["rows_written"] == 3
+    text = metadata["figures_unavailable"]
+    for name in ("could not be reached", BUCKET):
+        assert name in text, (name, text)
+    assert "delta_version" not in metadata
+    assert Counter(r for (r,) in lake.rows("enriched", "tx_id")) == Counter(IDS)
 
 
 def test_reset_with_the_store_down(lake, store):
