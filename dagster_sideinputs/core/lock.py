@@ -28,11 +28,11 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 
-from dagster_sideinputs.core.spark_errors import storage_error
+from dagster_sideinputs.core.spark_errors import storage_errors
 from dagster_sideinputs.delta.files import is_local, normalize_uri
 from dagster_sideinputs.delta.lease import ObjectStoreLease
 from dagster_sideinputs.delta.s3 import store_label
-from dagster_sideinputs.delta.store_errors import is_store_error, run_cleanup
+from dagster_sideinputs.delta.store_errors import run_cleanup
 from dagster_sideinputs.errors import DeclarationError, OperatorBusyError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -130,7 +130,7 @@ def _object_store_lock(
 ) -> Iterator[None]:
     where = f"{state_uri}/lock"
     store = store_label(state_uri, storage_options)
-    with _as_storage_error(operator_id, f"taking the operator's lock {where}", store):
+    with storage_errors(operator_id, f"taking the operator's lock {where}", store=store):
         lease = ObjectStoreLease(state_uri, "lock", storage_options, lease_s=lease_s)
         acquired = lease.acquire(wait_s=wait_s)
         holder = None if acquired else lease.holder()
@@ -162,19 +162,9 @@ def _object_store_lock(
         f"expires {lease_s:.0f}s after its last renewal, then the next run takes it: "
         "pass wait_for_lock= to wait for it)"
     )
-    with _as_storage_error(operator_id, releasing, store):
+    with storage_errors(operator_id, releasing, store=store):
         lease.release()
     _warn_if_lost(lost, operator_id, state_uri, lease_s)
-
-
-@contextlib.contextmanager
-def _as_storage_error(operator_id: str, doing: str, store: str) -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        if not is_store_error(exc):
-            raise
-        raise storage_error(operator_id, exc, doing, store=store) from exc
 
 
 def _warn_if_lost(lost: bool, operator_id: str, state_uri: str, lease_s: float) -> None:

@@ -34,13 +34,13 @@ from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
 from dagster_sideinputs.core.session import fit_shuffle_partitions
 from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.spark_errors import storage_errors
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable
 from dagster_sideinputs.core.step import peek, step
 from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.delta.s3 import configure_spark, store_label
+from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError
 
@@ -296,10 +296,7 @@ class SideInputOperator:
 
     def _storage_errors(self, doing: str) -> Any:
         """Store failures of the block as a StorageError naming the lake's store."""
-        storage = self.spec.storage
-        return storage_errors(
-            self.operator_id, doing, store=store_label(storage.root, storage.storage_options)
-        )
+        return lake_storage_errors(self.spec, doing)
 
     def _lock(self, wait_s: float) -> Any:
         return operator_lock(

@@ -29,6 +29,7 @@ from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.side_inputs import SideInput
 from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.delta.engine import TableSnapshot
+from dagster_sideinputs.delta.store_errors import is_store_error
 from dagster_sideinputs.errors import DeclarationError, SideInputError
 
 WindowSpan = tuple[dt.datetime, dt.datetime]
@@ -193,9 +194,11 @@ def decide_readiness(
     name = callable_name(provider)
     try:
         answer = provider.decide(facts, windows, now)
-    except (SideInputError, PySparkException, Py4JError, OSError):
+    except (SideInputError, PySparkException, Py4JError):
         raise
     except Exception as exc:
+        if is_store_error(exc):  # the store's failure (obstore's, delta-rs's): a StorageError
+            raise
         raise DeclarationError(
             f"The readiness provider {name} raised {type(exc).__name__}: {exc} deciding "
             f"{label} ({_asked(windows)}). Nothing was written; buffered records are intact.",

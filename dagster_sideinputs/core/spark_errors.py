@@ -50,6 +50,7 @@ from dagster_sideinputs.errors import (
 
 if TYPE_CHECKING:
     from dagster_sideinputs.core.context import StageContext, Views
+    from dagster_sideinputs.core.spec import OperatorSpec
 
 T = TypeVar("T")
 _ENCODED = "dsi-encoded-error:"
@@ -378,3 +379,13 @@ def storage_errors(operator_id: str, doing: str, *, store: str | None = None) ->
         if not is_store_error(exc):
             raise
         raise storage_error(operator_id, exc, doing, store=store) from exc
+
+
+def lake_storage_errors(spec: "OperatorSpec", doing: str) -> Any:
+    """:func:`storage_errors` naming the operator and its lake's store: for every entry
+    point that reads or writes the lake outside a batch (the operator's state, the
+    sensor, the checks, a run's metadata)."""
+    storage = spec.storage
+    return storage_errors(
+        spec.operator_id, doing, store=store_label(storage.root, storage.storage_options)
+    )

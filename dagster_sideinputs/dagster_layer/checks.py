@@ -29,7 +29,7 @@ from dagster_sideinputs.dagster_layer.execution import (
     storage_of,
 )
 from dagster_sideinputs.dagster_layer.readiness import DagsterReadiness
-from dagster_sideinputs.errors import OperatorStateError, SideInputError
+from dagster_sideinputs.errors import OperatorStateError, SideInputError, StorageError
 
 
 def check_specs(decl: SideInputAssets) -> list[dg.AssetCheckSpec]:
@@ -51,10 +51,26 @@ def check_specs(decl: SideInputAssets) -> list[dg.AssetCheckSpec]:
     ]
 
 
+def unanswered(key: dg.AssetKey, check: str, error: SideInputError) -> dg.AssetCheckResult:
+    """A check the operator's state cannot answer (the store refused or is down, the
+    state unreadable): failed, with the error's text (what, where, the fix)."""
+    return dg.AssetCheckResult(
+        asset_key=key,
+        check_name=check,
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"error": type(error).__name__},
+        description=str(error)[:1000],
+    )
+
+
 def buffer_check(op: SideInputOperator, key: dg.AssetKey) -> dg.AssetCheckResult:
     """``buffer_within_limits`` from the buffer's current state."""
     limits = op.spec.options.buffer
-    buffer = op.buffer()
+    try:
+        buffer = op.buffer()
+    except StorageError as exc:
+        return unanswered(key, CHECK_BUFFER, exc)
     rows, oldest = buffer.rows(), buffer.oldest()
     age = (dt.datetime.now(dt.timezone.utc) - as_utc(oldest)) if oldest is not None else None
     too_many = limits.max_rows is not None and rows > limits.max_rows
@@ -95,19 +111,15 @@ def readiness_check(op: SideInputOperator, key: dg.AssetKey) -> dg.AssetCheckRes
     assert isinstance(readiness, DagsterReadiness)
     note = ""
     try:
-        plan = op.peek()
-    except OperatorStateError as exc:
-        # New records whose windows are not in the file statistics: the last plan's view.
-        plan = op.last_plan()
-        note = f" (from the last batch's plan; peeking failed: {exc})"
+        try:
+            plan = op.peek()
+        except OperatorStateError as exc:
+            # New records whose windows are not in the file statistics: the last plan's view.
+            plan = op.last_plan()
+            note = f" (from the last batch's plan; peeking failed: {exc})"
+        buffered_rows = op.buffer().rows()
     except SideInputError as exc:
-        return dg.AssetCheckResult(
-            asset_key=key,
-            check_name=CHECK_READY,
-            passed=False,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=str(exc)[:1000],
-        )
+        return unanswered(key, CHECK_READY, exc)
     decisions = dict(readiness.decisions)
     if plan is not None:
         for side, per_ns in plan.decisions.items():
@@ -126,7 +138,7 @@ def readiness_check(op: SideInputOperator, key: dg.AssetKey) -> dg.AssetCheckRes
         metadata={
             "not_ready": dg.MetadataValue.json(not_ready),
             "readiness": dg.MetadataValue.md(readiness_markdown(decisions)),
-            "buffered_rows": op.buffer().rows(),
+            "buffered_rows": buffered_rows,
         },
         description=(
             "; ".join(f"{k}: {v}" for k, v in not_ready.items())

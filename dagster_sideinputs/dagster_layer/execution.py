@@ -9,6 +9,7 @@ ends the run: no batch is left half-written, and none is lost.
 """
 
 import datetime as dt
+import logging
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
@@ -31,7 +33,9 @@ from dagster_sideinputs.dagster_layer.readiness import (
     side_assets_from_graph,
 )
 from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.errors import DeclarationError, did_you_mean
+from dagster_sideinputs.errors import DeclarationError, StorageError, did_you_mean
+
+log = logging.getLogger("dagster_sideinputs")
 
 
 def storage_of(resources: Any, decl: SideInputAssets) -> DeltaStorage:
@@ -105,10 +109,11 @@ def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
 def table_versions(op: SideInputOperator) -> dict[str, int | None]:
     """The Delta version of every output table now (None: no table yet)."""
     engine = op.spec.storage.delta
-    return {
-        name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
-        for name, uri in op.output_tables.items()
-    }
+    with lake_storage_errors(op.spec, "reading the output tables' versions"):
+        return {
+            name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
+            for name, uri in op.output_tables.items()
+        }
 
 
 def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool:
@@ -124,8 +129,19 @@ def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool
     return write.rows > 0 or write.skipped or version_before is None
 
 
+def _after_commit(op: SideInputOperator, what: str, error: StorageError) -> dict[str, Any]:
+    """Figures read after the run's batches committed that the store refused: left out
+    (with the error's text), never failing a run whose batches are committed (its
+    materializations are what Dagster must not lose)."""
+    log.warning("%s: %s left out of the run's metadata: %s", op.operator_id, what, error.message)
+    return {"figures_unavailable": f"{what}: {error.message}"[:1000]}
+
+
 def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
-    buffer = op.buffer()
+    try:
+        buffer = op.buffer()
+    except StorageError as exc:
+        return _after_commit(op, "the buffer's figures", exc)
     oldest = buffer.oldest()
     return {
         "buffered_rows": buffer.rows(),
@@ -144,8 +160,12 @@ def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
         "dagster/uri": dg.MetadataValue.path(uri),
         "delta_engine": engine.name,
     }
-    if engine.exists(uri):
-        snapshot = engine.snapshot(uri, name=tag.name)
+    try:
+        with lake_storage_errors(op.spec, f"reading the figures of output table {tag.name!r}"):
+            snapshot = engine.snapshot(uri, name=tag.name) if engine.exists(uri) else None
+    except StorageError as exc:
+        return metadata | _after_commit(op, f"the figures of table {tag.name!r}", exc)
+    if snapshot is not None:
         metadata["delta_version"] = snapshot.version
         metadata["dagster/column_schema"] = table_schema_metadata(snapshot.schema)
         if snapshot.num_records is not None:
@@ -370,7 +390,7 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     buffer = _buffer_figures(op)
     context.log.info(
         f"{len(batches)} micro-batch(es), stopped: {result.stopped}; "
-        f"{figures_line(record_figures(batches))}; buffered_rows={buffer['buffered_rows']}"
+        f"{figures_line(record_figures(batches))}; buffered_rows={buffer.get('buffered_rows')}"
     )
     # A replay runs its own operator, which never writes the output it replays: that
     # table's figures come from the main operator.

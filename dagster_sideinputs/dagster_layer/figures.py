@@ -53,5 +53,9 @@ GLOSSARY: dict[str, str] = {
     "files_added": "data files a write added",
     "bytes_added": "bytes a write added",
     "write_seconds": "wall time of a write",
+    "figures_unavailable": "figures of the table or the buffer left out because the store "
+    "failed when they were read, after the run's batches committed (the StorageError's text)",
+    "error": "the class of the error that kept a check from being answered (its text is the "
+    "check's description)",
 }
 """Every figure, by the metadata label it is reported under."""

@@ -16,6 +16,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.errors import DeclarationError, SideInputError
 
@@ -122,18 +123,19 @@ def kafka_batch_metadata(metrics: BatchMetrics) -> dict[str, Any]:
 
 
 def _lag_now(op: SideInputOperator) -> list[dict[str, Any]]:
-    """Per partition: the committed end offset, the log end now and the lag (brokers
-    unreachable: none, with a warning; metadata never fails a run that succeeded)."""
+    """Per partition: the committed end offset, the log end now and the lag (brokers or
+    store unreachable: none, with a warning; metadata never fails a run that succeeded)."""
     from dagster_sideinputs.core.kafka_source import KafkaSource
 
-    committed = op.last_committed_batch()
-    if committed is None:
-        return []
-    plan = op.state.plan(committed)
-    if plan is None or plan.main.kind != "kafka":
-        return []
     try:
+        committed = op.last_committed_batch()
+        if committed is None:
+            return []
+        with lake_storage_errors(op.spec, "reading the batch plans"):
+            plan = op.state.plan(committed)
+        if plan is None or plan.main.kind != "kafka":
+            return []
         return KafkaSource(op.spec).lag(plan.main)
-    except SideInputError as exc:
+    except SideInputError as exc:  # the brokers, or the store, failing after the run
         log.warning("%s: no Kafka lag in the metadata: %s", op.operator_id, exc.message)
         return []

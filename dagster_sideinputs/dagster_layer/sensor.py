@@ -15,10 +15,16 @@ import dagster as dg
 
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.dagster_layer.execution import build_operator, storage_of
 from dagster_sideinputs.dagster_layer.job import AssetJob, build_side_input_job
-from dagster_sideinputs.errors import KafkaOffsetsLostError, KafkaSourceError, OperatorStateError
+from dagster_sideinputs.errors import (
+    KafkaOffsetsLostError,
+    KafkaSourceError,
+    OperatorStateError,
+    StorageError,
+)
 
 _ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -30,7 +36,8 @@ _ACTIVE = [
 
 def work_key(op: SideInputOperator, plan: BatchPlan) -> str:
     """A stable name for the work a plan describes."""
-    replay = op.state.last_planned() == plan.batch_id  # an interrupted batch
+    with lake_storage_errors(op.spec, "reading the batch plans"):
+        replay = op.state.last_planned() == plan.batch_id  # an interrupted batch
     digest = hashlib.sha1(
         json.dumps(
             {
@@ -123,37 +130,47 @@ def build_side_input_sensor(
         graph = context.repository_def.asset_graph if context.repository_def else None
         op = build_operator(decl, storage, context.instance, graph)
         try:
-            plan = op.peek()
-        except KafkaSourceError as exc:
-            return dg.SkipReason(f"Cannot ask the Kafka brokers for new offsets: {exc.message}")
-        except (OperatorStateError, KafkaOffsetsLostError) as exc:
-            if op.spec.main.is_kafka:
-                # A run fails with the full error (topic, partition, offsets, fix); one per
-                # distinct problem, so the sensor does not start a failing run every tick.
-                digest = hashlib.sha1(exc.message.encode()).hexdigest()[:12]
-                key = f"{op.operator_id}:kafka-error:{digest}"
-                if key == context.cursor:
-                    return dg.SkipReason(f"Waiting for a fix: {exc.message[:300]}")
-                context.update_cursor(key)
-                return dg.RunRequest(run_key=key, tags={"dsi/reason": exc.message[:200]})
-            key = f"{op.operator_id}:files:{op.last_committed_batch()}"
-            if key == context.cursor:
-                return dg.SkipReason("A run for the new landed files was already requested.")
-            context.update_cursor(key)
-            return dg.RunRequest(run_key=key, tags={"dsi/reason": "new landed files"})
-        if plan is None:
-            return dg.SkipReason(describe_idle(op))
-        key = work_key(op, plan)
-        if key == context.cursor:
-            return dg.SkipReason(
-                f"A run for this work ({plan.main.describe()}, batch {plan.batch_id}) was "
-                "already requested; waiting for new data or a change of readiness."
-            )
-        context.update_cursor(key)
-        released = plan.read_slots
-        reason = plan.main.describe() + (
-            f"; releasing {', '.join(released[:5])}" if released else ""
-        )
-        return dg.RunRequest(run_key=key, tags={"dsi/reason": reason[:200]})
+            return _evaluate(context, op)
+        except StorageError as exc:
+            # The store refused or could not be reached: no run could do better. The tick
+            # skips with the error (store, operation, fix) and the next tick asks again.
+            return dg.SkipReason(f"Cannot read the operator's state: {exc}")
 
     return _sensor
+
+
+def _evaluate(
+    context: dg.SensorEvaluationContext, op: SideInputOperator
+) -> dg.RunRequest | dg.SkipReason:
+    """One tick: a run request for the operator's next work, or why there is none."""
+    try:
+        plan = op.peek()
+    except KafkaSourceError as exc:
+        return dg.SkipReason(f"Cannot ask the Kafka brokers for new offsets: {exc.message}")
+    except (OperatorStateError, KafkaOffsetsLostError) as exc:
+        if op.spec.main.is_kafka:
+            # A run fails with the full error (topic, partition, offsets, fix); one per
+            # distinct problem, so the sensor does not start a failing run every tick.
+            digest = hashlib.sha1(exc.message.encode()).hexdigest()[:12]
+            key = f"{op.operator_id}:kafka-error:{digest}"
+            if key == context.cursor:
+                return dg.SkipReason(f"Waiting for a fix: {exc.message[:300]}")
+            context.update_cursor(key)
+            return dg.RunRequest(run_key=key, tags={"dsi/reason": exc.message[:200]})
+        key = f"{op.operator_id}:files:{op.last_committed_batch()}"
+        if key == context.cursor:
+            return dg.SkipReason("A run for the new landed files was already requested.")
+        context.update_cursor(key)
+        return dg.RunRequest(run_key=key, tags={"dsi/reason": "new landed files"})
+    if plan is None:
+        return dg.SkipReason(describe_idle(op))
+    key = work_key(op, plan)
+    if key == context.cursor:
+        return dg.SkipReason(
+            f"A run for this work ({plan.main.describe()}, batch {plan.batch_id}) was "
+            "already requested; waiting for new data or a change of readiness."
+        )
+    context.update_cursor(key)
+    released = plan.read_slots
+    reason = plan.main.describe() + (f"; releasing {', '.join(released[:5])}" if released else "")
+    return dg.RunRequest(run_key=key, tags={"dsi/reason": reason[:200]})
