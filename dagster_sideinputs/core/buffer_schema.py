@@ -2,26 +2,31 @@
 
 A record waits in the buffer with the main input's columns as they were when it was read.
 Should the main input's schema change meanwhile, the record is carried over to the new
-schema as the main input itself would read it now (DECISIONS.md, "Buffering"):
+schema as the main input itself would read it now (DECISIONS.md, "Buffering"), at every
+depth: the fields of a struct column, of the structs in an array or a map, as its
+top-level columns:
 
-- a column renamed under column mapping is followed by its field id (the Delta log of the
-  main input at the version the buffer was last written in, and at the plan's version);
-- a dropped column is dropped (a column dropped and added again under column mapping is
-  another column: a new field id, null for the waiting records, as Delta reads it);
-- an added column is null;
+- a column or nested field renamed under column mapping is followed by its field id (the
+  Delta log of the main input at the version the buffer was last written in, and at the
+  plan's version: ``TableSnapshot.field_ids``, by column path);
+- a dropped column or nested field is dropped (one dropped and added again under column
+  mapping is another: a new field id, null for the waiting records, as Delta reads it);
+- an added column or nested field is null (a struct is rebuilt field by field, an array
+  element by element, a map key by key and value by value; a null stays null);
 - a widened type (Delta's type widening: integers to wider integers or double, float to
-  double, date to timestamp_ntz, wider decimals) is cast, which loses nothing;
+  double, date to timestamp_ntz, wider decimals), at the top or at a nested leaf, is
+  cast, which loses nothing;
 - any other type change is cast only when every waiting value survives the cast and
-  back; otherwise the batch stops, naming the main input and the column, with a fix that
-  keeps the records;
-- order and nullability do not matter (columns are matched by name, the buffer is
-  nullable throughout).
+  back; otherwise the batch stops, naming the main input and the column or nested field
+  (``detail.amount``, ``items.element.qty``), with a fix that keeps the records;
+- order and nullability do not matter (columns and fields are matched by name, the
+  buffer is nullable throughout).
 
 When the buffer's columns no longer match the main input's (a rename, a drop, a type
-change), the planner has the batch read every slot and write the buffer again whole, in
-the main input's schema (an overwrite of the buffer table, schema included): the buffer
-never holds two schemas, and the columns of its records are always those of the main
-input at the version the buffer was last written in.
+change, at any depth), the planner has the batch read every slot and write the buffer
+again whole, in the main input's schema (an overwrite of the buffer table, schema
+included): the buffer never holds two schemas, and the columns of its records are always
+those of the main input at the version the buffer was last written in.
 """
 
 import json
