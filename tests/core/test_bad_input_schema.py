@@ -515,3 +515,41 @@ def test_a_nested_declared_type_that_cannot_hold_a_waiting_value_is_refused_nami
         (2, '{"amount":2.5,"note":"b"}'),
         (3, '{"amount":3.0,"note":null}'),
     ]
+
+
+@spark_only
+def test_a_nested_field_missing_by_name_after_its_log_is_gone_is_refused_with_a_fix_that_works(
+    lake,
+):
+    """``detail.amount`` renamed ``amt`` while record 2 waits, then the main input's log
+    of the version the buffer was last written in is cleaned up: whether the field was
+    renamed or dropped cannot be told. Refused naming the nested field; renaming it back
+    (the fix) releases every record with its value."""
+    ddl = "tx_id long, customer_id long, detail struct<amount: double>"
+    every = {**MAPPED, "delta.checkpointInterval": "1"}
+    spark_table(lake, [(1, 10, (1.0,)), (2, 11, (2.0,))], ddl, **every)
+    op = waiting_op(lake)
+    put(lake, "profiles", [(10, "ann")], PROFILES)
+    lake.run(op)
+    sql(lake, "ALTER TABLE {t} RENAME COLUMN detail.amount TO amt")
+    spark_append(lake, [(3, 10, (3.0,)), (4, 12, (4.0,))], ddl.replace("amount", "amt"))
+    log = Path(lake.storage.table_uri("transactions").removeprefix("file://")) / "_delta_log"
+    for gone in log.glob(f"{0:020d}.*"):  # the version batch 1 read up to
+        gone.unlink()
+    with (
+        refused(
+            dsi.MainInputDataError,
+            "'transactions'",
+            "nested field 'detail.amount'",
+            fix="its name 'amount' back",
+        ),
+        nothing_committed(lake, op),
+    ):
+        lake.run(op)
+    sql(lake, "ALTER TABLE {t} RENAME COLUMN detail.amt TO amount")  # the fix
+    lake.run(op)
+    put(lake, "profiles", [(11, "bo"), (12, "cy")], PROFILES)
+    lake.run(op)
+    accounted(lake, op, [1, 2, 3, 4])
+    assert lake.rows("enriched", "tx_id", "detail") == delta_reads(lake, "detail")
+    assert delta_reads(lake, "detail")[1] == (2, '{"amount":2.0}')
