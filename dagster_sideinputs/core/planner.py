@@ -166,8 +166,8 @@ class Planner:
         if buffer.snapshot is None:
             return Carry({}, False)
         schema = self.source.schema()
-        ids_now: Mapping[str, int] = {}
-        ids_then: Mapping[str, int] | None = {}
+        ids_now: Mapping[tuple[str, ...], int] = {}
+        ids_then: Mapping[tuple[str, ...], int] | None = {}
         then = None
         if schema is None and piece.range.kind == "delta":
             snapshot = piece.snapshot

@@ -77,9 +77,11 @@ class TableSnapshot:
     Attributes:
         table_id: the table's id from its ``metaData`` action: it changes when a table is
             deleted and created again at the same location.
-        field_ids: top-level column name -> its column-mapping id (``delta.columnMapping.id``),
-            empty without column mapping: a column keeps its id through a rename, and a
-            column dropped and added again under the same name gets a new one.
+        field_ids: column path -> its column-mapping id (``delta.columnMapping.id``), empty
+            without column mapping: a column keeps its id through a rename, and a column
+            dropped and added again under the same name gets a new one. Top-level columns
+            are ``(name,)``; a nested field's path goes through its structs' names, an
+            array's ``"element"``, a map's ``"key"`` / ``"value"``.
     """
 
     uri: str
@@ -90,7 +92,7 @@ class TableSnapshot:
     commit_timestamp: dt.datetime
     configuration: Mapping[str, str | None]
     table_id: str = ""
-    field_ids: Mapping[str, int] = field(default_factory=dict)
+    field_ids: Mapping[tuple[str, ...], int] = field(default_factory=dict)
 
     @property
     def num_records(self) -> int | None:

@@ -101,15 +101,29 @@ class LogState:
         )
 
     @property
-    def field_ids(self) -> dict[str, int]:
-        """Top-level column -> column-mapping id (empty without column mapping)."""
+    def field_ids(self) -> dict[tuple[str, ...], int]:
+        """Column path -> column-mapping id (empty without column mapping), at every
+        depth: top-level columns as ``(name,)``, a struct's fields under its path, the
+        element of an array under ``"element"``, a map's key and value under ``"key"`` and
+        ``"value"`` (``("items", "element", "sku")``)."""
         if not self.column_mapping:
             return {}
-        return {
-            f.name: int(f.metadata[COLUMN_MAPPING_KEYS[0]])
-            for f in self.raw_schema.fields
-            if COLUMN_MAPPING_KEYS[0] in (f.metadata or {})
-        }
+        ids: dict[tuple[str, ...], int] = {}
+
+        def walk(data_type: T.DataType, path: tuple[str, ...]) -> None:
+            if isinstance(data_type, T.StructType):
+                for f in data_type.fields:
+                    if COLUMN_MAPPING_KEYS[0] in (f.metadata or {}):
+                        ids[(*path, f.name)] = int(f.metadata[COLUMN_MAPPING_KEYS[0]])
+                    walk(f.dataType, (*path, f.name))
+            elif isinstance(data_type, T.ArrayType):
+                walk(data_type.elementType, (*path, "element"))
+            elif isinstance(data_type, T.MapType):
+                walk(data_type.keyType, (*path, "key"))
+                walk(data_type.valueType, (*path, "value"))
+
+        walk(self.raw_schema, ())
+        return ids
 
     def data_files(self) -> tuple[DataFile, ...]:
         """The live files, with typed partition values and statistics, by path."""

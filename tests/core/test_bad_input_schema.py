@@ -14,13 +14,15 @@ others under the bridge.
 """
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import write_deltalake
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.spark_predicates import sql_table
@@ -36,9 +38,18 @@ def released(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
     stays the same whatever the main input's types) with the profile's name."""
     return main.select(
         "tx_id",
-        *[F.col(f"`{c}`").cast("string").alias(c) for c in main.columns if c not in SKIP],
+        *[as_text(main, c) for c in main.columns if c not in SKIP],
         F.col("profile.name").alias("name"),
     )
+
+
+def as_text(frame: DataFrame, column: str) -> Column:
+    """A column's values as strings; structs, arrays and maps as JSON, nulls included
+    (field names show, so a field carried under the wrong name cannot pass)."""
+    value = F.col(f"`{column}`")
+    if isinstance(frame.schema[column].dataType, T.StructType | T.ArrayType | T.MapType):
+        return F.to_json(value, {"ignoreNullFields": "false"}).alias(column)
+    return value.cast("string").alias(column)
 
 
 SKIP = ("profile", "tx_id")
@@ -78,7 +89,7 @@ def spark_append(lake: Lake, rows: list[tuple], ddl: str) -> None:
 def delta_reads(lake: Lake, *columns: str) -> list[tuple]:
     """The main table's rows as Delta itself reads them now (the oracle)."""
     frame = lake.spark.read.format("delta").load(lake.storage.table_uri("transactions"))
-    values = [F.col(c).cast("string").alias(c) for c in columns]
+    values = [as_text(frame, c) for c in columns]
     return sorted(tuple(r) for r in frame.select("tx_id", *values).collect())
 
 
@@ -329,8 +340,6 @@ def test_a_declared_type_change_that_keeps_every_waiting_value_is_carried_over(l
 
 def test_a_type_mismatch_alone_does_not_suggest_merging_which_changes_no_type(spark):
     """The issue saw the suggested ``schema_mode="merge"`` fail the same way."""
-    from pyspark.sql import types as T
-
     from dagster_sideinputs.delta.schema import plan_append
 
     table = T.StructType([T.StructField("v", T.IntegerType())])
@@ -341,3 +350,206 @@ def test_a_type_mismatch_alone_does_not_suggest_merging_which_changes_no_type(sp
     extra = T.StructType([*data.fields, T.StructField("w", T.StringType())])
     with refused(dsi.SchemaMismatchError, "'w'", fix='schema_mode="merge"'):
         plan_append(extra, table, table="out", merge=False)
+
+
+# --- nested changes: fields of structs, of structs in arrays and maps -----------------------
+# Before, any of them refused every batch with a fix ("declare a type that holds them")
+# that Delta cannot apply: the operator was stuck until the change was undone.
+
+MAPPED = {"delta.columnMapping.mode": "name"}
+
+
+@spark_only
+def test_a_nested_field_renamed_under_column_mapping_follows_its_field_id(lake):
+    """``detail.amount`` renamed ``amt`` and ``detail.channel`` added while record 2 waits:
+    Delta reads record 2's ``detail`` as ``{amt: 2.0, channel: null}``; so must the output."""
+    ddl = "tx_id long, customer_id long, detail struct<amount: double>"
+    spark_table(lake, [(1, 10, (1.0,)), (2, 11, (2.0,))], ddl, **MAPPED)
+    op = waiting_op(lake)
+
+    def rename() -> None:
+        sql(lake, "ALTER TABLE {t} RENAME COLUMN detail.amount TO amt")
+        sql(lake, "ALTER TABLE {t} ADD COLUMNS (detail.channel string)")
+        spark_append(
+            lake,
+            [(3, 10, (3.0, "web")), (4, 12, (4.0, "app"))],
+            "tx_id long, customer_id long, detail struct<amt: double, channel: string>",
+        )
+
+    wait_then_release(lake, op, rename)
+    oracle = delta_reads(lake, "detail")
+    assert oracle[1] == (2, '{"amt":2.0,"channel":null}')
+    # Record 1 was released before the change (``amount`` then); 2, 3, 4 as Delta reads them.
+    assert lake.rows("enriched", "tx_id", "detail")[1:] == oracle[1:]
+
+
+@spark_only
+def test_nested_fields_dropped_under_column_mapping_are_gone_and_one_added_again_is_new(lake):
+    """``detail.channel`` dropped, ``detail.note`` dropped and added again (a new field id):
+    Delta reads record 2's ``detail`` as ``{amount: 2.0, note: null}``; the buffered "b"
+    must not resurface in the new ``note``."""
+    ddl = (
+        "tx_id long, customer_id long, detail struct<amount: double, note: string, channel: string>"
+    )
+    spark_table(lake, [(1, 10, (1.0, "a", "web")), (2, 11, (2.0, "b", "app"))], ddl, **MAPPED)
+    op = waiting_op(lake)
+
+    def drop() -> None:
+        sql(lake, "ALTER TABLE {t} DROP COLUMN detail.channel")
+        sql(lake, "ALTER TABLE {t} DROP COLUMN detail.note")
+        sql(lake, "ALTER TABLE {t} ADD COLUMNS (detail.note string)")
+        spark_append(
+            lake,
+            [(3, 10, (3.0, "c")), (4, 12, (4.0, "d"))],
+            "tx_id long, customer_id long, detail struct<amount: double, note: string>",
+        )
+
+    wait_then_release(lake, op, drop)
+    oracle = delta_reads(lake, "detail")
+    assert oracle[1] == (2, '{"amount":2.0,"note":null}')
+    assert lake.rows("enriched", "tx_id", "detail")[1:] == oracle[1:]
+
+
+@spark_only
+def test_fields_added_and_widened_in_structs_of_an_array_and_a_map_are_carried(lake):
+    """``items.element.qty`` and ``extras.value.note`` added, ``extras.value.n`` widened
+    int -> bigint (Delta's type widening) while record 2 waits."""
+    ddl = "tx_id long, customer_id long, items array<struct<sku: string>>, " + (
+        "extras map<string, struct<n: int>>"
+    )
+    rows = [(1, 10, [("a",)], {"k": (1,)}), (2, 11, [("b",), ("c",)], {"k": (2,)})]
+    spark_table(lake, rows, ddl, **{"delta.enableTypeWidening": "true"})
+    op = waiting_op(lake)
+
+    def change() -> None:
+        sql(lake, "ALTER TABLE {t} ADD COLUMNS (items.element.qty int, extras.value.note string)")
+        sql(lake, "ALTER TABLE {t} ALTER COLUMN extras.value.n TYPE BIGINT")
+        spark_append(
+            lake,
+            [(3, 10, [("d", 1)], {"k": (2**40, "x")}), (4, 12, None, {})],
+            "tx_id long, customer_id long, items array<struct<sku: string, qty: int>>, "
+            "extras map<string, struct<n: bigint, note: string>>",
+        )
+
+    wait_then_release(lake, op, change)
+    oracle = delta_reads(lake, "items", "extras")
+    assert oracle[1] == (
+        2,
+        '[{"sku":"b","qty":null},{"sku":"c","qty":null}]',
+        '{"k":{"n":2,"note":null}}',
+    )
+    assert lake.rows("enriched", "tx_id", "items", "extras")[1:] == oracle[1:]
+
+
+def test_a_field_added_inside_a_struct_while_a_record_waits_is_null_for_it(lake):
+    """delta-rs's schema merge adds ``detail.channel``: delta-rs reads record 2 as
+    ``{amount: 2.0, channel: null}``."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    uri = lake.storage.table_uri("transactions")
+
+    def table(ids: list[int], keys: list[int], details: list[dict], kind: pa.DataType) -> pa.Table:
+        return pa.table({"tx_id": ids, "customer_id": keys, "detail": pa.array(details, type=kind)})
+
+    narrow = pa.struct([("amount", pa.float64())])
+    write_deltalake(uri, table([1, 2], [10, 11], [{"amount": 1.0}, {"amount": 2.0}], narrow))
+    op = waiting_op(lake)
+
+    def add() -> None:
+        wide = pa.struct([("amount", pa.float64()), ("channel", pa.string())])
+        details = [{"amount": 3.0, "channel": "web"}, {"amount": 4.0, "channel": "app"}]
+        rows = table([3, 4], [10, 12], details, wide)
+        write_deltalake(uri, rows, mode="append", schema_mode="merge")
+
+    wait_then_release(lake, op, add)
+    oracle = sorted(
+        (r["tx_id"], json.dumps(r["detail"], separators=(",", ":")))
+        for r in DeltaTable(uri).to_pyarrow_table().to_pylist()
+    )
+    assert oracle[1] == (2, '{"amount":2.0,"channel":null}')
+    assert lake.rows("enriched", "tx_id", "detail")[1:] == oracle[1:]
+
+
+def test_a_nested_declared_type_that_cannot_hold_a_waiting_value_is_refused_naming_it(
+    lake, tmp_path
+):
+    """Landed files, ``detail.amount`` declared double then bigint (and ``detail.note``
+    dropped) while record 2 (2.5) waits: refused naming the nested field; declaring the
+    old type again releases every record with its value."""
+    folder = tmp_path / "landed"
+    folder.mkdir()
+    land(
+        folder,
+        "a.json",
+        [
+            '{"tx_id": 1, "customer_id": 10, "detail": {"amount": 1.0, "note": "a"}}',
+            '{"tx_id": 2, "customer_id": 11, "detail": {"amount": 2.5, "note": "b"}}',
+        ],
+    )
+    put(lake, "profiles", [(10, "ann")], PROFILES)
+    schema = "tx_id long, customer_id long, detail struct<amount: double, note: string>"
+    before = waiting_op(lake, landed(folder, schema))
+    lake.run(before)
+    land(folder, "b.json", ['{"tx_id": 3, "customer_id": 10, "detail": {"amount": 3}}'])
+    narrowed = waiting_op(
+        lake, landed(folder, "tx_id long, customer_id long, detail struct<amount: bigint>")
+    )
+    with (
+        refused(
+            dsi.MainInputDataError,
+            "'landed'",
+            "'detail.amount'",
+            "double to bigint",
+            "2.5",
+            fix="'detail.amount' a type that holds its double values (declare it double again",
+        ),
+        nothing_committed(lake, narrowed),
+    ):
+        lake.run(narrowed)
+    put(lake, "profiles", [(11, "bo")], PROFILES)
+    lake.run(before)
+    accounted(lake, before, [1, 2, 3])
+    assert lake.rows("enriched", "tx_id", "detail") == [
+        (1, '{"amount":1.0,"note":"a"}'),
+        (2, '{"amount":2.5,"note":"b"}'),
+        (3, '{"amount":3.0,"note":null}'),
+    ]
+
+
+@spark_only
+def test_a_nested_field_missing_by_name_after_its_log_is_gone_is_refused_with_a_fix_that_works(
+    lake,
+):
+    """``detail.amount`` renamed ``amt`` while record 2 waits, then the main input's log
+    of the version the buffer was last written in is cleaned up: whether the field was
+    renamed or dropped cannot be told. Refused naming the nested field; renaming it back
+    (the fix) releases every record with its value."""
+    ddl = "tx_id long, customer_id long, detail struct<amount: double>"
+    every = {**MAPPED, "delta.checkpointInterval": "1"}
+    spark_table(lake, [(1, 10, (1.0,)), (2, 11, (2.0,))], ddl, **every)
+    op = waiting_op(lake)
+    put(lake, "profiles", [(10, "ann")], PROFILES)
+    lake.run(op)
+    sql(lake, "ALTER TABLE {t} RENAME COLUMN detail.amount TO amt")
+    spark_append(lake, [(3, 10, (3.0,)), (4, 12, (4.0,))], ddl.replace("amount", "amt"))
+    log = Path(lake.storage.table_uri("transactions").removeprefix("file://")) / "_delta_log"
+    for gone in log.glob(f"{0:020d}.*"):  # the version batch 1 read up to
+        gone.unlink()
+    with (
+        refused(
+            dsi.MainInputDataError,
+            "'transactions'",
+            "nested field 'detail.amount'",
+            fix="its name 'amount' back",
+        ),
+        nothing_committed(lake, op),
+    ):
+        lake.run(op)
+    sql(lake, "ALTER TABLE {t} RENAME COLUMN detail.amt TO amount")  # the fix
+    lake.run(op)
+    put(lake, "profiles", [(11, "bo"), (12, "cy")], PROFILES)
+    lake.run(op)
+    accounted(lake, op, [1, 2, 3, 4])
+    assert lake.rows("enriched", "tx_id", "detail") == delta_reads(lake, "detail")
+    assert delta_reads(lake, "detail")[1] == (2, '{"amount":2.0}')
