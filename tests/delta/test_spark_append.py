@@ -76,7 +76,10 @@ def test_a_discarded_or_failed_append_leaves_no_file(spark, tmp_path):
     failing = data(spark, range(30)).withColumn("name", F.coalesce(boom, F.col("name")))
     with pytest.raises(Exception, match="bad row 7"):
         engine.stage(failing, uri)
-    assert data_files(uri) == before
+    # Nothing added; the cleanup of the failed write may also remove a file no version
+    # references (the empty file of an empty task of the first write), never a live one.
+    assert data_files(uri) <= before
+    assert {f.path for f in engine.snapshot(uri).files} <= data_files(uri)
     assert engine.snapshot(uri).version == 0
     assert table_rows(spark, uri) == [1000]
 
