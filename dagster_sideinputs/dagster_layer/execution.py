@@ -306,6 +306,34 @@ def _run_continuous(
             outcome["error"] = exc
 
     versions = table_versions(op)
+
+    def report(metrics: BatchMetrics) -> None:
+        nonlocal versions
+        batches.append(metrics)
+        _log_batch(context, metrics)
+        written, untouched = split_outputs(op.spec.all_tags, [metrics], versions)
+        what = f"micro-batch {metrics.batch_id}"
+        for tag in written:
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=_key(tag),
+                    metadata=batch_metadata(op, tag, metrics),
+                    description=what if metrics.emitted(tag.name) else f"{what}: created (0 rows)",
+                )
+            )
+        for tag in untouched:
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=_key(tag),
+                    metadata=batch_metadata(op, tag, metrics),
+                    description=f"{what}: nothing written to this table",
+                )
+            )
+        versions = {
+            name: metrics.writes[name].version if name in metrics.writes else version
+            for name, version in versions.items()
+        }
+
     worker = threading.Thread(target=work, name=f"dsi-{op.operator_id}", daemon=True)
     worker.start()
     try:
@@ -314,36 +342,17 @@ def _run_continuous(
                 metrics = reports.get(timeout=0.5)
             except queue.Empty:
                 continue
-            batches.append(metrics)
-            _log_batch(context, metrics)
-            written, untouched = split_outputs(op.spec.all_tags, [metrics], versions)
-            what = f"micro-batch {metrics.batch_id}"
-            for tag in written:
-                context.log_event(
-                    dg.AssetMaterialization(
-                        asset_key=_key(tag),
-                        metadata=batch_metadata(op, tag, metrics),
-                        description=what
-                        if metrics.emitted(tag.name)
-                        else f"{what}: created (0 rows)",
-                    )
-                )
-            for tag in untouched:
-                context.log_event(
-                    dg.AssetObservation(
-                        asset_key=_key(tag),
-                        metadata=batch_metadata(op, tag, metrics),
-                        description=f"{what}: nothing written to this table",
-                    )
-                )
-            versions = {
-                name: metrics.writes[name].version if name in metrics.writes else version
-                for name, version in versions.items()
-            }
+            report(metrics)
     except BaseException:
         context.log.info("Run terminated: stopping after the current micro-batch.")
         stop.set()
         worker.join()
+        # The batch in flight when the stop came, and any not reported yet, committed:
+        # each reaches Dagster before the run ends, or its table's catalog would lag.
+        while not reports.empty():
+            report(reports.get_nowait())
+        last = f"micro-batch {batches[-1].batch_id}" if batches else "no micro-batch"
+        context.log.info(f"Stopped after {last}.")
         raise
     if "error" in outcome:
         raise outcome["error"]

@@ -7,6 +7,7 @@ from the UI. The tests read back what the UI shows: lineage, tags and kinds, ass
 metadata, materializations and observations, check executions and run logs.
 """
 
+import time
 from pathlib import Path
 
 import pytest
@@ -191,22 +192,44 @@ def test_state_checks_executed_alone_run_without_the_operator(story: Story):
 
 def test_terminate_button_cancels_continuous_run_after_a_complete_micro_batch(story: Story):
     server = story.server
+    state = server.lake / "_sideinputs" / MAIN_OUTPUT
+    before = _batch_ids(state / "commits")
     # New main input, so the continuous run has a micro-batch to do whatever ran before.
     server.run(ASSET_JOB, ["transactions"], run_config=transactions_config(100, unknown=0))
     run_id = server.launch("payments_enrichment_continuous_job")
     server.wait_for_micro_batch(run_id, MAIN_OUTPUT)
+    # More main input, and the stop asked for while the run works on it: the batch in
+    # flight commits, and must reach Dagster too (before: committed, never reported).
+    planned = _batch_ids(state / "plans")
+    server.run(ASSET_JOB, ["transactions"], run_config=transactions_config(100, unknown=0))
+    deadline = time.monotonic() + 60
+    while _batch_ids(state / "plans") == planned and time.monotonic() < deadline:
+        time.sleep(0.05)
 
     answer = server.query(TERMINATE, runIds=[run_id], terminatePolicy="SAFE_TERMINATE")
     [result] = answer["terminateRuns"]["terminateRunResults"]
     assert result["__typename"] == "TerminateRunSuccess", result
     server.wait_for_run(run_id, "CANCELED", CANCEL_TIMEOUT_S)
 
-    state = server.lake / "_sideinputs" / MAIN_OUTPUT
-    assert _files(state / "commits") >= 1
+    committed = _batch_ids(state / "commits") - before
+    assert len(committed) >= 2
     assert _files(state / "plans") == _files(state / "commits")
+    reported = {
+        int(m["description"].split()[1].rstrip(":"))
+        for m in server.materializations(MAIN_OUTPUT, run_id)
+        if (m["description"] or "").startswith("micro-batch ")
+    }
+    assert reported == committed
     # Each micro-batch materialized only what it wrote: late and unmatched got nothing.
     for output in ("late_transactions", "unmatched_transactions"):
         assert server.materializations(output, run_id) == [], output
+
+
+def _batch_ids(folder: Path) -> set[int]:
+    """The batch ids of a state folder's records (``<batch id>.json``)."""
+    if not folder.exists():
+        return set()
+    return {int(p.stem) for p in folder.iterdir() if p.suffix == ".json" and p.stem.isdigit()}
 
 
 def _files(folder: Path) -> int:
