@@ -9,7 +9,6 @@ at no time or at every time (two of them gave one main record two output rows). 
 """
 
 import datetime as dt
-from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
@@ -29,26 +28,13 @@ from tests.core.catalogue import (
     refused,
 )
 from tests.core.conftest import ALTERNATE, Lake
-from tests.core.test_temporal import ORDERS, PRICED, PRICES, at, priced, priced_frames, priced_rows
+from tests.core.test_temporal import ORDERS, PRICES, at, operator, priced
 
 DELTA_ENGINES = ("rs", "spark")
 ENGINE_MATRIX = ALTERNATE
 
 SINCE_ALWAYS = dt.datetime(1, 1, 1, tzinfo=UTC)  # what the fix suggests for "since always"
 Z = ("z", 0.0, T0 + dt.timedelta(hours=1))  # another key's row: the horizon passes the orders
-
-
-def as_of_operator(lake: Lake, mode: str, **side: Any) -> dsi.SideInputOperator:
-    side.setdefault("as_of", "valid_from")
-    options = {k: side.pop(k) for k in ("unmatched", "invalid") if k in side}
-    return lake.operator(
-        main=dsi.MainInput("orders", event_time="ts"),
-        side_inputs={"price": dsi.SideInput.map("prices", key="sku", **side)},
-        fn=priced_frames if mode == "frames" else priced_rows,
-        mode=mode,
-        main_output=PRICED,
-        **options,
-    )
 
 
 def refused_null_valid_from(lake: Lake, op: dsi.SideInputOperator, key: str) -> None:
@@ -70,7 +56,7 @@ def refused_null_valid_from(lake: Lake, op: dsi.SideInputOperator, key: str) -> 
 def test_two_null_valid_from_rows_of_one_key_are_refused_not_joined_twice(lake, mode):
     put(lake, "prices", [("a", 1.0, None), ("a", 2.0, None), ("b", 5.0, at(0)), Z], PRICES)
     put(lake, "orders", [(1, "a", at(10)), (2, "b", at(10))], ORDERS)
-    op = as_of_operator(lake, mode)
+    op = operator(lake, mode)
     refused_null_valid_from(lake, op, "a")
     put(
         lake,
@@ -88,7 +74,7 @@ def test_two_null_valid_from_rows_of_one_key_are_refused_not_joined_twice(lake, 
 def test_one_null_valid_from_is_refused_and_the_suggested_since_always_works(lake, mode):
     put(lake, "prices", [("a", 1.0, None), ("a", 2.0, at(60))], PRICES)
     put(lake, "orders", [(1, "a", at(10)), (2, "a", at(60))], ORDERS)
-    op = as_of_operator(lake, mode)
+    op = operator(lake, mode)
     refused_null_valid_from(lake, op, "a")
     put(lake, "prices", [("a", 1.0, SINCE_ALWAYS), ("a", 2.0, at(60))], PRICES, mode="overwrite")
     lake.run(op)
@@ -100,7 +86,7 @@ def test_a_null_valid_from_with_a_valid_to_column_is_refused(lake):
     ddl = PRICES + ", valid_to timestamp"
     put(lake, "prices", [("a", 1.0, None, at(30)), ("a", 2.0, at(30), None)], ddl)
     put(lake, "orders", [(1, "a", at(10)), (2, "a", at(30))], ORDERS)
-    op = as_of_operator(lake, "frames", as_of=dsi.AsOf.column("valid_from", valid_to="valid_to"))
+    op = operator(lake, "frames", as_of=dsi.AsOf.column("valid_from", valid_to="valid_to"))
     refused_null_valid_from(lake, op, "a")
     put(lake, "prices", [("a", 2.0, at(30), None)], ddl, mode="overwrite")  # deleted
     lake.run(op)
@@ -113,7 +99,7 @@ def test_a_null_valid_from_is_refused_under_pick_too(lake):
     put(lake, "prices", [("a", 1.0, None, 1), ("a", 2.0, None, 2), ("a", 3.0, at(0), 1)], ddl)
     later = ("z", 0.0, at(60), 1)
     put(lake, "orders", [(1, "a", at(10))], ORDERS)
-    op = as_of_operator(lake, "rows", pick="rank")
+    op = operator(lake, "rows", pick="rank")
     refused_null_valid_from(lake, op, "a")
     put(lake, "prices", [("a", 3.0, at(0), 1), ("a", 4.0, at(0), 2), later], ddl, mode="overwrite")
     lake.run(op)
@@ -126,7 +112,7 @@ def test_a_null_valid_from_is_refused_even_when_no_record_would_be_released(lake
     the operator wait for a row that is there)."""
     put(lake, "prices", [("a", 1.0, at(0)), ("b", 7.0, None)], PRICES)
     put(lake, "orders", [(1, "b", at(10))], ORDERS)
-    op = as_of_operator(lake, "frames", missing="unmatched", unmatched=UNMATCHED)
+    op = operator(lake, "frames", missing="unmatched", unmatched=UNMATCHED)
     refused_null_valid_from(lake, op, "b")
     put(lake, "prices", [("a", 1.0, at(0)), ("b", 7.0, at(5)), Z], PRICES, mode="overwrite")
     lake.run(op)
@@ -180,13 +166,13 @@ def test_a_null_time_in_a_windowed_side_input_is_refused(lake):
 def test_a_null_main_event_time_with_an_as_of_side_input_is_invalid(lake):
     put(lake, "prices", [("a", 1.0, at(0)), Z], PRICES)
     put(lake, "orders", [(1, "a", at(10)), (2, "a", None)], ORDERS)
-    op = as_of_operator(lake, "frames")
+    op = operator(lake, "frames")
     with (
         refused(dsi.MainInputDataError, "'orders'", "null event time 'ts'", fix="invalid="),
         nothing_committed(lake, op),
     ):
         lake.run(op)
-    fixed = as_of_operator(lake, "frames", invalid=INVALID)
+    fixed = operator(lake, "frames", invalid=INVALID)
     lake.run(fixed)
     assert priced(lake) == {1: 1.0}
     assert lake.rows("invalid", "order_id", "reason") == [(2, "null event time 'ts'")]
