@@ -66,9 +66,12 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[Store]:
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """The module's own server and proxy, on the module's ``BUCKET``: a module reusing this
+    fixture names another bucket, or the JVM's cached s3a filesystem of the bucket would
+    still reach the earlier module's proxy (stopped by then)."""
     with (
-        S3Server(BUCKET, check_credentials=True) as server,
+        S3Server(getattr(request.module, "BUCKET", BUCKET), check_credentials=True) as server,
         TcpProxy(server.host, server.port) as proxy,
     ):
         yield Store(server, proxy)

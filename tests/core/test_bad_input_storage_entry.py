@@ -24,11 +24,13 @@ from dagster_sideinputs.dagster_layer.declaration import CHECK_BUFFER, CHECK_REA
 from dagster_sideinputs.delta.object_store import open_object_store
 from tests.core import test_bad_input_storage as storage_cases
 from tests.core.catalogue import nothing_committed, refused
-from tests.core.test_bad_input_storage import BUCKET, IDS, Store, enrich, exact, operator
+from tests.core.test_bad_input_storage import IDS, Store, enrich, exact, operator
 
 pytestmark = pytest.mark.s3
 
-# The guarded store (module-scoped: this module's own server and proxy) and a fresh lake on it.
+# The guarded store (module-scoped: this module's own server and proxy, on its own bucket:
+# Hadoop caches one s3a filesystem per bucket and JVM) and a fresh lake on it.
+BUCKET = "guarded-entry"
 store = storage_cases.store
 lake = storage_cases.lake
 
