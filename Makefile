@@ -39,17 +39,23 @@ dev: install  ## open the Dagster UI on the example code location
 	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
+# Two workers (pytest-xdist), each with its own Spark session; a module's tests, and
+# every test of the Kafka broker, stay in one worker (tests/conftest.py). WORKERS=0 runs
+# them in this process.
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+
 test: install  ## run the whole test suite (real Spark, Delta, Dagster)
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-extended: install  ## the long end-to-end runs the default suite leaves out (about 15 minutes)
-	$(BIN)/python -m pytest -m extended
+	$(PYTEST) -m extended
 
 test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)
-	DSI_BOTH_ENGINES=1 $(BIN)/python -m pytest tests/core
+	DSI_BOTH_ENGINES=1 $(PYTEST) tests/core
 
-test-fast: install  ## the suite without the slow tests
-	$(BIN)/python -m pytest -m "not slow"
+test-fast: install  ## the inner loop (under 5 minutes): no slow test, no server in a subprocess
+	$(PYTEST) -m "not slow and not s3 and not kafka and not webserver and not cluster and not connect and not browser"
 
 lint: $(STAMP)  ## formatting, lint and types
 	$(BIN)/ruff format --check .

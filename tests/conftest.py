@@ -1,9 +1,10 @@
 """Shared fixtures: one SparkSession for the whole test session, fresh lakes per test.
 
-Storage cases: a test marked ``each_storage`` runs once per storage case it asks for
-(:data:`STORAGE_CASES`), its ``lake`` on the local filesystem or on the S3 test server
-(the Spark session reaches the latter through s3a with the lake's own settings), under
-the delta-rs bridge, and with ``each_storage(native=True)`` also on S3 under delta-spark.
+Storage cases: a test marked ``each_storage`` (a storage contract test) runs once per
+storage case (:data:`STORAGE_CASES`), its ``lake`` on the local filesystem or on the S3
+test server (the Spark session reaches the latter through s3a with the lake's own
+settings), under each Delta engine. Every other test gets a local lake under the engine
+users get (delta-spark).
 """
 
 import os
@@ -20,11 +21,12 @@ from dagster_sideinputs.core.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.servers.s3 import S3Server
 
-# The test session has Delta configured, so "auto" would pick delta-spark everywhere.
-# Modules that run under both engines say so (DELTA_ENGINES, tests/core/conftest.py) and
-# the engine tests name theirs; every other test keeps the bridge unless the environment
-# says otherwise (DSI_DELTA_ENGINE=auto runs them under delta-spark).
-os.environ.setdefault("DSI_DELTA_ENGINE", "delta-rs")
+# The engine users get: the test session has Delta configured, so "auto" picks delta-spark,
+# as a user's session with Delta does (the demo's and the UI's runs report
+# `delta_engine: delta-spark`). The semantics and bad-input tests run under it; the
+# contract tests (the ``both_engines`` and ``each_storage`` ones, tests/delta) name the
+# engines they compare. DSI_DELTA_ENGINE=delta-rs runs the rest under the bridge.
+os.environ.setdefault("DSI_DELTA_ENGINE", "auto")
 
 # Every Spark driver of the tests (this session's, and those tests start in subprocesses:
 # workers, demo runs, Connect servers inherit it) collects garbage in one thread. Their
@@ -41,6 +43,39 @@ os.environ.setdefault("DSI_JVM_ARCHIVE", "on")
 
 if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
+
+
+SHARED_SERVERS = {"kafka_broker": "kafka"}
+"""Session fixtures worth starting once per run: under ``pytest -n 2 --dist loadgroup``
+(``make test``) every test that uses one goes to the same worker."""
+
+SERVER_MARKS = {"kafka_broker": "kafka", "s3_server": "s3"}
+"""The mark of every test that starts (or shares) a server in a subprocess, whether it
+asks for the fixture or its ``each_storage`` case does: ``make test-fast`` leaves them
+out."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of subprocess servers (:data:`SERVER_MARKS`), and group the tests
+    for pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, which
+    starts the module's fixtures (servers, clusters, template runs) once, and so do all
+    the tests of a shared server (:data:`SHARED_SERVERS`). Each worker keeps its own
+    Spark session. Without ``-n`` the groups change nothing."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, mark in SERVER_MARKS.items():
+            if fixture in fixtures and item.get_closest_marker(mark) is None:
+                item.add_marker(getattr(pytest.mark, mark))
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("storage_case") if callspec is not None else None
+        if isinstance(case, StorageCase) and case.store == "s3":
+            item.add_marker(pytest.mark.s3)
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        shared = [group for name, group in SHARED_SERVERS.items() if name in fixtures]
+        group = shared[0] if shared else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +137,9 @@ class StorageCase:
     """Where a test's lake lives, and which Delta engine serves it."""
 
     store: str  # "local" (a temporary folder) or "s3" (a fresh prefix on the S3 test server)
-    engine: str = "bridge"  # "bridge": the delta-rs bridge; "native": delta-spark
+    # "default": the engine users get (``DSI_DELTA_ENGINE``, see above); "bridge": the
+    # delta-rs bridge; "native": delta-spark
+    engine: str = "default"
 
     @property
     def id(self) -> str:
@@ -112,52 +149,52 @@ class StorageCase:
     def native(self) -> bool:
         return self.engine == "native"
 
+    @property
+    def engine_name(self) -> str | None:
+        """``DeltaStorage(engine=...)`` of this case (None: the environment's)."""
+        return {"bridge": "delta-rs", "native": "delta-spark"}.get(self.engine)
+
+
+DEFAULT_CASE = StorageCase("local")
+"""Every test that is not ``each_storage``: a local lake under the engine users get."""
 
 STORAGE_CASES: tuple[StorageCase, ...] = (
-    StorageCase("local"),
-    StorageCase("s3"),
+    StorageCase("local", "bridge"),
+    StorageCase("local", "native"),
+    StorageCase("s3", "bridge"),
     StorageCase("s3", "native"),
 )
-"""Every storage case. An ``each_storage`` test runs on the bridge cases, its lake on the
-local filesystem and on the S3 test server (``local-bridge``, ``s3-bridge``);
-``each_storage(native=True)`` also runs it on S3 under delta-spark (``s3-native``): the
-representative subset that CI time allows (README, "Object storage", lists it).
+"""The storage contract's matrix: an ``each_storage`` test runs on each store (the local
+filesystem, the S3 test server) under each engine. Only contract tests carry the mark
+(README, "Testing"): the semantics they check run once, on a local lake, elsewhere.
 
-Under ``s3-native`` the lake is ``DeltaStorage(engine="delta-spark")`` with the S3 server's
-endpoint and credentials given once, as storage options: Spark reaches the bucket through
-s3a with them (set per bucket on the session by ``DeltaStorage.bind``), and the operator's
-state (plans, claims, commit records, the lock's lease) goes through the same options with
-the store's conditional writes (obstore), as under the bridge.
+On S3 the lake is ``DeltaStorage`` with the S3 server's endpoint and credentials given
+once, as storage options: under delta-spark, Spark reaches the bucket through s3a with
+them (set per bucket on the session by ``DeltaStorage.bind``), and the operator's state
+(plans, claims, commit records, the lock's lease) goes through the same options with the
+store's conditional writes (obstore), under either engine."""
 
-Local delta-spark is covered by the modules that set ``DELTA_ENGINES``
-(tests/core/conftest.py): their tests that are not ``each_storage`` run under both
-engines; an ``each_storage`` test runs under its storage case's engine."""
-
-
-def storage_cases(marker: pytest.Mark) -> tuple[StorageCase, ...]:
-    """The storage cases of an ``each_storage`` marker (see :data:`STORAGE_CASES`)."""
-    unknown = set(marker.kwargs) - {"native"}
-    if unknown:
-        raise pytest.UsageError(f"each_storage: unknown arguments {sorted(unknown)}")
-    if marker.kwargs.get("native"):
-        return STORAGE_CASES
-    return tuple(case for case in STORAGE_CASES if not case.native)
+STORES: tuple[StorageCase, ...] = (DEFAULT_CASE, StorageCase("s3"))
+"""``each_storage(engines=False)``: each store under the default engine, for what does not
+depend on the engine (the operator's lock, its state files)."""
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("each_storage")
     if marker is None:
         return
+    if marker.args or set(marker.kwargs) - {"engines"}:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: each_storage(engines=True|False)")
     if "storage_case" not in metafunc.fixturenames:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: each_storage without a lake")
-    cases = storage_cases(marker)
+    cases = STORAGE_CASES if marker.kwargs.get("engines", True) else STORES
     metafunc.parametrize("storage_case", cases, ids=[case.id for case in cases], indirect=True)
 
 
 @pytest.fixture
 def storage_case(request: pytest.FixtureRequest) -> StorageCase:
-    """The storage case of an ``each_storage`` test; the local filesystem otherwise."""
-    return getattr(request, "param", STORAGE_CASES[0])
+    """The storage case of an ``each_storage`` test; :data:`DEFAULT_CASE` otherwise."""
+    return getattr(request, "param", DEFAULT_CASE)
 
 
 @pytest.fixture
@@ -165,13 +202,12 @@ def lake_storage(
     request: pytest.FixtureRequest, storage_case: StorageCase, tmp_path
 ) -> DeltaStorage:
     """An empty storage root for Delta tables, where the storage case says, under its
-    engine (bridge cases: the tests' default engine, see ``DSI_DELTA_ENGINE`` above;
-    ``s3-native``: delta-spark).
+    engine.
 
     On S3 the options are passed explicitly, once (the other form, ``AWS_*`` environment
     variables, is what tests/dagster_layer use); delta-spark gets them as s3a settings.
     """
-    engine = "delta-spark" if storage_case.native else None
+    engine = storage_case.engine_name
     if storage_case.store == "s3":
         server: S3Server = request.getfixturevalue("s3_server")
         return DeltaStorage(

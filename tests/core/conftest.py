@@ -97,52 +97,43 @@ class Lake:
         return op.run(self.spark, **kwargs)
 
 
-ALTERNATE = "alternate"
-"""``ENGINE_MATRIX = ALTERNATE`` in a module that sets ``DELTA_ENGINES``: its tests take
-the engines in turn, in the order they are defined (the first under the bridge, the
-next under delta-spark...), so that each engine runs about half of them. Tests marked
-``both_engines`` still run under both, and so does every test when ``DSI_BOTH_ENGINES=1``
-(``make test-engines``): the whole matrix.
-
-For modules whose subject is the operator's logic (semantics, limits, bad input caught
-before anything is written), where the engines differ only in how the same tables are
-read and written. The modules about writing, staging and committing
-(test_one_pass, test_storage_failures, test_bad_input_halfway) keep every test under both."""
+def default_engine() -> str:
+    """The engine id of tests that name none: the one users get (``DSI_DELTA_ENGINE``,
+    tests/conftest.py: ``auto``, i.e. delta-spark in the tests' session)."""
+    return "rs" if os.environ.get("DSI_DELTA_ENGINE") == "delta-rs" else "spark"
 
 
-def _engines_of(metafunc: pytest.Metafunc, engines: tuple[str, ...]) -> tuple[str, ...]:
-    if getattr(metafunc.module, "ENGINE_MATRIX", None) != ALTERNATE:
-        return engines
+def engines_of(metafunc: pytest.Metafunc) -> tuple[str, ...]:
+    """The engines a test using ``delta_engine`` runs under: both in a module that sets
+    ``DELTA_ENGINES`` (an engine contract module), for a test marked ``both_engines``,
+    and for every test under ``DSI_BOTH_ENGINES=1`` (``make test-engines``); else only
+    the default engine."""
+    if getattr(metafunc.module, "DELTA_ENGINES", None):
+        return tuple(metafunc.module.DELTA_ENGINES)
     if os.environ.get("DSI_BOTH_ENGINES") == "1":
-        return engines
+        return tuple(ENGINES)
     if metafunc.definition.get_closest_marker("both_engines") is not None:
-        return engines
-    tests = sorted(
-        (obj.__code__.co_firstlineno, name)
-        for name, obj in vars(metafunc.module).items()
-        if name.startswith("test_") and callable(obj) and hasattr(obj, "__code__")
-    )
-    turn = [name for _, name in tests].index(metafunc.function.__name__)
-    return (engines[turn % len(engines)],)
+        return tuple(ENGINES)
+    return (default_engine(),)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Modules that set ``DELTA_ENGINES = ("rs", "spark")`` run each test using the
-    ``lake`` under each engine (test ids ``[rs]`` / ``[spark]``), or under one of them in
-    turn (:data:`ALTERNATE`); an ``each_storage`` test runs under its storage case's
-    engine instead (tests/conftest.py STORAGE_CASES)."""
-    engines = getattr(metafunc.module, "DELTA_ENGINES", None)
-    if engines and "delta_engine" in metafunc.fixturenames:
-        if metafunc.definition.get_closest_marker("each_storage") is not None:
-            return
-        metafunc.parametrize("delta_engine", list(_engines_of(metafunc, engines)), scope="function")
+    """Tests using the ``lake`` run under the engines :func:`engines_of` gives them (test
+    ids ``[rs]`` / ``[spark]`` when there are two); an ``each_storage`` test runs under
+    its storage case's engine instead (tests/conftest.py STORAGE_CASES)."""
+    if "delta_engine" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("each_storage") is not None:
+        return
+    engines = engines_of(metafunc)
+    if len(engines) > 1:
+        metafunc.parametrize("delta_engine", list(engines), scope="function")
 
 
 @pytest.fixture
 def delta_engine(storage_case: StorageCase) -> str:
-    """The engine of tests whose module does not ask for both: the storage case's
-    (``s3-native``: delta-spark), else the bridge, as before."""
-    return "spark" if storage_case.native else "rs"
+    """The engine of a test with one: its storage case's, else the default engine."""
+    return {"bridge": "rs", "native": "spark"}.get(storage_case.engine, default_engine())
 
 
 @pytest.fixture
@@ -155,7 +146,7 @@ def lake(
         lake_storage.root, lake_storage.storage_options, engine=ENGINES[delta_engine]
     )
     made = Lake(spark, storage)
-    assert made.engine_id == "spark" or not storage_case.native, "s3-native without delta-spark"
+    assert made.engine_id == delta_engine, (made.engine_id, delta_engine)
     return made
 
 

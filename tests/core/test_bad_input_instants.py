@@ -27,11 +27,12 @@ from tests.core.catalogue import (
     put,
     refused,
 )
-from tests.core.conftest import ALTERNATE, Lake
+from tests.core.conftest import Lake
 from tests.core.test_temporal import ORDERS, PRICES, at, operator, priced
 
-DELTA_ENGINES = ("rs", "spark")
-ENGINE_MATRIX = ALTERNATE
+"""The tests run under the engine users get (delta-spark); ``both_engines`` ones, whose
+point is a difference between the engines, and all under ``DSI_BOTH_ENGINES=1``, run under
+both (tests/core/conftest.py)."""
 
 SINCE_ALWAYS = dt.datetime(1, 1, 1, tzinfo=UTC)  # what the fix suggests for "since always"
 Z = ("z", 0.0, T0 + dt.timedelta(hours=1))  # another key's row: the horizon passes the orders

@@ -32,10 +32,11 @@ from tests.core.catalogue import (
     put,
     refused,
 )
-from tests.core.conftest import ALTERNATE, Clock, Lake
+from tests.core.conftest import Clock, Lake
 
-DELTA_ENGINES = ("rs", "spark")
-ENGINE_MATRIX = ALTERNATE
+"""The tests run under the engine users get (delta-spark); ``both_engines`` ones, whose
+point is a difference between the engines, and all under ``DSI_BOTH_ENGINES=1``, run under
+both (tests/core/conftest.py)."""
 
 EDGES = [
     dt.datetime(1, 1, 1, tzinfo=UTC),

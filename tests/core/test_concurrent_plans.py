@@ -21,7 +21,7 @@ from dagster_sideinputs.core.state import COMMIT
 from dagster_sideinputs.delta.files import TableFiles
 from tests.core.conftest import Lake
 
-pytestmark = [pytest.mark.slow, pytest.mark.each_storage]
+pytestmark = pytest.mark.slow
 
 TX = "tx_id long, customer_id long, amount double"
 
@@ -79,7 +79,7 @@ def state_files(lake: Lake, folder: str) -> list[str]:
     return sorted(e.path for e in state.list_files(folder) if "/" not in e.path[len(folder) + 1 :])
 
 
-@pytest.mark.each_storage(native=True)
+@pytest.mark.each_storage
 def test_a_plan_set_aside_while_its_run_was_paused_commits_nothing(lake):
     """A plans batch 0 and is paused in its function. B finds the plan with no table
     committed and nothing claimed: sets it aside, plans batch 0 again (with 10 more

@@ -94,7 +94,6 @@ def test_buffer_over_its_row_limit_fails_before_writing(lake):
     assert not lake.exists("out")
 
 
-@pytest.mark.each_storage
 def test_buffer_over_its_row_limit_routes_the_oldest_to_overflow(lake):
     clock = Clock()
     overflow = dsi.OutputTag("overflow")
@@ -201,7 +200,7 @@ def test_duplicate_output_names_are_refused(lake):
         )
 
 
-@pytest.mark.each_storage(native=True)
+@pytest.mark.each_storage(engines=False)
 def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
     from dagster_sideinputs.core.lock import operator_lock
 

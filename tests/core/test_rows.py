@@ -62,7 +62,6 @@ def fill(lake):
     lake.append("transactions", [(1, 10, 50.0), (2, 11, 500.0), (3, 12, 5.0)], TX)
 
 
-@pytest.mark.each_storage
 def test_row_function_sees_keyed_lookups_singletons_and_broadcast_maps(lake):
     fill(lake)
 

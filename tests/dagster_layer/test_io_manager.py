@@ -38,8 +38,8 @@ def root(request, storage_case, tmp_path, monkeypatch) -> str:
     variables alone (the IO manager gets no storage options; delta-rs in ``rows`` reads
     the same variables). Under ``s3-native`` the IO manager's engine is delta-spark (by
     ``DSI_DELTA_ENGINE``, as a deployment would choose it)."""
-    if storage_case.native:
-        monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")
+    if storage_case.engine_name:
+        monkeypatch.setenv("DSI_DELTA_ENGINE", storage_case.engine_name)
     if storage_case.store == "s3":
         server = request.getfixturevalue("s3_server")
         for name, value in server.storage_options.items():
@@ -105,7 +105,6 @@ def daily_sales(context: dg.AssetExecutionContext, spark: SparkResource) -> Data
 # --- writing -------------------------------------------------------------------------
 
 
-@pytest.mark.each_storage
 def test_unpartitioned_asset_materialized_twice_holds_its_rows_once(resources, instance, root):
     orders = orders_asset()
     run([orders], resources, instance)
@@ -135,7 +134,7 @@ def test_hourly_partitioned_asset_materialized_twice_holds_its_partition_once(
     ]
 
 
-@pytest.mark.each_storage(native=True)
+@pytest.mark.each_storage
 def test_partitioned_asset_rewrites_only_its_partition(resources, instance, root, storage_case):
     uri = os.path.join(root, "hourly_events")
     run([hourly_events], resources, instance, partition_key=HOUR_0)
@@ -187,7 +186,6 @@ def test_partition_range_run_without_partition_column_names_the_column(resources
         run([hourly_range], resources, instance, tags={RANGE_START: HOUR_0, RANGE_END: HOUR_1})
 
 
-@pytest.mark.each_storage
 def test_append_write_mode_adds_the_rows_on_every_materialization(resources, instance, root):
     orders = orders_asset(metadata={"write_mode": "append"})
     run([orders], resources, instance)
@@ -220,7 +218,6 @@ def test_partition_by_metadata_partitions_an_unpartitioned_assets_table(resource
     assert table.metadata().partition_columns == ["name"]
 
 
-@pytest.mark.each_storage
 def test_schema_mode_merge_adds_a_new_column_on_append(resources, instance, root):
     @dg.asset(name="orders", metadata={"write_mode": "append", "schema_mode": "merge"})
     def wider(spark: SparkResource) -> DataFrame:
@@ -237,7 +234,6 @@ def test_schema_mode_merge_adds_a_new_column_on_append(resources, instance, root
     ]
 
 
-@pytest.mark.each_storage
 def test_new_column_without_schema_mode_is_rejected_and_table_unchanged(resources, instance, root):
     @dg.asset(name="orders", metadata={"write_mode": "append"})
     def wider(spark: SparkResource) -> DataFrame:
@@ -280,7 +276,6 @@ def test_an_overwrite_with_another_schema_names_the_overwrite_and_its_fix(
 # --- materialization metadata ----------------------------------------------------------
 
 
-@pytest.mark.each_storage
 def test_materialization_reports_version_rows_uri_and_column_schema(resources, instance, root):
     orders = orders_asset()
     first = materialization_metadata(run([orders], resources, instance), "orders")
@@ -340,7 +335,6 @@ def test_materialization_reports_files_and_bytes_added(resources, instance):
     assert metadata["bytes_added"] > 0
 
 
-@pytest.mark.each_storage
 def test_commit_records_the_dagster_run_and_asset(resources, instance, root):
     result = run([orders_asset(key_prefix=["shop"])], resources, instance)
     [commit] = DeltaTable(os.path.join(root, "shop", "orders")).history(1)
@@ -360,7 +354,6 @@ def test_downstream_asset_loads_the_upstream_table(resources, instance, root):
     assert rows(os.path.join(root, "order_names")) == [{"name": "A"}, {"name": "B"}]
 
 
-@pytest.mark.each_storage
 def test_upstream_materialized_in_an_earlier_run_is_loaded_from_its_table(
     resources, instance, root
 ):
@@ -377,7 +370,6 @@ def test_upstream_materialized_in_an_earlier_run_is_loaded_from_its_table(
     assert loaded.event_specific_data.metadata["delta_version"].value == 1
 
 
-@pytest.mark.each_storage
 def test_daily_downstream_reads_only_its_upstream_partition(resources, instance, root):
     @dg.asset(partitions_def=DAILY)
     def daily_ids(daily_sales: DataFrame) -> DataFrame:
