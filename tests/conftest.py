@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
 
 
-SHARED_SERVERS = {"kafka_broker": "kafka"}
+SHARED_SERVERS = {"kafka_broker": "kafka", "webserver": "webserver"}
 """Session fixtures worth starting once per run: under ``pytest -n 2 --dist loadgroup``
 (``make test``) every test that uses one goes to the same worker."""
 
