@@ -55,9 +55,30 @@ asks for the fixture or its ``each_storage`` case does: ``make test-fast`` leave
 out."""
 
 
+END_TO_END = ("webserver", "cluster", "connect", "kafka", "browser", "crash_harness", "demo")
+"""The marks of end-to-end tests: a server, a cluster, a browser, or a whole pipeline in
+subprocesses."""
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier of a test (README's testing section; ``pytest -m <tier>`` runs one):
+    ``contract`` (the matrix of engines and stores: ``each_storage``, ``both_engines``, a
+    module that sets ``DELTA_ENGINES``, tests/delta), ``end_to_end`` (:data:`END_TO_END`),
+    else ``semantics`` (semantics and bad input, once, under the engine users get)."""
+    path = item.nodeid.split("::", 1)[0]
+    if any(item.get_closest_marker(mark) for mark in END_TO_END):
+        return "end_to_end"
+    engines = getattr(getattr(item, "module", None), "DELTA_ENGINES", None)
+    contract = ("each_storage", "both_engines")
+    if engines or path.startswith("tests/delta/") or any(map(item.get_closest_marker, contract)):
+        return "contract"
+    return "semantics"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of subprocess servers (:data:`SERVER_MARKS`), and group the tests
+    """Mark each test's :func:`tier` and the tests of subprocess servers
+    (:data:`SERVER_MARKS`), and group the tests
     for pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, which
     starts the module's fixtures (servers, clusters, template runs) once, and so do all
     the tests of a shared server (:data:`SHARED_SERVERS`). Each worker keeps its own
@@ -71,6 +92,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         case = callspec.params.get("storage_case") if callspec is not None else None
         if isinstance(case, StorageCase) and case.store == "s3":
             item.add_marker(pytest.mark.s3)
+        item.add_marker(getattr(pytest.mark, tier(item)))
         if item.get_closest_marker("xdist_group") is not None:
             continue
         shared = [group for name, group in SHARED_SERVERS.items() if name in fixtures]

@@ -24,7 +24,7 @@ import pytest
 from bench import crash_harness as harness
 from tests.servers.s3 import REGION, S3Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.crash_harness]
 
 SEEDS = (11,)  # CI-sized: `make crash` runs 30 trials at every kill point
 S3_SEED = 21

@@ -646,5 +646,3 @@ def test_a_batch_releasing_every_record_counts_them_from_delta_statistics(lake):
     assert (batch.rows_in, batch.routes["released"], batch.routes["invalid"]) == (2, 1, 1)
     assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,), (4,)]
     assert lake.rows("invalid_transactions", "tx_id") == [(5,)]
-
-
