@@ -1,5 +1,6 @@
 """DeltaIOManager: Spark DataFrames stored as Delta tables, under real Dagster runs."""
 
+import json
 import logging
 import os
 import uuid
@@ -338,8 +339,11 @@ def test_materialization_reports_files_and_bytes_added(resources, instance):
 def test_commit_records_the_dagster_run_and_asset(resources, instance, root):
     result = run([orders_asset(key_prefix=["shop"])], resources, instance)
     [commit] = DeltaTable(os.path.join(root, "shop", "orders")).history(1)
-    assert commit["dagster.run_id"] == result.run_id
-    assert commit["dagster.asset"] == "shop/orders"
+    # The bridge commits the metadata as commitInfo fields; delta-spark as userMetadata
+    # (JSON), the only commit metadata Delta's writer takes.
+    recorded = json.loads(commit["userMetadata"]) if "userMetadata" in commit else commit
+    assert recorded["dagster.run_id"] == result.run_id
+    assert recorded["dagster.asset"] == "shop/orders"
 
 
 # --- loading ---------------------------------------------------------------------------
