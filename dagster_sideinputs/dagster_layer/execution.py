@@ -4,13 +4,16 @@
 output asset the run committed to (an observation with the same figures for the
 others). ``continuous`` runs the operator on a worker thread and reports the same per
 micro-batch; when the run is terminated (from the UI, or any
-interrupt), it asks the operator to stop after its current batch, waits for it, and
-ends the run: no batch is left half-written, and none is lost.
+interrupt), it asks the operator to stop after its current batch, waits for it, reports
+every batch committed, and ends the step as a clean stop ("Stopped after micro-batch N"):
+no batch is left half-written, and none is lost.
 """
 
+import contextlib
 import datetime as dt
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -280,6 +283,36 @@ def _log_batch(context: dg.AssetExecutionContext, metrics: BatchMetrics) -> None
         context.log.info(note)
 
 
+@contextlib.contextmanager
+def _stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
+    """While a continuous run works, an interrupt asks it to stop after its micro-batch.
+
+    Dagster's Terminate (and a SIGTERM) interrupts the run's process. Instead of
+    Dagster's handler (an exception at whatever line the run is on) or PySpark's (which
+    cancels every Spark job, the batch in flight's included, then raises), the first
+    interrupt sets ``stop``: the operator finishes its current micro-batch, every
+    committed batch is reported, and the step ends. A second one interrupts at once.
+    Signal handlers belong to the main thread: elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # asked twice: stop now
+        stop.set()
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, restored in previous.items():
+            signal.signal(sig, restored)
+
+
 def _run_continuous(
     context: dg.AssetExecutionContext,
     op: SideInputOperator,
@@ -334,28 +367,36 @@ def _run_continuous(
             for name, version in versions.items()
         }
 
+    def stopped() -> str:
+        return f"micro-batch {batches[-1].batch_id}" if batches else "no micro-batch"
+
     worker = threading.Thread(target=work, name=f"dsi-{op.operator_id}", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive() or not reports.empty():
-            try:
-                metrics = reports.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            report(metrics)
-    except BaseException:
-        context.log.info("Run terminated: stopping after the current micro-batch.")
-        stop.set()
-        worker.join()
-        # The batch in flight when the stop came, and any not reported yet, committed:
-        # each reaches Dagster before the run ends, or its table's catalog would lag.
-        while not reports.empty():
-            report(reports.get_nowait())
-        last = f"micro-batch {batches[-1].batch_id}" if batches else "no micro-batch"
-        context.log.info(f"Stopped after {last}.")
-        raise
+    announced = False
+    with _stop_on_interrupt(stop):
+        worker.start()
+        try:
+            # Until the operator ends (a stop ends it after its current micro-batch), and
+            # every batch it committed is reported: none reaches Delta but not Dagster.
+            while worker.is_alive() or not reports.empty():
+                if stop.is_set() and not announced:
+                    context.log.info("Stop requested: stopping after the current micro-batch.")
+                    announced = True
+                try:
+                    metrics = reports.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                report(metrics)
+        except BaseException:  # interrupted twice, or reporting failed
+            stop.set()
+            worker.join()
+            while not reports.empty():
+                report(reports.get_nowait())
+            context.log.info(f"Interrupted after {stopped()}.")
+            raise
     if "error" in outcome:
         raise outcome["error"]
+    if stop.is_set():
+        context.log.info(f"Stopped after {stopped()}.")
 
 
 def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterator[Any]:

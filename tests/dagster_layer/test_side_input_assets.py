@@ -1,6 +1,9 @@
 """The Dagster layer: operator assets, readiness from the instance, jobs, sensors, replays."""
 
 import datetime as dt
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -491,3 +494,37 @@ def test_continuous_mode_materializes_every_micro_batch(env):
         if e.step_materialization_data.materialization.asset_key == dg.AssetKey("unmatched")
     }
     assert created == {"micro-batch 0: created (0 rows)"}
+
+
+def test_an_interrupted_continuous_run_ends_as_a_clean_stop(env):
+    """Dagster's Terminate is a SIGINT to the run's process: the run stops after its
+    micro-batch and the step succeeds, with "Stopped after micro-batch N" (before: a
+    failed step, KeyboardInterrupt raised from PySpark's signal handler)."""
+    materialize(env, [profiles, rules])
+    materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
+    instance = env["instance"]
+
+    def interrupt_after_the_first_micro_batch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            event = instance.get_latest_materialization_event(dg.AssetKey("enriched"))
+            if event is not None and event.asset_materialization.description == "micro-batch 0":
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.1)
+
+    stopper = threading.Thread(target=interrupt_after_the_first_micro_batch, daemon=True)
+    stopper.start()
+    config = {"trigger": "continuous", "interval_seconds": 0.2}
+    result = run(env, run_config={"ops": {"enrich": {"config": config}}})
+    stopper.join()
+    assert result.success
+    assert not [e for e in result.all_events if e.is_step_failure]
+    batches = [
+        int(e.step_materialization_data.materialization.description.split()[1].rstrip(":"))
+        for e in result.get_asset_materialization_events()
+        if e.step_materialization_data.materialization.asset_key == dg.AssetKey("enriched")
+    ]
+    logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert "Stop requested: stopping after the current micro-batch." in logged
+    assert f"Stopped after micro-batch {max(batches)}." in logged
