@@ -253,12 +253,20 @@ def customers(spark: dsi.SparkResource):
 """
 
 
-def dg_cli(project: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run ``dg`` (this environment's) in the project, failing with its output."""
+def dg_cli(project: Path, *args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``dg`` (this environment's, its venv the active one) in the project, with the
+    Dagster instance in ``home`` (default: the project's .dagster_home); fail with its
+    output."""
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home or project / ".dagster_home"),
+        "NO_COLOR": "1",
+        "VIRTUAL_ENV": sys.prefix,
+    }
     done = subprocess.run(
         [sys.executable, "-m", "dagster_dg_cli.cli", *args],
         cwd=project,
-        env={**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "NO_COLOR": "1"},
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -331,3 +339,26 @@ def test_dg_lists_scaffolds_checks_and_materializes_the_component(project, spark
     }
     assert written["enriched_orders"] == [(1, 10, 5.0, "Ada"), (2, 11, 7.5, "Bob")]
     assert [row[0] for row in written["unmatched_orders"]] == [3]
+
+
+@pytest.mark.slow
+def test_the_example_is_a_dg_project_that_dg_checks_and_lists(tmp_path):
+    """The example code location (``[tool.dg]`` in pyproject.toml, ``assets/defs/``) is
+    what ``dg dev`` (``make dev``) serves: ``dg check defs`` loads it, ``dg list defs``
+    shows it, and ``workspace.yaml`` names the same module and location."""
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    checked = dg_cli(REPO, "check", "defs", home=tmp_path)
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+    listed = json.loads(dg_cli(REPO, "list", "defs", "--json", home=tmp_path).stdout)
+    assert {job["name"] for job in listed["jobs"]} == {
+        "payments_enrichment_job",
+        "payments_enrichment_continuous_job",
+        "replay_unmatched_transactions_job",
+        "refresh_reference_data",
+        "fx_rates_job",
+    }
+    assert [sensor["name"] for sensor in listed["sensors"]] == ["payments_enrichment_sensor"]
+    assert {resource["name"] for resource in listed["resources"]} == {"spark", "io_manager"}
+    [entry] = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"]
+    assert entry["python_module"]["module_name"] == "assets.definitions"
+    assert entry["python_module"]["location_name"] == "payments"
