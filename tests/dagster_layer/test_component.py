@@ -103,7 +103,7 @@ def the_same_with_the_decorator() -> tuple[dg.AssetsDefinition, list, list]:
     return assets_def, jobs, [dsi.build_side_input_checks(assets_def), *sensors]
 
 
-def shape(defs: dg.Definitions) -> dict:
+def shape(defs: dg.Definitions, executors: bool = False) -> dict:
     """What the UI shows of a set of definitions: keys, lineage, checks, jobs, sensors."""
     if not defs.resources:
         spark = dsi.SparkResource()
@@ -114,6 +114,14 @@ def shape(defs: dg.Definitions) -> dict:
     repository = defs.get_repository_def()
     graph = repository.asset_graph
     outputs = [key for key in graph.get_all_asset_keys() if graph.get(key).is_materializable]
+    if executors:
+        return {
+            "executors": {
+                job.name: job.executor_def.name
+                for job in repository.get_all_jobs()
+                if job.name != "__ASSET_JOB"
+            }
+        }
     return {
         "assets": {
             k.to_user_string(): sorted(p.to_user_string() for p in graph.get(k).parent_keys)
@@ -153,6 +161,13 @@ def test_the_component_builds_what_side_input_assets_builds():
         "enriched:records_accounted_for",
         "enriched:side_inputs_ready",
     ]
+    # One process, one Spark session per run of the operator's jobs (Dagster's default
+    # executor would start a JVM per step: the operator, then each check).
+    jobs = shape(from_yaml, executors=True)["executors"]
+    assert jobs == {
+        "pipeline_job": "in_process",
+        "pipeline_op_replay_unmatched_tx_job": "in_process",
+    }
 
 
 def test_the_readme_example_is_the_docstring_example_and_builds():
