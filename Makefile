@@ -34,10 +34,24 @@ demo: install  ## run the example pipeline end to end (wipes ./data and ./.dagst
 demo-kafka: install kafka-jars  ## the same pipeline with its transactions in Kafka (starts a local broker)
 	$(BIN)/python -m assets.demo --kafka $(if $(VERBOSE),--verbose)
 
-dev: install  ## open the Dagster UI on the example code location
-	mkdir -p $(DAGSTER_HOME)
+# `make dev` starts a local Spark Connect server with Delta loaded once
+# (dagster_sideinputs.delta.connect_server; its log: data/connect-server.log), and the
+# code location's runs attach to it (DSI_SPARK_REMOTE, read by resources/): a run opens a
+# session in seconds instead of starting a JVM. `make dev SPARK=embedded`: every run
+# starts its own Spark, as `make demo` does.
+SPARK ?= connect
+CONNECT_PORT ?= 15002
+# dg warns when the project's .venv is not the active one; it is, for these commands.
+DG_ENV := VIRTUAL_ENV=$(abspath $(VENV))
+
+dev: install  ## open the Dagster UI on the example code location (`dg dev`; SPARK=embedded: no Connect server)
+	mkdir -p $(DAGSTER_HOME) data
 	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml
+ifeq ($(SPARK),connect)
+	$(DG_ENV) $(BIN)/python -m dagster_sideinputs.delta.connect_server --port $(CONNECT_PORT) --log data/connect-server.log --export DSI_SPARK_REMOTE -- $(BIN)/dg dev
+else
+	$(DG_ENV) $(BIN)/dg dev
+endif
 
 test: install  ## run the whole test suite (real Spark, Delta, Dagster)
 	$(BIN)/python -m pytest
