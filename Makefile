@@ -7,6 +7,11 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # The demo's and the UI's run processes each start a JVM: they map a class archive of
 # its class path (docs/JVM_PACKAGES.md; opt-in, off in a user's own processes).
 export DSI_JVM_ARCHIVE ?= on
+# How long a transaction waits for its customer's profile (30 minutes in the example's
+# code). One value for the demo's runs and for the code location `make dev` serves, so
+# the UI declares what the demo's runs did: `make dev DSI_PROFILE_TIMEOUT_MINUTES=30`.
+# (Theirs only: the tests keep the code's 30 minutes.)
+demo demo-kafka dev: export DSI_PROFILE_TIMEOUT_MINUTES ?= 1
 
 .PHONY: install jars kafka-jars demo demo-kafka dev test test-fast test-extended test-engines lint bench bench-scale crash clean
 

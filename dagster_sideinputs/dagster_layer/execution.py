@@ -28,6 +28,7 @@ from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
+from dagster_sideinputs.dagster_layer.describe import inputs_markdown
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
 from dagster_sideinputs.dagster_layer.kafka import kafka_batch_metadata, kafka_run_metadata
@@ -93,6 +94,18 @@ def build_operator(
             )
         tag = tags[replay]
     return decl.operator(storage, DagsterReadiness(instance, side_assets), replay=tag)
+
+
+def run_inputs(decl: SideInputAssets) -> dict[str, Any]:
+    """``dsi/inputs`` as this run declares them (timeouts, windows, readiness rules).
+
+    The asset's definition shows the code location's declaration; a run made elsewhere
+    (``make demo`` in its own process, another deployment) may declare other values
+    (``DSI_PROFILE_TIMEOUT_MINUTES``): each materialization shows the ones it ran with.
+    """
+    unmatched = decl.spec.routes.get("unmatched")
+    target = unmatched.name if unmatched is not None else "the unmatched output"
+    return {"dsi/inputs": dg.MetadataValue.md(inputs_markdown(decl.main, decl.side_inputs, target))}
 
 
 def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
@@ -182,6 +195,7 @@ def output_metadata(
     batches: Sequence[BatchMetrics],
     seconds: float,
     buffer: Mapping[str, Any] | None = None,
+    declared: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Metadata of one output asset after a run: what the run did, and the table now.
 
@@ -190,6 +204,7 @@ def output_metadata(
     Args:
         op: the operator owning the output's table.
         buffer: the buffer figures of the operator that ran (default: ``op``'s).
+        declared: the inputs as the run declared them (:func:`run_inputs`).
     """
     figures = record_figures(batches)
     metadata: dict[str, Any] = {
@@ -209,10 +224,16 @@ def output_metadata(
         metadata["side_input_versions"] = dg.MetadataValue.json(last.side_versions)
         metadata["readiness"] = dg.MetadataValue.md(readiness_markdown(last.readiness))
     metadata.update(kafka_run_metadata(op, batches))
+    metadata.update(declared or {})
     return metadata
 
 
-def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics) -> dict[str, Any]:
+def batch_metadata(
+    op: SideInputOperator,
+    tag: OutputTag,
+    metrics: BatchMetrics,
+    declared: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Metadata of one output asset after one micro-batch of a continuous run."""
     return {
         "batch_id": metrics.batch_id,
@@ -225,6 +246,7 @@ def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics)
         "readiness": dg.MetadataValue.md(readiness_markdown(metrics.readiness)),
         "batch_seconds": metrics.durations.get("total", 0.0),
         **kafka_batch_metadata(metrics),
+        **(declared or {}),
     }
 
 
@@ -319,6 +341,7 @@ def _run_continuous(
     spark: Any,
     config: dict[str, Any],
     batches: list[BatchMetrics],
+    declared: Mapping[str, Any],
 ) -> None:
     stop = threading.Event()
     reports: queue.Queue[BatchMetrics] = queue.Queue()
@@ -350,7 +373,7 @@ def _run_continuous(
             context.log_event(
                 dg.AssetMaterialization(
                     asset_key=_key(tag),
-                    metadata=batch_metadata(op, tag, metrics),
+                    metadata=batch_metadata(op, tag, metrics, declared),
                     description=what if metrics.emitted(tag.name) else f"{what}: created (0 rows)",
                 )
             )
@@ -358,7 +381,7 @@ def _run_continuous(
             context.log_event(
                 dg.AssetObservation(
                     asset_key=_key(tag),
-                    metadata=batch_metadata(op, tag, metrics),
+                    metadata=batch_metadata(op, tag, metrics, declared),
                     description=f"{what}: nothing written to this table",
                 )
             )
@@ -418,8 +441,9 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
         f"{storage.delta.name} (asked for: {storage_of(context.resources, decl).choice})"
     )
     batches: list[BatchMetrics] = []
+    declared = run_inputs(decl)
     if trigger == "continuous":
-        _run_continuous(context, op, spark, config, batches)
+        _run_continuous(context, op, spark, config, batches, declared)
         yield accounted_check(decl, batches)
         return
 
@@ -450,13 +474,16 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     written, untouched = split_outputs(tags, batches, versions)
     for tag in written:
         yield dg.MaterializeResult(
-            asset_key=_key(tag), metadata=output_metadata(op, tag, batches, seconds, buffer)
+            asset_key=_key(tag),
+            metadata=output_metadata(op, tag, batches, seconds, buffer, declared),
         )
     what = f"replay of {replay}" if replay else f"run of {len(batches)} micro-batch(es)"
     for tag in untouched:
         yield dg.AssetObservation(
             asset_key=_key(tag),
-            metadata=output_metadata(owner.get(tag.name, main_op), tag, batches, seconds, buffer),
+            metadata=output_metadata(
+                owner.get(tag.name, main_op), tag, batches, seconds, buffer, declared
+            ),
             description=f"{what}: nothing written to this table",
         )
     yield accounted_check(decl, batches)

@@ -46,6 +46,8 @@ GLOSSARY: dict[str, str] = {
     '(on_data_loss="skip")',
     "side_input_versions": "the Delta version of each side table read",
     "readiness": "per side input and window: ready or not, and why",
+    "dsi/inputs": "the operator's inputs as the run declared them (key, readiness, timeout, "
+    "window of each); the asset's definition shows the code location's",
     "not_ready": "the side inputs (per window) not ready, with the reason",
     "unaccounted_batches": "micro-batches whose routes do not add up (none if the check passes)",
     "max_rows": "the buffer's row limit (BufferLimits.max_rows; -1: none)",

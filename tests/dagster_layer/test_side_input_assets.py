@@ -288,6 +288,12 @@ def test_job_run_reports_metadata_and_checks(env):
     assert meta["side_input_versions"] == {"profile": 0, "rules": 0}
     assert "| rules | global | yes |" in meta["readiness"]
     assert meta["throughput_records_per_s"] > 0
+    # The inputs as this run declared them: a run made in another process (make demo,
+    # with its own DSI_PROFILE_TIMEOUT_MINUTES) shows its own timeouts, whatever the
+    # code location's definition says.
+    declared = enrich.specs_by_key[dg.AssetKey("enriched")].metadata["dsi/inputs"].value
+    assert meta["dsi/inputs"] == declared
+    assert "a record whose key has no row goes to unmatched" in meta["dsi/inputs"]
     assert [c.name for c in meta["dagster/column_schema"].columns] == [
         "tx_id",
         "customer_id",
@@ -502,6 +508,8 @@ def test_continuous_mode_materializes_every_micro_batch(env):
     assert events[0].metadata["new_records"].value == 1
     # Each micro-batch shows its readiness table, as a run's materialization does.
     assert "| profile | global | yes |" in events[0].metadata["readiness"].value
+    # And the inputs as the run declared them.
+    assert "| profile | side input | profiles |" in events[0].metadata["dsi/inputs"].value
     # Nothing flagged or unmatched in that micro-batch, but the tables were created.
     assert materialized(result) == {"enriched", "flagged", "unmatched"}
     created = {
