@@ -31,6 +31,7 @@ def delta_server(tmp_path_factory) -> Iterator[LocalConnectServer]:
         confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(work / "warehouse")},
     )
     with server as running:
+        assert running.warm_up() > 0  # what make dev does beside dg dev
         yield running
 
 
