@@ -18,7 +18,7 @@ unless ``--keep`` is given. The runs, materializations and checks then appear in
    rest go to ``unmatched_transactions``;
 6. their profiles arrive too, and the replay job feeds them back through the operator.
 
-Each run of the operator prints the figures of the README's glossary:
+Each run of the operator prints the figures of the glossary (docs/operations.md):
 ``new_records + from_buffer = released + buffered + late + unmatched``, then the
 buffer's total (``buffered_rows``) and which outputs it materialized. Without
 ``--verbose`` everything Spark, py4j and Dagster log goes to ``data/demo.log``.
@@ -117,13 +117,13 @@ def _kafka(bootstrap: str | None) -> Iterator[str]:
 
 
 def _short(path: str | Path) -> str:
-    """A path relative to the current folder when it is under it (as the README shows it)."""
+    """A path relative to the current folder when it is under it (as the docs show it)."""
     relative = os.path.relpath(path)
     return str(path) if relative.startswith("..") else relative
 
 
 def run_summary(result: object) -> str:
-    """One line of a run of the operator, in the README glossary's words."""
+    """One line of a run of the operator, in the glossary's words (docs/operations.md)."""
     import dagster as dg
 
     from dagster_sideinputs.dagster_layer.figures import figures_line

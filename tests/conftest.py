@@ -121,7 +121,7 @@ STORAGE_CASES: tuple[StorageCase, ...] = (
 """Every storage case. An ``each_storage`` test runs on the bridge cases, its lake on the
 local filesystem and on the S3 test server (``local-bridge``, ``s3-bridge``);
 ``each_storage(native=True)`` also runs it on S3 under delta-spark (``s3-native``): the
-representative subset that CI time allows (README, "Object storage", lists it).
+representative subset that CI time allows (docs/object-storage.md lists it).
 
 Under ``s3-native`` the lake is ``DeltaStorage(engine="delta-spark")`` with the S3 server's
 endpoint and credentials given once, as storage options: Spark reaches the bucket through

@@ -2,7 +2,7 @@
 
 The same names, with the same meaning, appear in materialization and observation
 metadata, in the asset checks, in the run's logs and in the example's demo output; the
-README's glossary is this table (a test keeps the two equal).
+The glossary of docs/operations.md is this table (a test keeps the two equal).
 
 Accounting: every record a run looks at is either new (``new_records``) or read back
 from the buffer (``from_buffer``); together they are ``records_processed``, and each of

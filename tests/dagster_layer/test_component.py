@@ -170,8 +170,10 @@ def test_the_component_builds_what_side_input_assets_builds():
     }
 
 
-def test_the_readme_example_is_the_docstring_example_and_builds():
-    readme = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def test_the_docs_example_is_the_docstring_example_and_builds():
+    readme = re.findall(
+        r"```yaml\n(.*?)```", (REPO / "docs" / "dagster.md").read_text(), flags=re.S
+    )
     assert len(readme) == 1
     docstring = (SideInputPipeline.__doc__ or "").split(".. code-block:: yaml")[1]
     assert yaml.safe_load(readme[0]) == yaml.safe_load(textwrap.dedent(docstring))
@@ -191,7 +193,7 @@ def test_the_readme_example_is_the_docstring_example_and_builds():
     assert "enrich_payments_replay_unmatched_payments_job" in shown["jobs"]
 
 
-def test_durations_are_written_as_in_the_readme():
+def test_durations_are_written_as_in_the_docs():
     assert parse_duration("1h30m", "x") == dt.timedelta(minutes=90)
     assert parse_duration("90s", "x") == parse_duration(90, "x") == dt.timedelta(seconds=90)
     assert parse_duration("1d", "x") == dt.timedelta(days=1)

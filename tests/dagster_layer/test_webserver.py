@@ -128,7 +128,7 @@ def test_first_run_figures_agree_in_materialization_check_and_log(story: Story):
         f"buffered={meta['buffered']} late=0 unmatched=0; buffered_rows={meta['buffered_rows']}"
     )
     assert any(line in message for message in messages), messages
-    # Every label is defined once, in the glossary the README repeats.
+    # Every label is defined once, in the glossary docs/operations.md repeats.
     assert set(meta) - DAGSTER_LABELS <= set(GLOSSARY)
     assert set(check["values"]) <= set(GLOSSARY)
     # The main input's appends: what each added, next to the table's total.
