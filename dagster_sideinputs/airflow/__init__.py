@@ -18,6 +18,8 @@ Names are loaded on first use, so Airflow's provider discovery
 import importlib
 from typing import Any
 
+from dagster_sideinputs.errors import DeclarationError
+
 _NAMES = {
     "AirflowReadiness": "dagster_sideinputs.airflow.readiness",
     "SideInputOperatorTask": "dagster_sideinputs.airflow.operator",
@@ -30,6 +32,16 @@ __all__ = sorted(_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(_NAMES[name])
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "airflow":
+            raise
+        raise DeclarationError(
+            f"dagster_sideinputs.airflow.{name} needs Apache Airflow 3, which is not "
+            "installed in this environment.",
+            fix="pip install 'dagster-sideinputs[airflow]'",
+        ) from exc
+    return getattr(module, name)

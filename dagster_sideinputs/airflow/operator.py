@@ -71,6 +71,7 @@ class SideInputOperatorTask(BaseOperator):
     """
 
     ui_color = "#dbeafe"
+    outlets: list[Any]
 
     def __init__(
         self,
@@ -192,7 +193,7 @@ class SideInputOperatorTask(BaseOperator):
             self.log.info("no asset event for %s: the run wrote no rows to it", tag.name)
         # Airflow records an event for every outlet of a successful task: keep those the
         # run wrote to (the DAG's lineage keeps all of them).
-        unwritten = {self.output_assets[tag.name] for tag in untouched}
+        unwritten = [self.output_assets[tag.name] for tag in untouched]
         self.outlets = [o for o in self.outlets if o not in unwritten]
         return {"batches": len(batches), **figures, **buffer}
 
