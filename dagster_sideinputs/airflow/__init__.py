@@ -12,10 +12,11 @@
 
 Needs Airflow 3 (``pip install 'dagster-sideinputs[airflow]'``); imports no Dagster.
 Names are loaded on first use, so Airflow's provider discovery
-(:func:`~dagster_sideinputs.airflow.provider.get_provider_info`) stays light.
+(:func:`get_provider_info`, the ``apache_airflow_provider`` entry point) stays light.
 """
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from dagster_sideinputs.errors import DeclarationError
@@ -23,12 +24,10 @@ from dagster_sideinputs.errors import DeclarationError
 _NAMES = {
     "AirflowReadiness": "dagster_sideinputs.airflow.readiness",
     "SideInputOperatorTask": "dagster_sideinputs.airflow.operator",
-    "records_waiting": "dagster_sideinputs.airflow.operator",
     "table_asset": "dagster_sideinputs.airflow.assets",
-    "get_provider_info": "dagster_sideinputs.airflow.provider",
 }
 
-__all__ = sorted(_NAMES)
+__all__ = sorted([*_NAMES, "get_provider_info"])
 
 
 def __getattr__(name: str) -> Any:
@@ -45,3 +44,31 @@ def __getattr__(name: str) -> Any:
             fix="pip install 'dagster-sideinputs[airflow]'",
         ) from exc
     return getattr(module, name)
+
+
+def get_provider_info() -> dict[str, Any]:
+    """What ``airflow providers list`` and the UI's Providers page show."""
+    try:
+        versions = [version("dagster-sideinputs")]
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        versions = []
+    return {
+        "package-name": "dagster-sideinputs",
+        "name": "Side inputs for PySpark (dagster-sideinputs)",
+        "description": "Side inputs, side outputs and pre-keyed streams for PySpark, stored "
+        "in Delta Lake: an operator whose inputs and outputs are Airflow assets, readiness "
+        "from asset events.",
+        "versions": versions,
+        "integrations": [
+            {
+                "integration-name": "Side inputs",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Side inputs",
+                "python-modules": ["dagster_sideinputs.airflow.operator"],
+            }
+        ],
+    }
