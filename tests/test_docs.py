@@ -253,7 +253,10 @@ def test_demo_prints_what_getting_started_shows(tmp_path_factory):
 
 
 MODULES = sorted(
-    name for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
+    name
+    for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
+    # The Airflow provider's modules import Airflow, which this venv has not (.venv-airflow).
+    if not name.startswith("dagster_sideinputs.airflow.")
 )
 
 
