@@ -175,7 +175,7 @@ def test_ui_walkthrough_names_exist_in_the_code_location():
     defined = _code_location_names()
     sources = "".join(
         (REPO / name).read_text()
-        for name in ("resources/__init__.py", "assets/payments.py", "assets/enrichment.py")
+        for name in ("resources/__init__.py", "assets/payments.py", "assets/payments_operator.py")
     )
     unknown = []
     for token in sorted(set(re.findall(r"`([^`]+)`", walkthrough))):
@@ -255,7 +255,10 @@ def test_demo_prints_what_getting_started_shows(tmp_path_factory):
 
 
 MODULES = sorted(
-    name for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
+    name
+    for _, name, _ in pkgutil.walk_packages(dagster_sideinputs.__path__, "dagster_sideinputs.")
+    # The Airflow provider's modules import Airflow, which this venv has not (.venv-airflow).
+    if not name.startswith("dagster_sideinputs.airflow.")
 )
 
 

@@ -94,9 +94,22 @@ def test_no_module_imports_one_that_imports_it_back():
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("dagster_sideinputs.core", ("dagster", "dagster_pyspark", "deltalake", "delta")),
-        ("dagster_sideinputs.dagster_layer", ("deltalake", "delta")),
-        ("dagster_sideinputs.delta", ("dagster", "dagster_sideinputs.dagster_layer")),
+        (
+            "dagster_sideinputs.core",
+            ("dagster", "dagster_pyspark", "deltalake", "delta", "airflow"),
+        ),
+        ("dagster_sideinputs.dagster_layer", ("deltalake", "delta", "airflow")),
+        ("dagster_sideinputs.delta", ("dagster", "dagster_sideinputs.dagster_layer", "airflow")),
+        (
+            "dagster_sideinputs.airflow",
+            (
+                "dagster",
+                "dagster_pyspark",
+                "dagster_sideinputs.dagster_layer",
+                "deltalake",
+                "delta",
+            ),
+        ),
     ],
 )
 def test_layers_import_only_what_they_may(layer, forbidden):

@@ -25,8 +25,15 @@ from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.run_report import after_commit as _after_commit
+from dagster_sideinputs.core.run_report import buffer_figures as _buffer_figures
+from dagster_sideinputs.core.run_report import (
+    main_range,
+    run_figures,
+    split_outputs,
+    table_versions,
+)
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
-from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
 from dagster_sideinputs.dagster_layer.describe import inputs_markdown
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
@@ -122,53 +129,6 @@ def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def table_versions(op: SideInputOperator) -> dict[str, int | None]:
-    """The Delta version of every output table now (None: no table yet)."""
-    engine = op.spec.storage.delta
-    with lake_storage_errors(op.spec, "reading the output tables' versions"):
-        return {
-            name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
-            for name, uri in op.output_tables.items()
-        }
-
-
-def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool:
-    """Whether a batch committed to an output table.
-
-    An output the batch wrote rows to, created, or whose commit it found already made
-    by the interrupted run it replays (which never reported it). A write with no rows
-    to an existing table commits nothing and does not count.
-    """
-    write = batch.writes.get(tag)
-    if write is None:
-        return False
-    return write.rows > 0 or write.skipped or version_before is None
-
-
-def _after_commit(op: SideInputOperator, what: str, error: StorageError) -> dict[str, Any]:
-    """Figures read after the run's batches committed that the store refused: left out
-    (with the error's text), never failing a run whose batches are committed (its
-    materializations are what Dagster must not lose)."""
-    log.warning("%s: %s left out of the run's metadata: %s", op.operator_id, what, error.message)
-    return {"figures_unavailable": f"{what}: {error.message}"[:1000]}
-
-
-def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
-    try:
-        buffer = op.buffer()
-    except StorageError as exc:
-        return _after_commit(op, "the buffer's figures", exc)
-    oldest = buffer.oldest()
-    return {
-        "buffered_rows": buffer.rows(),
-        "oldest_buffered_age_s": round(
-            (dt.datetime.now(dt.timezone.utc) - as_utc(oldest)).total_seconds(), 1
-        )
-        if oldest is not None
-        else 0.0,
-    }
-
-
 def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
     uri = op.output_tables[tag.name]
     engine = op.spec.storage.delta
@@ -206,21 +166,16 @@ def output_metadata(
         buffer: the buffer figures of the operator that ran (default: ``op``'s).
         declared: the inputs as the run declared them (:func:`run_inputs`).
     """
-    figures = record_figures(batches)
+    figures = run_figures(tag, batches, seconds)
     metadata: dict[str, Any] = {
-        "rows_written": sum(b.emitted(tag.name) for b in batches),
+        "rows_written": figures.pop("rows_written"),
         **_table_figures(op, tag),
         **figures,
         **(buffer if buffer is not None else _buffer_figures(op)),
-        "batches": len(batches),
-        "run_seconds": round(seconds, 3),
-        "throughput_records_per_s": round(figures["records_processed"] / seconds, 1)
-        if seconds > 0
-        else 0.0,
     }
     if batches:
         last = batches[-1]
-        metadata["main_range"] = ", ".join(b.main_range for b in batches[-3:])
+        metadata["main_range"] = main_range(batches)
         metadata["side_input_versions"] = dg.MetadataValue.json(last.side_versions)
         metadata["readiness"] = dg.MetadataValue.md(readiness_markdown(last.readiness))
     metadata.update(kafka_run_metadata(op, batches))
@@ -248,26 +203,6 @@ def batch_metadata(
         **kafka_batch_metadata(metrics),
         **(declared or {}),
     }
-
-
-def split_outputs(
-    tags: Sequence[OutputTag],
-    batches: Sequence[BatchMetrics],
-    versions_before: Mapping[str, int | None],
-) -> tuple[list[OutputTag], list[OutputTag]]:
-    """The outputs the batches committed to, and the others.
-
-    Only the first get a materialization: a run that changed a table nothing does not
-    move its "last materialized". The others get an observation with the same figures.
-    """
-    written, untouched = [], []
-    for tag in tags:
-        before = versions_before.get(tag.name)
-        if any(committed(b, tag.name, before) for b in batches):
-            written.append(tag)
-        else:
-            untouched.append(tag)
-    return written, untouched
 
 
 def _key(tag: OutputTag) -> dg.AssetKey:
