@@ -7,14 +7,39 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # The demo's and the UI's run processes each start a JVM: they map a class archive of
 # its class path (docs/JVM_PACKAGES.md; opt-in, off in a user's own processes).
 export DSI_JVM_ARCHIVE ?= on
+# How long a transaction waits for its customer's profile (30 minutes in the example's
+# code). One value for the demo's runs and for the code location `make dev` serves, so
+# the UI declares what the demo's runs did: `make dev DSI_PROFILE_TIMEOUT_MINUTES=30`.
+# (Theirs only: the tests keep the code's 30 minutes.)
+demo demo-kafka dev: export DSI_PROFILE_TIMEOUT_MINUTES ?= 1
 
-.PHONY: install jars kafka-jars demo demo-kafka dev test test-fast test-extended test-engines lint bench bench-scale crash clean
+# Airflow 3 (the `airflow` extra) in its own venv: a real `pip install '.[airflow]'` into a
+# fresh environment (what a user does), which runs Airflow for tests/test_airflow.py;
+# ./.venv, the dev venv, stays without Airflow (the core is tested there without it).
+AIRFLOW_VENV := .venv-airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
+
+.PHONY: install airflow airflow-dev jars kafka-jars demo demo-kafka dev test test-fast test-extended test-engines lint bench bench-scale crash clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+$(AIRFLOW_STAMP): pyproject.toml
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet ".[airflow]"
+	touch $(AIRFLOW_STAMP)
+
+airflow: $(AIRFLOW_STAMP)  ## create .venv-airflow: the package with its airflow extra (Airflow 3)
+
+airflow-dev: airflow  ## open the Airflow UI (standalone, SQLite) on the example DAG, assets/airflow_dags
+	mkdir -p .airflow_home
+	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH PYTHONPATH=$(CURDIR) AIRFLOW_HOME=$(CURDIR)/.airflow_home \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/assets/airflow_dags AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	$(AIRFLOW_VENV)/bin/airflow standalone
 
 install: $(STAMP) jars  ## create .venv, install the package with its dev tools, fetch the JVM jars
 
@@ -34,10 +59,24 @@ demo: install  ## run the example pipeline end to end (wipes ./data and ./.dagst
 demo-kafka: install kafka-jars  ## the same pipeline with its transactions in Kafka (starts a local broker)
 	$(BIN)/python -m assets.demo --kafka $(if $(VERBOSE),--verbose)
 
-dev: install  ## open the Dagster UI on the example code location
-	mkdir -p $(DAGSTER_HOME)
+# `make dev` starts a local Spark Connect server with Delta loaded once
+# (dagster_sideinputs.delta.connect_server; its log: data/connect-server.log), and the
+# code location's runs attach to it (DSI_SPARK_REMOTE, read by resources/): a run opens a
+# session in seconds instead of starting a JVM. `make dev SPARK=embedded`: every run
+# starts its own Spark, as `make demo` does.
+SPARK ?= connect
+CONNECT_PORT ?= 15002
+# dg warns when the project's .venv is not the active one; it is, for these commands.
+DG_ENV := VIRTUAL_ENV=$(abspath $(VENV))
+
+dev: install  ## open the Dagster UI on the example code location (`dg dev`; SPARK=embedded: no Connect server)
+	mkdir -p $(DAGSTER_HOME) data
 	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml
+ifeq ($(SPARK),connect)
+	$(DG_ENV) $(BIN)/python -m dagster_sideinputs.delta.connect_server --port $(CONNECT_PORT) --log data/connect-server.log --export DSI_SPARK_REMOTE -- $(BIN)/dg dev
+else
+	$(DG_ENV) $(BIN)/dg dev
+endif
 
 # Two workers (pytest-xdist), each with its own Spark session; a module's tests, and
 # every test of the Kafka broker, stay in one worker (tests/conftest.py). WORKERS=0 runs
@@ -45,7 +84,7 @@ dev: install  ## open the Dagster UI on the example code location
 WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-test: install  ## run the whole test suite (real Spark, Delta, Dagster)
+test: install airflow  ## run the whole test suite (real Spark, Delta, Dagster, Airflow)
 	$(PYTEST)
 
 test-extended: install  ## the long end-to-end runs the default suite leaves out (about 15 minutes)
@@ -55,7 +94,7 @@ test-engines: install  ## the core tests with every test under both Delta engine
 	DSI_BOTH_ENGINES=1 $(PYTEST) tests/core
 
 test-fast: install  ## the inner loop (under 5 minutes): no slow test, no server in a subprocess
-	$(PYTEST) -m "not slow and not s3 and not kafka and not webserver and not cluster and not connect and not browser"
+	$(PYTEST) -m "not slow and not s3 and not kafka and not webserver and not cluster and not connect and not browser and not airflow"
 
 lint: $(STAMP)  ## formatting, lint and types
 	$(BIN)/ruff format --check .
@@ -77,4 +116,4 @@ crash: $(STAMP)  ## the crash harness: SIGKILLs at random points and at every ki
 	$(BIN)/python bench/crash_harness.py --script short --trials 0 --side-change
 
 clean:
-	rm -rf data .dagster_home
+	rm -rf data .dagster_home .airflow_home

@@ -18,7 +18,7 @@ unless ``--keep`` is given. The runs, materializations and checks then appear in
    rest go to ``unmatched_transactions``;
 6. their profiles arrive too, and the replay job feeds them back through the operator.
 
-Each run of the operator prints the figures of the README's glossary:
+Each run of the operator prints the figures of the glossary (docs/operations.md):
 ``new_records + from_buffer = released + buffered + late + unmatched``, then the
 buffer's total (``buffered_rows``) and which outputs it materialized. Without
 ``--verbose`` everything Spark, py4j and Dagster log goes to ``data/demo.log``.
@@ -117,13 +117,13 @@ def _kafka(bootstrap: str | None) -> Iterator[str]:
 
 
 def _short(path: str | Path) -> str:
-    """A path relative to the current folder when it is under it (as the README shows it)."""
+    """A path relative to the current folder when it is under it (as the docs show it)."""
     relative = os.path.relpath(path)
     return str(path) if relative.startswith("..") else relative
 
 
 def run_summary(result: object) -> str:
-    """One line of a run of the operator, in the README glossary's words."""
+    """One line of a run of the operator, in the glossary's words (docs/operations.md)."""
     import dagster as dg
 
     from dagster_sideinputs.dagster_layer.figures import figures_line
@@ -160,8 +160,11 @@ def main() -> None:
     parser.add_argument(
         "--timeout-seconds",
         type=float,
-        default=60,
-        help="how long transactions wait for a missing profile (30 minutes in production)",
+        # make demo and make dev declare the same (the Makefile's variable), so the UI
+        # shows the timeout the demo's runs used.
+        default=float(os.environ.get("DSI_PROFILE_TIMEOUT_MINUTES", "1")) * 60,
+        help="how long transactions wait for a missing profile (default: "
+        "$DSI_PROFILE_TIMEOUT_MINUTES, else 60 s; 30 minutes in the example's code)",
     )
     parser.add_argument(
         "--seed",

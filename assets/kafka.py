@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from assets.payments import TransactionBatch, generate_transactions
+from assets.payments_operator import TRANSACTIONS
 
 KAFKA_MODE = os.environ.get("DSI_TRANSACTIONS_SOURCE", "delta").lower() == "kafka"
 BOOTSTRAP = os.environ.get("DSI_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
@@ -29,7 +30,7 @@ SCHEMA = (
 def transactions_input() -> dsi.MainInput:
     """The operator's main input: the Delta table, or the Kafka topic in Kafka mode."""
     if not KAFKA_MODE:
-        return dsi.MainInput("transactions", key="customer_id", event_time="ts")
+        return TRANSACTIONS
     return dsi.MainInput.kafka(
         TOPIC,
         bootstrap_servers=BOOTSTRAP,

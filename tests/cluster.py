@@ -549,7 +549,7 @@ def local_reference(tmp_path_factory: Any) -> Future[DemoRun]:
 
     Runs in the background (the caller runs its own variant meanwhile); later callers
     get the same run: the Kafka demo's reference, and the run whose output test_docs
-    compares with the README's sample.
+    compares with the sample of docs/getting-started.md.
     """
     if "local" not in _reference:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-reference")

@@ -55,7 +55,16 @@ asks for the fixture or its ``each_storage`` case does: ``make test-fast`` leave
 out."""
 
 
-END_TO_END = ("webserver", "cluster", "connect", "kafka", "browser", "crash_harness", "demo")
+END_TO_END = (
+    "webserver",
+    "cluster",
+    "connect",
+    "kafka",
+    "browser",
+    "airflow",
+    "crash_harness",
+    "demo",
+)
 """The marks of end-to-end tests: a server, a cluster, a browser, or a whole pipeline in
 subprocesses."""
 
@@ -188,7 +197,7 @@ STORAGE_CASES: tuple[StorageCase, ...] = (
 )
 """The storage contract's matrix: an ``each_storage`` test runs on each store (the local
 filesystem, the S3 test server) under each engine. Only contract tests carry the mark
-(README, "Testing"): the semantics they check run once, on a local lake, elsewhere.
+(docs/testing.md): the semantics they check run once, on a local lake, elsewhere.
 
 On S3 the lake is ``DeltaStorage`` with the S3 server's endpoint and credentials given
 once, as storage options: under delta-spark, Spark reaches the bucket through s3a with

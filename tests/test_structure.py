@@ -1,5 +1,6 @@
-"""The library's shape: small modules, layers apart, no import cycles, and a README that
-names every module. Read from the source with ``ast``; nothing is imported or started."""
+"""The library's shape: small modules, layers apart, no import cycles, and a code layout
+(docs/testing.md) that names every module. Read from the source with ``ast``; nothing is
+imported or started."""
 
 from __future__ import annotations
 
@@ -93,9 +94,22 @@ def test_no_module_imports_one_that_imports_it_back():
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("dagster_sideinputs.core", ("dagster", "dagster_pyspark", "deltalake", "delta")),
-        ("dagster_sideinputs.dagster_layer", ("deltalake", "delta")),
-        ("dagster_sideinputs.delta", ("dagster", "dagster_sideinputs.dagster_layer")),
+        (
+            "dagster_sideinputs.core",
+            ("dagster", "dagster_pyspark", "deltalake", "delta", "airflow"),
+        ),
+        ("dagster_sideinputs.dagster_layer", ("deltalake", "delta", "airflow")),
+        ("dagster_sideinputs.delta", ("dagster", "dagster_sideinputs.dagster_layer", "airflow")),
+        (
+            "dagster_sideinputs.airflow",
+            (
+                "dagster",
+                "dagster_pyspark",
+                "dagster_sideinputs.dagster_layer",
+                "deltalake",
+                "delta",
+            ),
+        ),
     ],
 )
 def test_layers_import_only_what_they_may(layer, forbidden):
@@ -115,18 +129,18 @@ def test_layers_import_only_what_they_may(layer, forbidden):
     assert wrong == {}
 
 
-def test_readme_development_section_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Development") :]
+def test_the_code_layout_names_every_module():
+    testing = (ROOT / "docs" / "testing.md").read_text()
+    section = testing[testing.index("## The code") :]
     block = re.search(r"```\n(dagster_sideinputs/.*?)```", section, re.S)
-    assert block, "README's Development section lost its module list"
+    assert block, "docs/testing.md's section 'The code' lost its module list"
     named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*\.py", block.group(1)))
     missing = sorted(
         str(p.relative_to(PACKAGE))
         for p in PACKAGE.rglob("*.py")
         if p.name != "__init__.py" and p.name not in named
     )
-    assert missing == [], f"add one line per module to README's Development section: {missing}"
+    assert missing == [], f"add one line per module to docs/testing.md, 'The code': {missing}"
 
 
 def test_the_continuous_polling_default_is_one_constant_everywhere():

@@ -25,7 +25,7 @@ from dagster_sideinputs.core.state import IDENTITY_FILE, OperatorState
 from dagster_sideinputs.errors import OperatorStateError, TableNotFoundError
 
 log = logging.getLogger("dagster_sideinputs")
-_RESET = "`operator.reset(...)` (README, 'Guarantees')"
+_RESET = "`operator.reset(...)` (docs/operations.md, 'Reset')"
 
 
 @dataclass(frozen=True)

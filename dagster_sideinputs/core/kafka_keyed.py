@@ -24,7 +24,7 @@ fails instead of joining wrongly. A session that cannot build the partitioned re
 Kafka's murmur2 runs in Spark as an Arrow UDF (:func:`murmur2_partition`), vectorized
 over the keys straight from the Arrow buffers (:func:`murmur2_arrow`). ``bench/kafka.py``
 compares it with a pure Spark SQL expression (a higher-order ``aggregate`` over 4-byte
-blocks) and a pandas UDF, and Spark's own ``hash`` as the floor (README, Performance).
+blocks) and a pandas UDF, and Spark's own ``hash`` as the floor (docs/performance.md).
 """
 
 from collections.abc import Sequence

@@ -10,7 +10,7 @@ holder every third of the lease (:func:`lease_seconds`, 60 s unless
 ``DSI_LOCK_LEASE_SECONDS`` says otherwise), taken over by another run only once it has
 expired. A crashed run's lock therefore blocks others for at most one lease. A holder
 paused longer than its lease (SIGSTOP, a suspended VM) can be taken over while it still
-runs: the lock alone cannot stop its late writes (README, "Guarantees").
+runs: the lock alone cannot stop its late writes (docs/operations.md, "Guarantees").
 
 A store that refuses the lock (credentials) or cannot be reached raises a
 :class:`~dagster_sideinputs.errors.StorageError` naming the lock. A release that fails

@@ -49,7 +49,7 @@ Trigger = Literal["available_now", "continuous"]
 POLL_INTERVAL = dt.timedelta(seconds=1)
 """The continuous trigger's default polling interval. A poll that finds nothing costs no
 Spark job (a listing and a few small reads), so a short interval keeps latency low: an
-append waits half an interval on average, then one batch (README, Performance)."""
+append waits half an interval on average, then one batch (docs/performance.md)."""
 
 log = logging.getLogger("dagster_sideinputs")
 

@@ -92,8 +92,8 @@ class Recovery:
                     "cannot be replayed exactly.",
                     fix="restore the plan file from a backup and rerun; otherwise "
                     "`operator.reset(main_from='keep')` reads that batch's main records again "
-                    f"(none is lost; those {holding} hold appear there twice) (README, "
-                    "'Guarantees')",
+                    f"(none is lost; those {holding} hold appear there twice) (docs/operations.md, "
+                    "'Reset')",
                 )
             log.warning("%s: unreadable plan %s set aside", self.spec.operator_id, pending.path)
         elif pending.routing == RESET:
@@ -149,8 +149,8 @@ class Recovery:
                     f"{where}, and {bound.label} ({bound.uri}), whose version {version} it read, "
                     f"{what}: the rest of the batch cannot be computed as its first tables were.",
                     fix="restore the side table (its Delta log and files) and rerun to finish the "
-                    "batch; otherwise start over with `operator.reset(...)` (README, "
-                    "'Guarantees'), accepting that batch's records may be missing or repeated",
+                    "batch; otherwise start over with `operator.reset(...)` (docs/operations.md, "
+                    "'Reset'), accepting that batch's records may be missing or repeated",
                 )
 
     def previous(self) -> Previous:
@@ -180,7 +180,7 @@ class Recovery:
                 "does not repeat the position: where the main input was read up to is lost.",
                 fix="restore the plan file from a backup, or say where to read from with "
                 "`operator.reset(main_from='latest' | 'beginning' | <Delta version>)` "
-                "(README, 'Guarantees')",
+                "(docs/operations.md, 'Reset')",
             )
         log.warning(
             "%s: plan %s (%s) rebuilt from its commit record",

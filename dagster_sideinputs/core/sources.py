@@ -77,7 +77,7 @@ class DeltaTableSource:
                     fix="restore the table; if it was removed on purpose, "
                     "`operator.reset(main_from='beginning')` reads the table created there "
                     "next from its beginning (or main_from=<version> after a copy of the "
-                    "rows already read) (README, 'Guarantees')",
+                    "rows already read) (docs/operations.md, 'Reset')",
                 ) from None
             return SourceSlice(MainRange("delta", start, start))
         if known_id and latest.table_id and latest.table_id != known_id:

@@ -36,7 +36,7 @@ COMMIT = "commit"
 SET_ASIDE = "set aside"
 _RESET_FIX = (
     "restore the operator's state folder from a backup, or start over explicitly with "
-    "`operator.reset(...)` (see the README's 'Guarantees' section)"
+    "`operator.reset(...)` (docs/operations.md, 'Reset')"
 )
 
 

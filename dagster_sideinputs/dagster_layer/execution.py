@@ -4,13 +4,16 @@
 output asset the run committed to (an observation with the same figures for the
 others). ``continuous`` runs the operator on a worker thread and reports the same per
 micro-batch; when the run is terminated (from the UI, or any
-interrupt), it asks the operator to stop after its current batch, waits for it, and
-ends the run: no batch is left half-written, and none is lost.
+interrupt), it asks the operator to stop after its current batch, waits for it, reports
+every batch committed, and ends the step as a clean stop ("Stopped after micro-batch N"):
+no batch is left half-written, and none is lost.
 """
 
+import contextlib
 import datetime as dt
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,9 +25,17 @@ from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.run_report import after_commit as _after_commit
+from dagster_sideinputs.core.run_report import buffer_figures as _buffer_figures
+from dagster_sideinputs.core.run_report import (
+    main_range,
+    run_figures,
+    split_outputs,
+    table_versions,
+)
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
-from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
+from dagster_sideinputs.dagster_layer.describe import inputs_markdown
 from dagster_sideinputs.dagster_layer.figures import figures_line, record_figures
 from dagster_sideinputs.dagster_layer.io_manager import table_schema_metadata
 from dagster_sideinputs.dagster_layer.kafka import kafka_batch_metadata, kafka_run_metadata
@@ -92,6 +103,18 @@ def build_operator(
     return decl.operator(storage, DagsterReadiness(instance, side_assets), replay=tag)
 
 
+def run_inputs(decl: SideInputAssets) -> dict[str, Any]:
+    """``dsi/inputs`` as this run declares them (timeouts, windows, readiness rules).
+
+    The asset's definition shows the code location's declaration; a run made elsewhere
+    (``make demo`` in its own process, another deployment) may declare other values
+    (``DSI_PROFILE_TIMEOUT_MINUTES``): each materialization shows the ones it ran with.
+    """
+    unmatched = decl.spec.routes.get("unmatched")
+    target = unmatched.name if unmatched is not None else "the unmatched output"
+    return {"dsi/inputs": dg.MetadataValue.md(inputs_markdown(decl.main, decl.side_inputs, target))}
+
+
 def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
     """Per side input and window: ready or not, and why (decisions as dicts or Decisions)."""
     lines = ["| side input | window | ready | reason |", "|---|---|---|---|"]
@@ -104,53 +127,6 @@ def readiness_markdown(readiness: Mapping[str, Mapping[str, Any]]) -> str:
             )
             lines.append(f"| {side} | {ns} | {'yes' if ready else 'no'} | {reason} |")
     return "\n".join(lines)
-
-
-def table_versions(op: SideInputOperator) -> dict[str, int | None]:
-    """The Delta version of every output table now (None: no table yet)."""
-    engine = op.spec.storage.delta
-    with lake_storage_errors(op.spec, "reading the output tables' versions"):
-        return {
-            name: engine.snapshot(uri, name=name).version if engine.exists(uri) else None
-            for name, uri in op.output_tables.items()
-        }
-
-
-def committed(batch: BatchMetrics, tag: str, version_before: int | None) -> bool:
-    """Whether a batch committed to an output table.
-
-    An output the batch wrote rows to, created, or whose commit it found already made
-    by the interrupted run it replays (which never reported it). A write with no rows
-    to an existing table commits nothing and does not count.
-    """
-    write = batch.writes.get(tag)
-    if write is None:
-        return False
-    return write.rows > 0 or write.skipped or version_before is None
-
-
-def _after_commit(op: SideInputOperator, what: str, error: StorageError) -> dict[str, Any]:
-    """Figures read after the run's batches committed that the store refused: left out
-    (with the error's text), never failing a run whose batches are committed (its
-    materializations are what Dagster must not lose)."""
-    log.warning("%s: %s left out of the run's metadata: %s", op.operator_id, what, error.message)
-    return {"figures_unavailable": f"{what}: {error.message}"[:1000]}
-
-
-def _buffer_figures(op: SideInputOperator) -> dict[str, Any]:
-    try:
-        buffer = op.buffer()
-    except StorageError as exc:
-        return _after_commit(op, "the buffer's figures", exc)
-    oldest = buffer.oldest()
-    return {
-        "buffered_rows": buffer.rows(),
-        "oldest_buffered_age_s": round(
-            (dt.datetime.now(dt.timezone.utc) - as_utc(oldest)).total_seconds(), 1
-        )
-        if oldest is not None
-        else 0.0,
-    }
 
 
 def _table_figures(op: SideInputOperator, tag: OutputTag) -> dict[str, Any]:
@@ -179,6 +155,7 @@ def output_metadata(
     batches: Sequence[BatchMetrics],
     seconds: float,
     buffer: Mapping[str, Any] | None = None,
+    declared: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Metadata of one output asset after a run: what the run did, and the table now.
 
@@ -187,29 +164,31 @@ def output_metadata(
     Args:
         op: the operator owning the output's table.
         buffer: the buffer figures of the operator that ran (default: ``op``'s).
+        declared: the inputs as the run declared them (:func:`run_inputs`).
     """
-    figures = record_figures(batches)
+    figures = run_figures(tag, batches, seconds)
     metadata: dict[str, Any] = {
-        "rows_written": sum(b.emitted(tag.name) for b in batches),
+        "rows_written": figures.pop("rows_written"),
         **_table_figures(op, tag),
         **figures,
         **(buffer if buffer is not None else _buffer_figures(op)),
-        "batches": len(batches),
-        "run_seconds": round(seconds, 3),
-        "throughput_records_per_s": round(figures["records_processed"] / seconds, 1)
-        if seconds > 0
-        else 0.0,
     }
     if batches:
         last = batches[-1]
-        metadata["main_range"] = ", ".join(b.main_range for b in batches[-3:])
+        metadata["main_range"] = main_range(batches)
         metadata["side_input_versions"] = dg.MetadataValue.json(last.side_versions)
         metadata["readiness"] = dg.MetadataValue.md(readiness_markdown(last.readiness))
     metadata.update(kafka_run_metadata(op, batches))
+    metadata.update(declared or {})
     return metadata
 
 
-def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics) -> dict[str, Any]:
+def batch_metadata(
+    op: SideInputOperator,
+    tag: OutputTag,
+    metrics: BatchMetrics,
+    declared: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Metadata of one output asset after one micro-batch of a continuous run."""
     return {
         "batch_id": metrics.batch_id,
@@ -222,27 +201,8 @@ def batch_metadata(op: SideInputOperator, tag: OutputTag, metrics: BatchMetrics)
         "readiness": dg.MetadataValue.md(readiness_markdown(metrics.readiness)),
         "batch_seconds": metrics.durations.get("total", 0.0),
         **kafka_batch_metadata(metrics),
+        **(declared or {}),
     }
-
-
-def split_outputs(
-    tags: Sequence[OutputTag],
-    batches: Sequence[BatchMetrics],
-    versions_before: Mapping[str, int | None],
-) -> tuple[list[OutputTag], list[OutputTag]]:
-    """The outputs the batches committed to, and the others.
-
-    Only the first get a materialization: a run that changed a table nothing does not
-    move its "last materialized". The others get an observation with the same figures.
-    """
-    written, untouched = [], []
-    for tag in tags:
-        before = versions_before.get(tag.name)
-        if any(committed(b, tag.name, before) for b in batches):
-            written.append(tag)
-        else:
-            untouched.append(tag)
-    return written, untouched
 
 
 def _key(tag: OutputTag) -> dg.AssetKey:
@@ -280,12 +240,43 @@ def _log_batch(context: dg.AssetExecutionContext, metrics: BatchMetrics) -> None
         context.log.info(note)
 
 
+@contextlib.contextmanager
+def _stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
+    """While a continuous run works, an interrupt asks it to stop after its micro-batch.
+
+    Dagster's Terminate (and a SIGTERM) interrupts the run's process. Instead of
+    Dagster's handler (an exception at whatever line the run is on) or PySpark's (which
+    cancels every Spark job, the batch in flight's included, then raises), the first
+    interrupt sets ``stop``: the operator finishes its current micro-batch, every
+    committed batch is reported, and the step ends. A second one interrupts at once.
+    Signal handlers belong to the main thread: elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # asked twice: stop now
+        stop.set()
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, restored in previous.items():
+            signal.signal(sig, restored)
+
+
 def _run_continuous(
     context: dg.AssetExecutionContext,
     op: SideInputOperator,
     spark: Any,
     config: dict[str, Any],
     batches: list[BatchMetrics],
+    declared: Mapping[str, Any],
 ) -> None:
     stop = threading.Event()
     reports: queue.Queue[BatchMetrics] = queue.Queue()
@@ -317,7 +308,7 @@ def _run_continuous(
             context.log_event(
                 dg.AssetMaterialization(
                     asset_key=_key(tag),
-                    metadata=batch_metadata(op, tag, metrics),
+                    metadata=batch_metadata(op, tag, metrics, declared),
                     description=what if metrics.emitted(tag.name) else f"{what}: created (0 rows)",
                 )
             )
@@ -325,7 +316,7 @@ def _run_continuous(
             context.log_event(
                 dg.AssetObservation(
                     asset_key=_key(tag),
-                    metadata=batch_metadata(op, tag, metrics),
+                    metadata=batch_metadata(op, tag, metrics, declared),
                     description=f"{what}: nothing written to this table",
                 )
             )
@@ -334,28 +325,36 @@ def _run_continuous(
             for name, version in versions.items()
         }
 
+    def stopped() -> str:
+        return f"micro-batch {batches[-1].batch_id}" if batches else "no micro-batch"
+
     worker = threading.Thread(target=work, name=f"dsi-{op.operator_id}", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive() or not reports.empty():
-            try:
-                metrics = reports.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            report(metrics)
-    except BaseException:
-        context.log.info("Run terminated: stopping after the current micro-batch.")
-        stop.set()
-        worker.join()
-        # The batch in flight when the stop came, and any not reported yet, committed:
-        # each reaches Dagster before the run ends, or its table's catalog would lag.
-        while not reports.empty():
-            report(reports.get_nowait())
-        last = f"micro-batch {batches[-1].batch_id}" if batches else "no micro-batch"
-        context.log.info(f"Stopped after {last}.")
-        raise
+    announced = False
+    with _stop_on_interrupt(stop):
+        worker.start()
+        try:
+            # Until the operator ends (a stop ends it after its current micro-batch), and
+            # every batch it committed is reported: none reaches Delta but not Dagster.
+            while worker.is_alive() or not reports.empty():
+                if stop.is_set() and not announced:
+                    context.log.info("Stop requested: stopping after the current micro-batch.")
+                    announced = True
+                try:
+                    metrics = reports.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                report(metrics)
+        except BaseException:  # interrupted twice, or reporting failed
+            stop.set()
+            worker.join()
+            while not reports.empty():
+                report(reports.get_nowait())
+            context.log.info(f"Interrupted after {stopped()}.")
+            raise
     if "error" in outcome:
         raise outcome["error"]
+    if stop.is_set():
+        context.log.info(f"Stopped after {stopped()}.")
 
 
 def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterator[Any]:
@@ -377,8 +376,9 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
         f"{storage.delta.name} (asked for: {storage_of(context.resources, decl).choice})"
     )
     batches: list[BatchMetrics] = []
+    declared = run_inputs(decl)
     if trigger == "continuous":
-        _run_continuous(context, op, spark, config, batches)
+        _run_continuous(context, op, spark, config, batches, declared)
         yield accounted_check(decl, batches)
         return
 
@@ -409,13 +409,16 @@ def execute(context: dg.AssetExecutionContext, decl: SideInputAssets) -> Iterato
     written, untouched = split_outputs(tags, batches, versions)
     for tag in written:
         yield dg.MaterializeResult(
-            asset_key=_key(tag), metadata=output_metadata(op, tag, batches, seconds, buffer)
+            asset_key=_key(tag),
+            metadata=output_metadata(op, tag, batches, seconds, buffer, declared),
         )
     what = f"replay of {replay}" if replay else f"run of {len(batches)} micro-batch(es)"
     for tag in untouched:
         yield dg.AssetObservation(
             asset_key=_key(tag),
-            metadata=output_metadata(owner.get(tag.name, main_op), tag, batches, seconds, buffer),
+            metadata=output_metadata(
+                owner.get(tag.name, main_op), tag, batches, seconds, buffer, declared
+            ),
             description=f"{what}: nothing written to this table",
         )
     yield accounted_check(decl, batches)

@@ -2,7 +2,7 @@
 
 The same names, with the same meaning, appear in materialization and observation
 metadata, in the asset checks, in the run's logs and in the example's demo output; the
-README's glossary is this table (a test keeps the two equal).
+The glossary of docs/operations.md is this table (a test keeps the two equal).
 
 Accounting: every record a run looks at is either new (``new_records``) or read back
 from the buffer (``from_buffer``); together they are ``records_processed``, and each of
@@ -46,6 +46,8 @@ GLOSSARY: dict[str, str] = {
     '(on_data_loss="skip")',
     "side_input_versions": "the Delta version of each side table read",
     "readiness": "per side input and window: ready or not, and why",
+    "dsi/inputs": "the operator's inputs as the run declared them (key, readiness, timeout, "
+    "window of each); the asset's definition shows the code location's",
     "not_ready": "the side inputs (per window) not ready, with the reason",
     "unaccounted_batches": "micro-batches whose routes do not add up (none if the check passes)",
     "max_rows": "the buffer's row limit (BufferLimits.max_rows; -1: none)",

@@ -201,13 +201,16 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     """Stores asset outputs that are Spark DataFrames as Delta tables, and loads them back.
 
     The table of asset ``["payments", "fx_rates"]`` lives at ``<root>/payments/fx_rates``.
-    Writes go through the delta-rs bridge (Spark writes the files; nothing is collected).
+    Writes go through the storage's Delta engine (``engine``: delta-spark when the session
+    has Delta configured, else the delta-rs bridge); Spark writes the files, nothing is
+    collected.
 
     Asset metadata it reads:
 
     - ``write_mode``: ``"overwrite"`` (default) or ``"append"``.
-    - ``schema_mode``: ``"merge"`` to add new columns on append, ``"overwrite"`` to
-      replace the schema on overwrite.
+    - ``schema_mode``: unset: the data must match the table; ``"merge"`` to add new
+      columns (missing ones written as nulls), ``"overwrite"`` to replace the schema on
+      overwrite.
     - ``partition_by``: partition columns of an unpartitioned asset's table.
     - ``partition_column``: for partitioned assets, the Delta partition column that
       holds the Dagster partition key (default ``"partition"``). A run writes only its

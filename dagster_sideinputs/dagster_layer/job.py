@@ -13,6 +13,12 @@ AssetJob: TypeAlias = Any
 """What ``dagster.define_asset_job`` returns (its class is not exported by Dagster)."""
 
 
+ONE_PROCESS = dg.in_process_executor
+"""The executor of the jobs built here: every step of a run (the operator, then its
+checks) in the run's process, sharing one Spark session. Dagster's default executor
+starts a process, and so a Spark JVM, per step (15-20 s each)."""
+
+
 def _op_config(assets_def: dg.AssetsDefinition, config: Mapping[str, Any]) -> dict[str, Any]:
     return {"ops": {assets_def.op.name: {"config": dict(config)}}}
 
@@ -25,6 +31,7 @@ def build_side_input_job(
     interval_seconds: float = POLL_INTERVAL.total_seconds(),
     description: str | None = None,
     tags: Mapping[str, str] | None = None,
+    executor_def: dg.ExecutorDefinition = ONE_PROCESS,
 ) -> AssetJob:
     """A job materializing every output of a ``@side_input_assets`` operator.
 
@@ -40,6 +47,8 @@ def build_side_input_job(
         name: job name (default ``<operator>_job``).
         trigger: default trigger of the job's runs.
         interval_seconds: default polling interval for continuous runs.
+        executor_def: default: every step in the run's process, one Spark session per run
+            (:data:`ONE_PROCESS`); ``dg.multiprocess_executor`` starts one per step.
     """
     decl = declaration_of(assets_def)
     return dg.define_asset_job(
@@ -49,6 +58,7 @@ def build_side_input_job(
         description=description
         or f"Runs side-input operator {decl.name!r} ({trigger.replace('_', ' ')}).",
         tags={"dsi/operator": decl.name, **(tags or {})},
+        executor_def=executor_def,
     )
 
 
@@ -57,6 +67,7 @@ def build_replay_job(
     replay: OutputTag | str,
     *,
     name: str | None = None,
+    executor_def: dg.ExecutorDefinition = ONE_PROCESS,
 ) -> AssetJob:
     """A job feeding the records of a side output (``unmatched``, ``late``) back through
     the operator, exactly once: each replayed record is read once from the side output's
@@ -71,4 +82,5 @@ def build_replay_job(
         config=_op_config(assets_def, {"replay": tag}),
         description=f"Replays {tag!r} through side-input operator {decl.name!r}.",
         tags={"dsi/operator": decl.name, "dsi/replay": tag},
+        executor_def=executor_def,
     )

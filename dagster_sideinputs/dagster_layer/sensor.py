@@ -5,7 +5,9 @@ the Dagster instance, no Spark), and requests a run when the main input has data
 beyond what was processed, when buffered records' side inputs became ready, or when
 an interrupted batch waits for its replay. The run key names exactly that work, and
 the cursor remembers it, so the same data is never requested twice. Every skip says
-why, in words the UI shows.
+why, headline first ("Up to date: ...", "Waiting for profile: ...", "Already requested:
+...", "Run in progress: ..."): the UI shows a tick's skip reason in its tooltip, from the
+start.
 """
 
 import hashlib
@@ -54,24 +56,23 @@ def work_key(op: SideInputOperator, plan: BatchPlan) -> str:
 
 
 def describe_idle(op: SideInputOperator) -> str:
-    """Why there is nothing to do, for the sensor's skip reason."""
-    parts = []
+    """Why there is nothing to do, for the sensor's skip reason: a headline first (what
+    the UI's tick list can show of it), then the details."""
+    position = None
     committed = op.last_committed_batch()
     plan = op.last_plan()
     if plan is not None and plan.main.kind == "delta":
-        parts.append(f"main input processed up to version {plan.main.end_version}")
+        position = f"main input processed up to version {plan.main.end_version}"
     elif plan is not None and plan.main.kind == "kafka" and plan.main.offsets:
         ends = ", ".join(f"{r.topic}[{r.partition}] {r.end}" for r in plan.main.offsets[:6])
         more = " ..." if len(plan.main.offsets) > 6 else ""
-        parts.append(f"Kafka main input read up to offsets {ends}{more}")
-    elif committed is None:
-        parts.append("main input has no data yet")
-    buffer = op.buffer()
-    if buffer.rows():
+        position = f"Kafka main input read up to offsets {ends}{more}"
+    buffered = op.buffer().rows()
+    if buffered:
         waiting = (
             sorted(
                 {
-                    f"{side}: {d.reason}"
+                    (side, d.reason)
                     for side, per_ns in plan.decisions.items()
                     for d in per_ns.values()
                     if not d.ready
@@ -80,11 +81,16 @@ def describe_idle(op: SideInputOperator) -> str:
             if plan is not None
             else []
         )
-        parts.append(
-            f"{buffer.rows()} record(s) buffered"
-            + (f", waiting for {'; '.join(waiting[:3])}" if waiting else "")
-        )
-    return "Nothing to process: " + ("; ".join(parts) or "no new main input") + "."
+        sides = sorted({side for side, _ in waiting})
+        headline = f"Waiting for {', '.join(sides)}" if sides else "Records buffered"
+        details = [f"{buffered} record(s) buffered"]
+        details += [f"{side}: {reason}" for side, reason in waiting[:3]]
+        return f"{headline}: " + "; ".join([*details, *filter(None, [position])]) + "."
+    if position is not None:
+        return f"Up to date: {position}."
+    if committed is None:
+        return "No main input yet: nothing to process."
+    return "Up to date: no new main input."
 
 
 def build_side_input_sensor(
@@ -123,7 +129,7 @@ def build_side_input_sensor(
         )
         if active:
             return dg.SkipReason(
-                f"Run {active[0].run_id[:8]} of {target.name} is in progress; it will process "
+                f"Run in progress: {active[0].run_id[:8]} of {target.name} will process "
                 "what is available."
             )
         storage = storage_of(context.resources, decl)
@@ -134,7 +140,7 @@ def build_side_input_sensor(
         except StorageError as exc:
             # The store refused or could not be reached: no run could do better. The tick
             # skips with the error (store, operation, fix) and the next tick asks again.
-            return dg.SkipReason(f"Cannot read the operator's state: {exc}")
+            return dg.SkipReason(f"Store unreachable: cannot read the operator's state: {exc}")
 
     return _sensor
 
@@ -146,7 +152,9 @@ def _evaluate(
     try:
         plan = op.peek()
     except KafkaSourceError as exc:
-        return dg.SkipReason(f"Cannot ask the Kafka brokers for new offsets: {exc.message}")
+        return dg.SkipReason(
+            f"Kafka unreachable: cannot ask the brokers for new offsets: {exc.message}"
+        )
     except (OperatorStateError, KafkaOffsetsLostError) as exc:
         if op.spec.main.is_kafka:
             # A run fails with the full error (topic, partition, offsets, fix); one per
@@ -159,7 +167,7 @@ def _evaluate(
             return dg.RunRequest(run_key=key, tags={"dsi/reason": exc.message[:200]})
         key = f"{op.operator_id}:files:{op.last_committed_batch()}"
         if key == context.cursor:
-            return dg.SkipReason("A run for the new landed files was already requested.")
+            return dg.SkipReason("Already requested: a run for the new landed files.")
         context.update_cursor(key)
         return dg.RunRequest(run_key=key, tags={"dsi/reason": "new landed files"})
     if plan is None:
@@ -167,8 +175,8 @@ def _evaluate(
     key = work_key(op, plan)
     if key == context.cursor:
         return dg.SkipReason(
-            f"A run for this work ({plan.main.describe()}, batch {plan.batch_id}) was "
-            "already requested; waiting for new data or a change of readiness."
+            f"Already requested: batch {plan.batch_id} ({plan.main.describe()}); waiting "
+            "for new data or a change of readiness."
         )
     context.update_cursor(key)
     released = plan.read_slots

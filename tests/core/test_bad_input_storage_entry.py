@@ -75,7 +75,8 @@ def skipped(result: Any, *names: str) -> None:
     """A tick that requested nothing and skipped with the StorageError's text."""
     assert not result.run_requests, result.run_requests
     message = result.skip_message or ""
-    for name in ("Cannot read the operator's state", BUCKET, *names):
+    assert message.startswith("Store unreachable: cannot read the operator's state"), message
+    for name in (BUCKET, *names):
         assert name in message, (name, message)
 
 

@@ -3,8 +3,8 @@
 Drives Debian's ``chromium`` (``/usr/bin/chromium``, installed by ``.ci/chromium.sh``)
 through Playwright's Python package; no browser is downloaded. The webserver and its
 story are the GraphQL test's (tests/dagster_layer/conftest.py). Screenshots go to a
-temporary folder, or to ``docs/`` with ``DSI_UPDATE_SCREENSHOTS=1`` (the README shows
-those).
+temporary folder, or to ``docs/`` with ``DSI_UPDATE_SCREENSHOTS=1`` (the README and
+docs/getting-started.md show those).
 
 Without Chromium the tests fail under CI (``CI`` set, as ``.ci/run`` does) and are
 skipped elsewhere, naming the install command.

@@ -103,7 +103,7 @@ def the_same_with_the_decorator() -> tuple[dg.AssetsDefinition, list, list]:
     return assets_def, jobs, [dsi.build_side_input_checks(assets_def), *sensors]
 
 
-def shape(defs: dg.Definitions) -> dict:
+def shape(defs: dg.Definitions, executors: bool = False) -> dict:
     """What the UI shows of a set of definitions: keys, lineage, checks, jobs, sensors."""
     if not defs.resources:
         spark = dsi.SparkResource()
@@ -114,6 +114,14 @@ def shape(defs: dg.Definitions) -> dict:
     repository = defs.get_repository_def()
     graph = repository.asset_graph
     outputs = [key for key in graph.get_all_asset_keys() if graph.get(key).is_materializable]
+    if executors:
+        return {
+            "executors": {
+                job.name: job.executor_def.name
+                for job in repository.get_all_jobs()
+                if job.name != "__ASSET_JOB"
+            }
+        }
     return {
         "assets": {
             k.to_user_string(): sorted(p.to_user_string() for p in graph.get(k).parent_keys)
@@ -153,10 +161,19 @@ def test_the_component_builds_what_side_input_assets_builds():
         "enriched:records_accounted_for",
         "enriched:side_inputs_ready",
     ]
+    # One process, one Spark session per run of the operator's jobs (Dagster's default
+    # executor would start a JVM per step: the operator, then each check).
+    jobs = shape(from_yaml, executors=True)["executors"]
+    assert jobs == {
+        "pipeline_job": "in_process",
+        "pipeline_op_replay_unmatched_tx_job": "in_process",
+    }
 
 
-def test_the_readme_example_is_the_docstring_example_and_builds():
-    readme = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def test_the_docs_example_is_the_docstring_example_and_builds():
+    readme = re.findall(
+        r"```yaml\n(.*?)```", (REPO / "docs" / "dagster.md").read_text(), flags=re.S
+    )
     assert len(readme) == 1
     docstring = (SideInputPipeline.__doc__ or "").split(".. code-block:: yaml")[1]
     assert yaml.safe_load(readme[0]) == yaml.safe_load(textwrap.dedent(docstring))
@@ -176,7 +193,7 @@ def test_the_readme_example_is_the_docstring_example_and_builds():
     assert "enrich_payments_replay_unmatched_payments_job" in shown["jobs"]
 
 
-def test_durations_are_written_as_in_the_readme():
+def test_durations_are_written_as_in_the_docs():
     assert parse_duration("1h30m", "x") == dt.timedelta(minutes=90)
     assert parse_duration("90s", "x") == parse_duration(90, "x") == dt.timedelta(seconds=90)
     assert parse_duration("1d", "x") == dt.timedelta(days=1)
@@ -253,12 +270,20 @@ def customers(spark: dsi.SparkResource):
 """
 
 
-def dg_cli(project: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run ``dg`` (this environment's) in the project, failing with its output."""
+def dg_cli(project: Path, *args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``dg`` (this environment's, its venv the active one) in the project, with the
+    Dagster instance in ``home`` (default: the project's .dagster_home); fail with its
+    output."""
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home or project / ".dagster_home"),
+        "NO_COLOR": "1",
+        "VIRTUAL_ENV": sys.prefix,
+    }
     done = subprocess.run(
         [sys.executable, "-m", "dagster_dg_cli.cli", *args],
         cwd=project,
-        env={**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "NO_COLOR": "1"},
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -331,3 +356,26 @@ def test_dg_lists_scaffolds_checks_and_materializes_the_component(project, spark
     }
     assert written["enriched_orders"] == [(1, 10, 5.0, "Ada"), (2, 11, 7.5, "Bob")]
     assert [row[0] for row in written["unmatched_orders"]] == [3]
+
+
+@pytest.mark.slow
+def test_the_example_is_a_dg_project_that_dg_checks_and_lists(tmp_path):
+    """The example code location (``[tool.dg]`` in pyproject.toml, ``assets/defs/``) is
+    what ``dg dev`` (``make dev``) serves: ``dg check defs`` loads it, ``dg list defs``
+    shows it, and ``workspace.yaml`` names the same module and location."""
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    checked = dg_cli(REPO, "check", "defs", home=tmp_path)
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+    listed = json.loads(dg_cli(REPO, "list", "defs", "--json", home=tmp_path).stdout)
+    assert {job["name"] for job in listed["jobs"]} == {
+        "payments_enrichment_job",
+        "payments_enrichment_continuous_job",
+        "replay_unmatched_transactions_job",
+        "refresh_reference_data",
+        "fx_rates_job",
+    }
+    assert [sensor["name"] for sensor in listed["sensors"]] == ["payments_enrichment_sensor"]
+    assert {resource["name"] for resource in listed["resources"]} == {"spark", "io_manager"}
+    [entry] = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"]
+    assert entry["python_module"]["module_name"] == "assets.definitions"
+    assert entry["python_module"]["location_name"] == "payments"

@@ -1,6 +1,9 @@
 """The Dagster layer: operator assets, readiness from the instance, jobs, sensors, replays."""
 
 import datetime as dt
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -285,6 +288,12 @@ def test_job_run_reports_metadata_and_checks(env):
     assert meta["side_input_versions"] == {"profile": 0, "rules": 0}
     assert "| rules | global | yes |" in meta["readiness"]
     assert meta["throughput_records_per_s"] > 0
+    # The inputs as this run declared them: a run made in another process (make demo,
+    # with its own DSI_PROFILE_TIMEOUT_MINUTES) shows its own timeouts, whatever the
+    # code location's definition says.
+    declared = enrich.specs_by_key[dg.AssetKey("enriched")].metadata["dsi/inputs"].value
+    assert meta["dsi/inputs"] == declared
+    assert "a record whose key has no row goes to unmatched" in meta["dsi/inputs"]
     assert [c.name for c in meta["dagster/column_schema"].columns] == [
         "tx_id",
         "customer_id",
@@ -404,6 +413,13 @@ def test_windowed_side_input_releases_hour_by_hour_as_partitions_materialize(env
     assert "partition 2024-05-01-01:00 materialized" in metadata(result, "converted")["readiness"]
 
 
+def headline(skip_message: str | None) -> str:
+    """A skip reason's first phrase, which must be short: the tick list shows its start."""
+    first = (skip_message or "").split(":")[0]
+    assert len(first.split()) <= 4, skip_message
+    return first
+
+
 def test_sensor_requests_each_piece_of_work_once_and_says_why_it_skips(env):
     repository = env["defs"].get_repository_def()
     io = {"io_manager": env["resources"]["io_manager"]}
@@ -416,20 +432,29 @@ def test_sensor_requests_each_piece_of_work_once_and_says_why_it_skips(env):
 
     first = tick(None)
     assert not first.run_requests
-    assert "Nothing to process" in first.skip_message
+    assert headline(first.skip_message) == "No main input yet"
 
-    materialize(env, [rules])
     materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
     second = tick(first.cursor)
     assert len(second.run_requests) == 1
     assert "versions (-1, 0]" in second.run_requests[0].tags["dsi/reason"]
     again = tick(second.cursor)
     assert not again.run_requests
-    assert "already requested" in again.skip_message
+    assert headline(again.skip_message) == "Already requested"
 
-    run(env)  # profiles missing: the record is routed to unmatched (missing="unmatched")
-    idle = tick(again.cursor)
+    run(env)  # no side input was ever materialized: the record waits for them
+    waiting = tick(again.cursor)
+    assert not waiting.run_requests
+    assert headline(waiting.skip_message) == "Waiting for profile, rules"
+    assert "1 record(s) buffered" in waiting.skip_message
+
+    materialize(env, [profiles, rules])
+    released = tick(waiting.cursor)
+    assert len(released.run_requests) == 1
+    run(env)  # the record is released
+    idle = tick(released.cursor)
     assert not idle.run_requests
+    assert headline(idle.skip_message) == "Up to date"
     assert "processed up to version 0" in idle.skip_message
 
     materialize(env, [tx], run_config=batch_config((2, 10, 5.0, 1)))
@@ -483,6 +508,8 @@ def test_continuous_mode_materializes_every_micro_batch(env):
     assert events[0].metadata["new_records"].value == 1
     # Each micro-batch shows its readiness table, as a run's materialization does.
     assert "| profile | global | yes |" in events[0].metadata["readiness"].value
+    # And the inputs as the run declared them.
+    assert "| profile | side input | profiles |" in events[0].metadata["dsi/inputs"].value
     # Nothing flagged or unmatched in that micro-batch, but the tables were created.
     assert materialized(result) == {"enriched", "flagged", "unmatched"}
     created = {
@@ -491,3 +518,37 @@ def test_continuous_mode_materializes_every_micro_batch(env):
         if e.step_materialization_data.materialization.asset_key == dg.AssetKey("unmatched")
     }
     assert created == {"micro-batch 0: created (0 rows)"}
+
+
+def test_an_interrupted_continuous_run_ends_as_a_clean_stop(env):
+    """Dagster's Terminate is a SIGINT to the run's process: the run stops after its
+    micro-batch and the step succeeds, with "Stopped after micro-batch N" (before: a
+    failed step, KeyboardInterrupt raised from PySpark's signal handler)."""
+    materialize(env, [profiles, rules])
+    materialize(env, [tx], run_config=batch_config((1, 10, 5.0, 0)))
+    instance = env["instance"]
+
+    def interrupt_after_the_first_micro_batch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            event = instance.get_latest_materialization_event(dg.AssetKey("enriched"))
+            if event is not None and event.asset_materialization.description == "micro-batch 0":
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.1)
+
+    stopper = threading.Thread(target=interrupt_after_the_first_micro_batch, daemon=True)
+    stopper.start()
+    config = {"trigger": "continuous", "interval_seconds": 0.2}
+    result = run(env, run_config={"ops": {"enrich": {"config": config}}})
+    stopper.join()
+    assert result.success
+    assert not [e for e in result.all_events if e.is_step_failure]
+    batches = [
+        int(e.step_materialization_data.materialization.description.split()[1].rstrip(":"))
+        for e in result.get_asset_materialization_events()
+        if e.step_materialization_data.materialization.asset_key == dg.AssetKey("enriched")
+    ]
+    logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert "Stop requested: stopping after the current micro-batch." in logged
+    assert f"Stopped after micro-batch {max(batches)}." in logged

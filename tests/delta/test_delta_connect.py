@@ -14,27 +14,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from dagster_sideinputs.delta.spark_setup import (
-    CATALOG_KEY,
-    DELTA_CATALOG,
-    DELTA_SQL_EXTENSION,
-    EXTENSIONS_KEY,
-    delta_package,
-)
-from tests.cluster import ConnectServer, check, run_delta_client, run_operator_client
+from dagster_sideinputs.delta.connect_server import LocalConnectServer
+from tests.cluster import check, free_port, run_delta_client, run_operator_client
 
 pytestmark = [pytest.mark.connect, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def delta_server(tmp_path_factory) -> Iterator[ConnectServer]:
-    server = ConnectServer(
-        tmp_path_factory.mktemp("delta-connect-server"),
+def delta_server(tmp_path_factory) -> Iterator[LocalConnectServer]:
+    """The server ``make dev`` starts (dagster_sideinputs.delta.connect_server), on one core."""
+    work = tmp_path_factory.mktemp("delta-connect-server")
+    server = LocalConnectServer(
+        work / "connect-server.log",
+        port=free_port(),
         master="local[1]",
-        packages=[delta_package()],
-        confs={EXTENSIONS_KEY: DELTA_SQL_EXTENSION, CATALOG_KEY: DELTA_CATALOG},
+        confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(work / "warehouse")},
     )
     with server as running:
+        assert running.warm_up() > 0  # what make dev does beside dg dev
         yield running
 
 
