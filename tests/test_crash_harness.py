@@ -103,6 +103,9 @@ def test_sigkill_at_random_points_then_rerun_loses_and_duplicates_nothing(prepar
     assert sum(len(result.kills) for result in results) >= 1, report
 
 
+# Extended (CI's time): the in-process crash points of tests/core/test_crash_safety.py
+# stop after each write, the moves into a new table included.
+@pytest.mark.extended
 def test_sigkill_after_files_moved_into_a_new_table_before_its_commit_then_rerun_recovers(prepared):
     template, reference, root = prepared
     result = harness.run_targeted_trial(
@@ -125,6 +128,7 @@ def test_on_s3_the_example_pipeline_gives_the_tables_of_a_local_run(prepared, pr
 
 
 @pytest.mark.s3
+@pytest.mark.extended  # CI's time: the kill after the first table on S3 below stays
 def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(prepared_s3):
     """A kill while a write moves its staged files into the table: on S3 a move is a copy
     and a delete per file, so the kill can leave some moved. (Random kills run on the

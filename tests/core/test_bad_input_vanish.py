@@ -36,9 +36,9 @@ from tests.core.catalogue import (
 )
 from tests.core.conftest import Clock, Lake
 
-# The delta-rs bridge only: these cases are about routing records (what Spark computes
-# before any write), the same under both engines; test_bad_input.py, _halfway.py and
-# _limits.py, whose cases commit, run under both.
+# Under the engine users get (delta-spark): these cases are about routing records (what
+# Spark computes before any write), the same under both engines; test_bad_input_halfway.py,
+# whose cases commit, runs under both.
 
 NOW = T0 + hours(3)
 HOUR = dsi.Window.tumbling(hours(1))
