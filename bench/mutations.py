@@ -69,11 +69,12 @@ S = "tests/core/test_semantics.py::"
 MUTATIONS: tuple[Mutation, ...] = (
     # --- exactly once: transactions, staging, recovery --------------------------------
     Mutation(
-        "txn_check_core_off_by_one",
+        "commit_without_app_transaction",
         "dagster_sideinputs/core/write.py",
-        "return version is not None and version >= txn.version",
-        "return version is not None and version > txn.version",
-        "a replayed batch skips every table that already holds its application transaction",
+        "        app_transaction=txn,\n        remove_files=removed if target.removes_released else (),\n",
+        "        app_transaction=None,\n        remove_files=removed if target.removes_released else (),\n",
+        "every table commits with the batch's application transaction, so a replay skips "
+        "the tables that hold it",
         (
             "tests/core/test_crash_safety.py::"
             "test_crash_after_any_write_then_rerun_gives_the_reference_tables[rs-1-0]",
@@ -120,8 +121,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if version is not None and version > batch_id:",
         "a batch some table committed is replayed from its plan, not planned again",
         (
-            "tests/core/test_crash_safety.py::"
-            "test_crash_after_any_write_then_rerun_gives_the_reference_tables[rs-1-0]",
+            "tests/core/test_state_identity.py::"
+            "test_truncated_plan_of_a_batch_written_in_part_is_refused_then_restored",
         ),
     ),
     Mutation(
@@ -657,6 +658,8 @@ def run_one(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the chosen mutations; ``--out`` is written after each one (a partial report
+    survives an interrupted run)."""
     repo = Path(args.repo).resolve()
     rev = _resolve(args.rev, repo)
     chosen = select(args.only)
@@ -667,6 +670,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"revision {rev} of {repo}: {len(chosen)} mutation(s); scratch {rev_dir}", flush=True)
     checked = baseline(base, chosen, args.timeout * 3, rev_dir / "logs")
     results: list[Outcome] = []
+
+    def report() -> dict[str, Any]:
+        return {
+            "rev": rev,
+            "repo": str(repo),
+            "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "python": sys.executable,
+            "seconds": round(time.monotonic() - started, 1),
+            "baseline": checked,
+            "caught": sorted(r.name for r in results if r.caught),
+            "results": [{**asdict(r), "rev": rev} for r in results],
+        }
+
     for mutation in chosen:
         result = run_one(
             mutation,
@@ -682,17 +698,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{result.by or result.detail}",
             flush=True,
         )
+        if args.out and not args.update:
+            Path(args.out).write_text(json.dumps(report(), indent=1) + "\n")
     shutil.rmtree(rev_dir / "work", ignore_errors=True)
-    return {
-        "rev": rev,
-        "repo": str(repo),
-        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.executable,
-        "seconds": round(time.monotonic() - started, 1),
-        "baseline": checked,
-        "caught": sorted(r.name for r in results if r.caught),
-        "results": [{**asdict(r), "rev": rev} for r in results],
-    }
+    return report()
 
 
 def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
