@@ -71,8 +71,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "commit_without_app_transaction",
         "dagster_sideinputs/core/write.py",
-        "        app_transaction=txn,\n        remove_files=removed if target.removes_released else (),\n",
-        "        app_transaction=None,\n        remove_files=removed if target.removes_released else (),\n",
+        "        app_transaction=txn,\n        remove_files=removed if target.removes_released",
+        "        app_transaction=None,\n        remove_files=removed if target.removes_released",
         "every table commits with the batch's application transaction, so a replay skips "
         "the tables that hold it",
         (
