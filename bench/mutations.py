@@ -77,17 +77,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the tables that hold it",
         (
             "tests/core/test_crash_safety.py::"
-            "test_crash_after_any_write_then_rerun_gives_the_reference_tables[rs-1-0]",
+            "test_crash_after_any_write_then_rerun_gives_the_reference_tables[rs-1-1]",
         ),
     ),
     Mutation(
-        "txn_check_bridge_off_by_one",
-        "dagster_sideinputs/delta/commit.py",
-        "return committed is not None and committed >= txn.version",
-        "return committed is not None and committed > txn.version",
-        "the bridge commits nothing for an application transaction the table holds",
+        "bridge_records_the_table_version_as_txn",
+        "dagster_sideinputs/delta/log_commit.py",
+        '"version": app_transaction.version,',
+        '"version": state.version,',
+        "the bridge's direct commit records the batch's application transaction (batch id)",
         (
-            "tests/delta/test_writer.py::test_write_with_an_already_committed_app_transaction_writes_nothing",
+            "tests/core/test_crash_safety.py::"
+            "test_crash_after_any_write_then_rerun_gives_the_reference_tables[rs-1-1]",
         ),
     ),
     Mutation(
@@ -260,7 +261,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return AfterBatch(state.rows(unread) + incoming, min(stamps, default=None))",
         "return AfterBatch(state.rows() + incoming, min(stamps, default=None))",
         "the buffered figures (buffer_rows) leave out the records the batch released",
-        ("tests/core/test_inputs_and_limits.py::test_buffer_size_and_oldest_age_are_reported",),
+        (
+            "tests/core/test_inputs_and_limits.py::test_buffer_size_and_oldest_age_are_reported",
+            S + "test_main_records_wait_for_the_first_side_data",
+        ),
     ),
     Mutation(
         "released_counted_from_statistics_with_buffer",
