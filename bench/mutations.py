@@ -714,12 +714,17 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     rerun = {r["name"] for r in new["results"]}
     results = {r["name"]: {"rev": old["rev"], **r} for r in old["results"]}
     results.update({r["name"]: r for r in new["results"]})
-    order = [m.name for m in MUTATIONS if m.name in results]
-    ordered = [results[n] for n in order] + [r for n, r in results.items() if n not in order]
+    ordered = [results[m.name] for m in MUTATIONS if m.name in results]
+    dropped = sorted(set(results) - {m.name for m in MUTATIONS})  # replaced since
     return {
         **new,
         "rev": new["rev"],
-        "updated": {"from": old["rev"], "rerun": sorted(rerun), "baseline_before": old["baseline"]},
+        "updated": {
+            "from": old["rev"],
+            "rerun": sorted(rerun),
+            "dropped": dropped,
+            "baseline_before": old["baseline"],
+        },
         "seconds": round(old["seconds"] + new["seconds"], 1),
         "caught": sorted(r["name"] for r in ordered if r["caught"]),
         "results": ordered,
