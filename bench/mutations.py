@@ -132,7 +132,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "else spec.engine.snapshot(bound.uri, version=version, name=bound.side.asset)",
         "else spec.engine.snapshot(bound.uri, name=bound.side.asset)",
         "a batch (and its replay) reads the side versions pinned in its plan",
-        (S + "test_replayed_batch_plan_pins_side_versions",),
+        (
+            "tests/core/test_state_identity.py::"
+            "test_a_batch_written_in_part_is_replayed_with_the_side_version_it_planned_with",
+        ),
     ),
     # --- invalid records, pre-keyed inputs --------------------------------------------
     Mutation(
