@@ -564,6 +564,10 @@ def pytest(
     return code, log.read_text(errors="replace"), time.monotonic() - started
 
 
+CAUGHT = ("caught", "timeout")
+"""A hint that hangs on the mutation (its baseline run finished) fails the suite too, by
+pytest-timeout: caught, though slowly (lower ``--timeout`` to find out sooner)."""
+
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
@@ -634,7 +638,7 @@ def run_one(
             mutation.file,
             mutation.breaks,
             status,
-            status == "caught",
+            status in CAUGHT,
             seconds=round(time.monotonic() - started, 1),
             **{"by": None, "stage": None, **kw},
         )
@@ -656,7 +660,12 @@ def run_one(
             tree, ["-x", *args], timeout, logs / f"{mutation.name}.{stage}.log"
         )
         if code is None:
-            return outcome("timeout", stage=stage, hints_run=hints, detail=f"over {timeout:.0f}s")
+            return outcome(
+                "timeout",
+                by=f"no result in {timeout:.0f}s (a hang: pytest-timeout fails it in the suite)",
+                stage=stage,
+                hints_run=hints,
+            )
         failed = failures(output)
         if code not in (0, 5):
             by = failed[0] if failed else f"pytest exit {code}"
@@ -715,7 +724,9 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``old`` with the mutations ``new`` ran replaced by its results (``--update``: rerun a
     few mutations after adding a test, keep the rest; each result names its revision)."""
     rerun = {r["name"] for r in new["results"]}
-    results = {r["name"]: {"rev": old["rev"], **r} for r in old["results"]}
+    results = {
+        r["name"]: {"rev": old["rev"], **r, "caught": r["status"] in CAUGHT} for r in old["results"]
+    }
     results.update({r["name"]: r for r in new["results"]})
     ordered = [results[m.name] for m in MUTATIONS if m.name in results]
     dropped = sorted(set(results) - {m.name for m in MUTATIONS})  # replaced since
