@@ -123,10 +123,18 @@ def versions(lake: Lake, op: dsi.SideInputOperator) -> dict[str, int | None]:
 
 @contextlib.contextmanager
 def nothing_committed(lake: Lake, op: dsi.SideInputOperator) -> Iterator[None]:
-    """The block (a failing run) commits nothing to any table the operator writes."""
+    """The block (a failing run) commits nothing to any table the operator writes.
+
+    Checked also when the block raises, as it is meant to: an assertion after a bare
+    ``yield`` never runs then (the error is thrown in at the ``yield``), and this helper,
+    entered inside ``refused(...)``, checked nothing.
+    """
     before = versions(lake, op)
-    yield
-    assert versions(lake, op) == before
+    try:
+        yield
+    finally:
+        after = versions(lake, op)
+        assert after == before, f"the failing run committed: {before} -> {after}"
 
 
 def accounted(lake: Lake, op: dsi.SideInputOperator, ids: Iterable[Any], **kwargs: Any) -> None:

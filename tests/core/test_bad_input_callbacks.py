@@ -90,6 +90,11 @@ def half_hour_late(start, end):
     return start + 30 * MINUTE, end + 30 * MINUTE
 
 
+def two_hours_long(start, end):
+    """Starts on the side grid but spans two hourly windows: no side window either."""
+    return start, end + 60 * MINUTE
+
+
 def strings(start, end):
     return start.isoformat(), end.isoformat()
 
@@ -101,9 +106,10 @@ def strings(start, end):
         (raises_key_error, "raised KeyError: 'calendar'"),
         (reversed_span, "empty or reversed"),
         (half_hour_late, "not one of the side input's windows"),
+        (two_hours_long, "not one of the side input's windows"),
         (strings, "start and end must be datetimes"),
     ],
-    ids=["none", "raises", "reversed", "off-grid", "not-datetimes"],
+    ids=["none", "raises", "reversed", "off-grid", "too-long", "not-datetimes"],
 )
 def test_a_window_mapping_that_fails_or_returns_no_side_window_is_refused(events, mapping, what):
     """Before: a raw TypeError / the user's KeyError; a reversed or off-grid span was

@@ -467,6 +467,23 @@ def test_side_table_created_again_at_the_same_version_rechecks_waiting_records(r
     assert_accounted(lake.spark, op, [1, 2, 3, 4])
 
 
+def test_a_batch_written_in_part_is_replayed_with_the_side_version_it_planned_with(running, clock):
+    """A profile added after the crash is not seen by the replay: the table that holds the
+    batch was computed without it. The next batch sees it. (Before, only the plan's
+    content was checked in process: a replay reading the latest side version passed.)"""
+    lake, op = running
+    put(lake, "transactions", [(5, 10, 1.0), (6, 77, 1.0)], TX)
+    crash_before_any_commit(lake, clock, crash_after=1)  # enriched holds tx 5, not the buffer
+    put(lake, "profiles", [(77, "zed")], PROFILES)
+    replay = lake.run(op, clock).batches[0]
+    assert replay.replayed
+    assert (replay.routes["released"], replay.routes["key_wait"]) == (1, 1)  # tx 6 waits
+    assert_accounted(lake.spark, op, [1, 2, 3, 4, 5, 6])
+    if op.buffer().rows():  # the side change releases tx 6 in the next batch
+        lake.run(op, clock)
+    assert (6, "zed") in lake.rows("enriched", "tx_id", "name")
+
+
 def test_side_table_replaced_while_a_batch_is_written_in_part_is_refused_then_restored(
     running, clock, tmp_path
 ):
