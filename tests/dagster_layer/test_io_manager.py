@@ -523,14 +523,19 @@ def test_engine_auto_writes_with_delta_spark_in_a_delta_session_and_says_so(spar
     assert "Delta-Lake/" in history[0].engineInfo
     assert rows(os.path.join(root, "order_count")) == [{"count": 2}]
 
-    bridge = materialization_metadata(run([orders_asset()], resources_of(root), instance), "orders")
-    assert bridge["delta_engine"] == "delta-rs bridge"  # the tests' default (tests/conftest.py)
+    bridge = materialization_metadata(
+        run([orders_asset()], resources_of(root, engine="delta-rs"), instance), "orders"
+    )
+    assert bridge["delta_engine"] == "delta-rs bridge"
     assert bridge["delta_version"] == 1  # the bridge continued the table delta-spark made
 
 
-def resources_of(root: str) -> dict[str, Any]:
+def resources_of(root: str, **io_manager: Any) -> dict[str, Any]:
     spark_resource = SparkResource(master="local[2]", ui_enabled=False, log_level="ERROR")
-    return {"spark": spark_resource, "io_manager": DeltaIOManager(root=root, spark=spark_resource)}
+    return {
+        "spark": spark_resource,
+        "io_manager": DeltaIOManager(root=root, spark=spark_resource, **io_manager),
+    }
 
 
 # --- object store credentials ---------------------------------------------------------
