@@ -38,13 +38,13 @@ from assets.enrichment import payments_enrichment
 from assets.payments import customer_profiles, fraud_rules, fx_rates, hourly, transactions
 from bench.crash_harness import KILL_POINTS
 from tests.cluster import OUTPUT_TABLES, free_port, table_rows
+from tests.dagster_layer.conftest import PREVIOUS_HOUR, THIS_HOUR, transactions_config
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-airflow"
 DAG_ID = "payments_enrichment"
 TASK_ID = "payments_enrichment"
 INPUTS = ("transactions", "customer_profiles", "fx_rates", "fraud_rules")
-PREVIOUS_HOUR, THIS_HOUR = hourly.get_partition_keys()[-2:]
 STARTUP_S = 240
 RUN_TIMEOUT_S = 900
 # After batch 0's first table commit, under the tests' Delta engine (DSI_DELTA_ENGINE,
@@ -326,14 +326,8 @@ class Dagster:
         return result
 
     def transactions(self, count: int, hours_back: int, unknown: float) -> None:
-        hour = dt.datetime.strptime(THIS_HOUR, hourly.fmt).replace(tzinfo=dt.timezone.utc)
-        config = {
-            "count": count,
-            "hour": hour.isoformat(),
-            "hours_back": hours_back,
-            "unknown_customer_share": unknown,
-        }
-        self.materialize([transactions], run_config={"ops": {"transactions": {"config": config}}})
+        config = transactions_config(count, hours_back, unknown)
+        self.materialize([transactions], run_config=config)
 
     def enrich(self) -> dict[str, dict[str, Any]]:
         """Run the operator; the metadata of each output it materialized."""
