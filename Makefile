@@ -78,11 +78,11 @@ else
 	$(DG_ENV) $(BIN)/dg dev
 endif
 
-# Two workers (pytest-xdist), each with its own Spark session; a module's tests, and
-# every test of the Kafka broker, stay in one worker (tests/conftest.py). WORKERS=0 runs
+# Two workers (pytest-xdist), each with its own Spark session; a module's tests stay in
+# one worker, which starts the module's fixtures once (--dist loadfile). WORKERS=0 runs
 # them in this process.
 WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
 test: install airflow  ## run the whole test suite (real Spark, Delta, Dagster, Airflow)
 	$(PYTEST)

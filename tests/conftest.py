@@ -45,10 +45,6 @@ if TYPE_CHECKING:
     from tests.servers.kafka import KafkaBroker
 
 
-SHARED_SERVERS = {"kafka_broker": "kafka", "webserver": "webserver"}
-"""Session fixtures worth starting once per run: under ``pytest -n 2 --dist loadgroup``
-(``make test``) every test that uses one goes to the same worker."""
-
 SERVER_MARKS = {"kafka_broker": "kafka", "s3_server": "s3"}
 """The mark of every test that starts (or shares) a server in a subprocess, whether it
 asks for the fixture or its ``each_storage`` case does: ``make test-fast`` leaves them
@@ -84,14 +80,13 @@ def tier(item: pytest.Item) -> str:
     return "semantics"
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test's :func:`tier` and the tests of subprocess servers
-    (:data:`SERVER_MARKS`), and group the tests
-    for pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, which
-    starts the module's fixtures (servers, clusters, template runs) once, and so do all
-    the tests of a shared server (:data:`SHARED_SERVERS`). Each worker keeps its own
-    Spark session. Without ``-n`` the groups change nothing."""
+    (:data:`SERVER_MARKS`). ``make test`` runs the tests in two pytest-xdist workers with
+    ``--dist loadfile``: a module's tests run in one worker, which starts the module's
+    fixtures (servers, clusters, template runs) once; each worker has its own Spark
+    session. (Grouping by ``xdist_group`` marks added here did not take: xdist's worker
+    gave no test its group, measured, so a module's tests went to both workers.)"""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         for fixture, mark in SERVER_MARKS.items():
@@ -102,11 +97,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if isinstance(case, StorageCase) and case.store == "s3":
             item.add_marker(pytest.mark.s3)
         item.add_marker(getattr(pytest.mark, tier(item)))
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        shared = [group for name, group in SHARED_SERVERS.items() if name in fixtures]
-        group = shared[0] if shared else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
