@@ -78,10 +78,11 @@ else
 	$(DG_ENV) $(BIN)/dg dev
 endif
 
-# Two workers (pytest-xdist), each with its own Spark session; a module's tests stay in
-# one worker, which starts the module's fixtures once (--dist loadfile). WORKERS=0 runs
-# them in this process.
-WORKERS ?= 2
+# One process by default. WORKERS=2: two pytest-xdist workers, each with its own Spark
+# session, a module's tests in one worker (--dist loadfile). Not the default: on 2 cores
+# both workers' JVMs are CPU-bound, and the webserver's and the Kafka broker's session
+# fixtures start once per worker (docs/testing.md).
+WORKERS ?= 0
 PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
 test: install airflow  ## run the whole test suite (real Spark, Delta, Dagster, Airflow)
