@@ -354,6 +354,8 @@ def _run_continuous(
     if "error" in outcome:
         raise outcome["error"]
     if stop.is_set():
+        if not announced:  # the operator ended before the loop above saw the request
+            context.log.info("Stop requested: stopping after the current micro-batch.")
         context.log.info(f"Stopped after {stopped()}.")
 
 
