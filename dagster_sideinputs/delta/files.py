@@ -174,9 +174,20 @@ class TableFiles:
         assert self._fs is not None
         selector = pafs.FileSelector(relative_dir, recursive=True, allow_not_found=True)
         for info in self._fs.get_file_info(selector):
-            if info.type == pafs.FileType.File:
-                mtime = int(info.mtime.timestamp() * 1000) if info.mtime else 0
-                yield FileEntry(info.path, info.size or 0, mtime)
+            if info.type != pafs.FileType.File or self._is_folder_marker(info):
+                continue
+            mtime = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+            yield FileEntry(info.path, info.size or 0, mtime)
+
+    def _is_folder_marker(self, info: pafs.FileInfo) -> bool:
+        """Whether a listed empty object is a folder marker (a key ending in ``/``, as
+        Hadoop's S3A writes for delta-spark's ``_delta_log/_staged_commits/``): the store
+        lists it as an empty file under the folder's name, which names no object: asked
+        about that name alone, the store answers that it is a folder."""
+        if info.size:
+            return False
+        assert self._fs is not None
+        return self._fs.get_file_info(info.path).type != pafs.FileType.File
 
     def has_entries(self, relative_dir: str = "") -> bool:
         """Whether a directory exists and holds anything."""

@@ -172,6 +172,21 @@ def test_object_store_options_come_from_delta_rs_storage_options(s3_server):
     assert files.write_bytes_atomic("a.json", b"1", exclusive=True)
 
 
+def test_a_folder_marker_is_not_listed_as_a_file_and_an_empty_file_is(s3_server):
+    """Hadoop's S3A marks an empty folder with an empty object whose key ends in ``/``
+    (delta-spark's ``_delta_log/_staged_commits/``). The store lists it as an empty file
+    named like the folder, which no read can open: it is not one of the table's files."""
+    prefix = s3_server.fresh_prefix("marker")
+    key = prefix.split("/", 3)[3]
+    client = s3_server.client()
+    for name, body in [("_staged_commits/", b""), ("empty.json", b""), ("0.json", b"{}")]:
+        client.put_object(Bucket="lake", Key=f"{key}/_delta_log/{name}", Body=body)
+    files = TableFiles(prefix, s3_server.storage_options)
+    listed = {entry.path: entry.size for entry in files.list_files("_delta_log")}
+    assert listed == {"_delta_log/0.json": 2, "_delta_log/empty.json": 0}
+    assert all(files.read_bytes(path) is not None for path in listed)
+
+
 def test_exclusive_write_creates_once_and_keeps_the_first(s3_server):
     files = TableFiles(s3_server.fresh_prefix("exclusive"), s3_server.storage_options)
     assert files.write_bytes_atomic("plans/1.json", b"first", exclusive=True)
