@@ -341,8 +341,9 @@ KILL_POINTS = {
     "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
     "before-commit-8": "dagster_sideinputs.delta.writer:commit_directly:3",
     "before-commit-record-2": "dagster_sideinputs.core.state:OperatorState.commit:2",
-    # delta-spark's Delta commits (DeltaSparkEngine: one `save` per table write).
-    "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:save:2",
+    # delta-spark's Delta commits: one DeltaSparkEngine.commit per staged table (it commits
+    # through Delta's own writer, `save`, or its py4j fast path, `commit_staged_files`).
+    "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:DeltaSparkEngine.commit:2",
 }
 """Exact kill points (``--kill-at``): ``module:attribute:n`` kills the worker's process
 group with SIGKILL when ``attribute`` is called for the n-th time in that worker, before
@@ -356,7 +357,7 @@ buffer write, the 8th commit of the job.
 ``before-create-enriched`` (batch 0 planned and staged, no table committed: the rerun
 plans it again) and ``after-first-table`` (one table committed: the rerun replays it) are
 the kill points of the side-change trials. ``after-first-table-spark`` is
-``after-first-table`` under delta-spark (its commits are ``spark_engine.save``; the
+``after-first-table`` under delta-spark (its commits are ``DeltaSparkEngine.commit``; the
 bridge's kill points are never reached there)."""
 
 
