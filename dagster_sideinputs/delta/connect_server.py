@@ -87,6 +87,9 @@ def _listening(host: str, port: int) -> bool:
     return False
 
 
+_MODULE = "dagster_sideinputs.delta.connect_server"  # also when run with -m (__main__)
+
+
 class LocalConnectServer:
     """A Spark Connect server in a child process (its own process group), with Delta.
 
@@ -171,21 +174,16 @@ class LocalConnectServer:
 
         A fresh server compiles and loads the classes of Delta's reads and writes on its
         first use (40 s on a loaded two-core machine, then 2 s): paid here, not by the
-        first run.
+        first run. The client is a child Python process: a process that already runs a
+        classic Spark session cannot open a Connect one (``SESSION_ALREADY_EXIST``).
         """
-        # Local: the Connect client is an extra (pyspark[connect]).
-        from dagster_sideinputs.core.session import build_spark_session
-
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="dsi-connect-warm-up-") as folder:
-            spark = build_spark_session(remote=self.url, delta=True)
-            try:
-                table = f"{folder}/table"
-                spark.range(10).write.format("delta").save(table)
-                spark.range(10).write.format("delta").mode("append").save(table)
-                spark.read.format("delta").load(table).groupBy().count().collect()
-            finally:
-                spark.stop()
+        code = f"from {_MODULE} import write_and_read_a_table; write_and_read_a_table({self.url!r})"
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the warm-up client on {self.url} failed:\n{done.stderr[-4000:]}")
         return time.perf_counter() - started
 
     def stop(self) -> None:
@@ -206,6 +204,23 @@ class LocalConnectServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def write_and_read_a_table(url: str) -> None:
+    """Through a Connect session on ``url``: write, append to and read a small Delta table
+    in a temporary folder (:meth:`LocalConnectServer.warm_up`'s client)."""
+    # Local: the Connect client is an extra (pyspark[connect]).
+    from dagster_sideinputs.core.session import build_spark_session
+
+    with tempfile.TemporaryDirectory(prefix="dsi-connect-warm-up-") as folder:
+        spark = build_spark_session(remote=url, delta=True)
+        try:
+            table = f"{folder}/table"
+            spark.range(10).write.format("delta").save(table)
+            spark.range(10).write.format("delta").mode("append").save(table)
+            spark.read.format("delta").load(table).groupBy().count().collect()
+        finally:
+            spark.stop()
 
 
 def _warm_up(server: LocalConnectServer) -> None:
