@@ -65,6 +65,28 @@ END_TO_END = (
 subprocesses."""
 
 
+SHARED_SCOPES = {"tests/dagster_layer/test_browser.py": "tests/dagster_layer/test_webserver.py"}
+"""Modules that use another module's session-scoped server (the browser test: the GraphQL
+test's webserver and story). In two xdist workers they run in that module's worker, so the
+server and its story start once."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` with :data:`SHARED_SCOPES`: a module's tests in one worker, and
+    the modules sharing a server in the same one (other ``--dist`` modes: xdist's own)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedServers(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SHARED_SCOPES.get(module, module)
+
+    return SharedServers(config, log)  # type: ignore[arg-type]
+
+
 def tier(item: pytest.Item) -> str:
     """The tier of a test (README's testing section; ``pytest -m <tier>`` runs one):
     ``contract`` (the matrix of engines and stores: ``each_storage``, ``both_engines``, a
@@ -82,11 +104,10 @@ def tier(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test's :func:`tier` and the tests of subprocess servers
-    (:data:`SERVER_MARKS`). ``make test`` runs the tests in two pytest-xdist workers with
-    ``--dist loadfile``: a module's tests run in one worker, which starts the module's
-    fixtures (servers, clusters, template runs) once; each worker has its own Spark
-    session. (Grouping by ``xdist_group`` marks added here did not take: xdist's worker
-    gave no test its group, measured, so a module's tests went to both workers.)"""
+    (:data:`SERVER_MARKS`), and run the end-to-end modules first. ``make test`` runs the
+    tests in two pytest-xdist workers with ``--dist loadfile``: a module's tests run in one
+    worker, which starts the module's fixtures (servers, clusters, template runs) once;
+    each worker has its own Spark session."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         for fixture, mark in SERVER_MARKS.items():
@@ -97,6 +118,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if isinstance(case, StorageCase) and case.store == "s3":
             item.add_marker(pytest.mark.s3)
         item.add_marker(getattr(pytest.mark, tier(item)))
+    # The modules of end-to-end tests first (each keeps its order): they are the longest,
+    # and started first in two xdist workers they do not leave one worker finishing alone.
+    longest = {
+        item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("end_to_end")
+    }
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in longest)
 
 
 @pytest.fixture(scope="session")

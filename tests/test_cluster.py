@@ -67,6 +67,7 @@ def test_shuffle_partitions_follow_the_cluster_cores(cluster_probe):
     assert shuffle["partitions"] == str(shuffle["fitted"])
 
 
+@pytest.mark.extended  # CI's time: the contrast of the test above
 def test_tasks_run_under_the_driver_process_on_a_local_master(tmp_path):
     # The control of the test above: the same probe sees the driver on local[2].
     report = run_probe(tmp_path, master="local[2]")

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dagster_sideinputs.delta.files import TableFiles, is_local
-from dagster_sideinputs.delta.lease import ObjectStoreLease
+from dagster_sideinputs.delta.files import TableFiles
 from tests.core.conftest import Lake
 
 TX = "tx_id long, customer_id long, amount double"
@@ -26,7 +25,6 @@ pytestmark = pytest.mark.slow
 # differ, on each store (the lock does not depend on the Delta engine): taking over from
 # a killed run. Refusing a second run is the storage contract's
 # (test_inputs_and_limits.py); here, and waiting for the lock, locally.
-each_store = pytest.mark.each_storage(engines=False)
 
 
 class Worker:
@@ -150,11 +148,11 @@ def test_a_second_run_that_waits_finds_the_work_done_and_writes_nothing_twice(la
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))
 
 
-@each_store
 def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lake):
     """A is SIGKILLed in the middle of its batch, while B waits for the lock. B gets it at
-    once on a filesystem (the kernel drops a dead process's flock), one lease after A's
-    last renewal on S3; B completes the batch and the output holds every record once."""
+    once on a filesystem (the kernel drops a dead process's flock) and completes the batch;
+    the output holds every record once. (On S3 the lease of a killed holder passes on after
+    a lease: tests/delta/test_object_store.py, across processes.)"""
     prepare(lake)
     holder = Worker(lake, wait=0, function_s=120)
     with workers(holder):
@@ -170,20 +168,7 @@ def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lak
             code, out, err = waiting.finish()
     assert code == 0, err[-3000:]
     assert out.splitlines()[-1].startswith("batches=1"), out
-    delay = took_over_at - killed_at
-    if is_local(lake.storage.root):
-        assert delay < LEASE_S / 2, delay
-    else:
-        # Expired by observation: unchanged for a whole lease since A's last renewal.
-        assert LEASE_S / 3 < delay < 3 * LEASE_S, delay
-        lease = ObjectStoreLease(
-            f"{lake.storage.root}/_sideinputs/enriched",
-            storage_options=lake.storage.storage_options,
-        )
-        record = lease.holder()
-        assert record is not None
-        assert record.generation == 2  # A's acquisition, then B's take-over
-        assert record.released
+    assert took_over_at - killed_at < LEASE_S / 2, took_over_at - killed_at
     state = TableFiles(f"{lake.storage.root}/_sideinputs/enriched", lake.storage.storage_options)
     assert [e.path for e in state.list_files("commits")] == ["commits/00000000000000000000.json"]
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))

@@ -23,7 +23,9 @@ from dagster_sideinputs.delta.reader import read_table
 from tests.cluster import spark_env
 from tests.servers.kafka import KafkaBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# Extended (CI's time): the default suite's Kafka runs are tests/core/test_kafka.py, its
+# SIGKILLed runs the crash harness's on S3 (tests/test_crash_harness.py).
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.extended]
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST = 400  # records before the kill (3 batches of 150)
