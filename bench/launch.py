@@ -47,9 +47,12 @@ def transactions(count: int, hour: str) -> dict:
     return {"ops": {"transactions": {"config": config}}}
 
 
-def measure(root: Path, env: dict[str, str], records: int, runs: int) -> list[dict[str, float]]:
+def measure(
+    root: Path, env: dict[str, str], records: int, runs: int, timeline: bool = False
+) -> list[dict[str, float]]:
     """Launch -> materialization of ``runs`` runs of the job, each over ``records`` new
-    transactions, behind a webserver started with ``env``."""
+    transactions, behind a webserver started with ``env`` (``timeline``: print each run's
+    events, in seconds since its launch)."""
     hour = hourly.get_partition_keys()[-1]
     found = []
     root.mkdir(parents=True)
@@ -70,6 +73,10 @@ def measure(root: Path, env: dict[str, str], records: int, runs: int) -> list[di
                 }
             )
             print(f"    run {len(found)}: {found[-1]}", flush=True)
+            if timeline:
+                for event in server.logs(run_id):
+                    at = int(event["timestamp"]) / 1000 - launched
+                    print(f"      {at:6.2f} s  {event['__typename']}: {event['message'][:150]}")
     return found
 
 
@@ -92,6 +99,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=["embedded", "attached"], default=None)
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument(
+        "--timeline", action="store_true", help="each run's events, in seconds since its launch"
+    )
     args = parser.parse_args()
     warm_up = args.warm_up
     lines = []
@@ -99,7 +109,7 @@ def main() -> None:
         work = Path(scratch)
         if args.only in (None, "embedded"):
             print("embedded: every run starts its own Spark", flush=True)
-            results = measure(work / "embedded", {}, args.records, args.runs)
+            results = measure(work / "embedded", {}, args.records, args.runs, args.timeline)
             lines.append(summary("embedded", results))
         if args.only in (None, "attached"):
             print("attached: starting a Spark Connect server with Delta", flush=True)
@@ -111,7 +121,7 @@ def main() -> None:
                 if warm_up:
                     print(f"  warmed up in {server.warm_up():.0f} s (as make dev does)")
                 env = {"DSI_SPARK_REMOTE": server.url}
-                results = measure(work / "attached", env, args.records, args.runs)
+                results = measure(work / "attached", env, args.records, args.runs, args.timeline)
             lines.append(summary("attached", results) + f" (server start-up, once: {up:.0f} s)")
     print("\nlaunch -> materialization of enriched_transactions:")
     print("\n".join(lines))

@@ -78,7 +78,7 @@ query ($runId: ID!) {
     ... on EventConnection {
       events {
         __typename
-        ... on MessageEvent { message stepKey level }
+        ... on MessageEvent { message stepKey level timestamp }
         ... on ErrorEvent { error { message stack cause { message stack } } }
       }
     }
