@@ -23,7 +23,7 @@ from dagster_sideinputs.core.lock import operator_lock
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.lease import LeaseRecord, ObjectStoreLease
 from dagster_sideinputs.delta.object_store import object_store_options
-from tests.servers.s3 import S3Server
+from tests.servers.s3 import DEFAULT_BUCKET, S3Server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -180,11 +180,14 @@ def test_a_folder_marker_is_not_listed_as_a_file_and_an_empty_file_is(s3_server)
     key = prefix.split("/", 3)[3]
     client = s3_server.client()
     for name, body in [("_staged_commits/", b""), ("empty.json", b""), ("0.json", b"{}")]:
-        client.put_object(Bucket="lake", Key=f"{key}/_delta_log/{name}", Body=body)
+        client.put_object(Bucket=DEFAULT_BUCKET, Key=f"{key}/_delta_log/{name}", Body=body)
     files = TableFiles(prefix, s3_server.storage_options)
     listed = {entry.path: entry.size for entry in files.list_files("_delta_log")}
     assert listed == {"_delta_log/0.json": 2, "_delta_log/empty.json": 0}
-    assert all(files.read_bytes(path) is not None for path in listed)
+    assert {path: files.read_bytes(path) for path in listed} == {
+        "_delta_log/0.json": b"{}",
+        "_delta_log/empty.json": b"",
+    }
 
 
 def test_exclusive_write_creates_once_and_keeps_the_first(s3_server):
