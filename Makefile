@@ -13,9 +13,10 @@ export DSI_JVM_ARCHIVE ?= on
 # (Theirs only: the tests keep the code's 30 minutes.)
 demo demo-kafka dev: export DSI_PROFILE_TIMEOUT_MINUTES ?= 1
 
-# Airflow 3 (the `airflow` extra) in its own venv: a real `pip install '.[airflow]'` into a
-# fresh environment (what a user does), which runs Airflow for tests/test_airflow.py;
-# ./.venv, the dev venv, stays without Airflow (the core is tested there without it).
+# Airflow 3 (the `airflow` extra) in its own venv: a real `pip install '.[airflow,connect]'`
+# into a fresh environment (what a user does whose tasks attach to a Spark Connect server,
+# as the tests' do), which runs Airflow for tests/test_airflow.py; ./.venv, the dev venv,
+# stays without Airflow (the core is tested there without it).
 AIRFLOW_VENV := .venv-airflow
 AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml
 $(AIRFLOW_STAMP): pyproject.toml
 	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
 	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(AIRFLOW_VENV)/bin/python -m pip install --quiet ".[airflow]"
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet ".[airflow,connect]"
 	touch $(AIRFLOW_STAMP)
 
 airflow: $(AIRFLOW_STAMP)  ## create .venv-airflow: the package with its airflow extra (Airflow 3)
