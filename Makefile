@@ -95,8 +95,8 @@ test-extended: install  ## the long end-to-end runs the default suite leaves out
 test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)
 	DSI_BOTH_ENGINES=1 $(PYTEST) tests/core
 
-test-fast: install  ## the inner loop (under 5 minutes): no slow test, no server in a subprocess
-	$(PYTEST) -m "not slow and not s3 and not kafka and not webserver and not cluster and not connect and not browser and not airflow"
+test-fast: install  ## the inner loop (under 5 minutes): the semantics, the Delta reader and writer, every test without Spark; no server
+	$(PYTEST) -m fast
 
 lint: $(STAMP)  ## formatting, lint and types
 	$(BIN)/ruff format --check .

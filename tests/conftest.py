@@ -87,6 +87,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return SharedServers(config, log)  # type: ignore[arg-type]
 
 
+FAST_MODULES = (
+    "tests/core/test_semantics.py",
+    "tests/delta/test_writer.py",
+    "tests/delta/test_reader.py",
+    "tests/delta/test_log_commit.py",
+    "tests/test_docs.py",
+)
+"""``make test-fast``'s modules that use the test session's Spark: the semantics users rely
+on, the Delta writer and reader, the docs' examples. Beside them it runs every test that
+does not ask for the session (the pure logic, the structure, the packages and settings,
+the Dagster definitions; some run Spark through Dagster); never a slow test or one with a
+server in a subprocess (:data:`FAST_EXCLUDED`)."""
+
+FAST_EXCLUDED = ("slow", "extended", *END_TO_END, *SERVER_MARKS.values())
+
+
+def is_fast(item: pytest.Item) -> bool:
+    """Whether ``make test-fast`` (``pytest -m fast``) runs the test: the inner loop,
+    minutes on 2 cores, its time in docs/testing.md."""
+    if any(item.get_closest_marker(mark) for mark in FAST_EXCLUDED):
+        return False
+    path = item.nodeid.split("::", 1)[0]
+    return path in FAST_MODULES or "spark" not in getattr(item, "fixturenames", ())
+
+
 def tier(item: pytest.Item) -> str:
     """The tier of a test (README's testing section; ``pytest -m <tier>`` runs one):
     ``contract`` (the matrix of engines and stores: ``each_storage``, ``both_engines``, a
@@ -118,6 +143,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if isinstance(case, StorageCase) and case.store == "s3":
             item.add_marker(pytest.mark.s3)
         item.add_marker(getattr(pytest.mark, tier(item)))
+        if is_fast(item):
+            item.add_marker(pytest.mark.fast)
     # The modules of end-to-end tests first (each keeps its order): they are the longest,
     # and started first in two xdist workers they do not leave one worker finishing alone.
     longest = {
