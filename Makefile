@@ -34,7 +34,7 @@ $(AIRFLOW_STAMP): pyproject.toml
 	$(AIRFLOW_VENV)/bin/python -m pip install --quiet ".[airflow,connect]"
 	touch $(AIRFLOW_STAMP)
 
-airflow: $(AIRFLOW_STAMP)  ## create .venv-airflow: the package with its airflow extra (Airflow 3)
+airflow: $(AIRFLOW_STAMP)  ## create .venv-airflow: the package with its airflow and connect extras (Airflow 3)
 
 airflow-dev: airflow  ## open the Airflow UI (standalone, SQLite) on the example DAG, assets/airflow_dags
 	mkdir -p .airflow_home

@@ -8,8 +8,9 @@ operator on D; Airflow runs the example DAG on its copy (A), triggered by the in
 asset events posted through the REST API, and, at the same time, a copy of the DAG
 whose task is SIGKILLed mid-batch and retried (K) and one whose function fails (E).
 Then a side input arrives later on both sides: Airflow's next, asset-triggered run
-releases what waited. Outputs are compared table by table with Dagster's, asset events'
-extra with Dagster's materialization metadata.
+releases what waited. The example's and the kill DAG's tasks attach to a Spark Connect
+server the module starts; the error DAG's task starts its own Spark. Outputs are compared
+table by table with Dagster's, asset events' extra with Dagster's materialization metadata.
 """
 
 import contextlib
@@ -378,8 +379,9 @@ def story(tmp_path_factory) -> Iterator[Story]:
     lakes = {name: root / f"lake-{name}" for name in ("D", "A", "K", "E")}
     for lake in lakes.values():
         lake.mkdir()
-    # A task that starts its own JVM runs the example's batch cold: 45-110 s each against
-    # 10-20 s attached to a warm server (measured in this module, three DAGs at once).
+    # A task that starts its own JVM runs the example's batch cold: the first runs (three
+    # DAGs at once) settled in 125 s that way against 48 s attached to a warm server, the
+    # release in 56 s against 16 s (docs/airflow.md).
     connect = LocalConnectServer(
         root / "connect-server.log",
         port=free_port(),
