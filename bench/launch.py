@@ -76,7 +76,7 @@ def measure(
             if timeline:
                 for event in server.logs(run_id):
                     at = int(event["timestamp"]) / 1000 - launched
-                    print(f"      {at:6.2f} s  {event['__typename']}: {event['message'][:150]}")
+                    print(f"      {at:6.2f} s  {event['__typename']}: {event['message'][:320]}")
     return found
 
 
