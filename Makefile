@@ -52,7 +52,7 @@ kafka-jars: $(STAMP)  ## fetch the test Kafka broker's jars now (tests otherwise
 # and CI included, read the cache only, and fails here, clearly, when Maven Central is
 # unreachable. A file check when they are cached (docs/JVM_PACKAGES.md).
 jars: $(STAMP)  ## resolve the JVM packages once into the Ivy cache
-	$(BIN)/python -m dagster_sideinputs.core.jars fetch
+	$(BIN)/python -m dagster_sideinputs.core.spark.jars fetch
 
 demo: install  ## run the example pipeline end to end (wipes ./data and ./.dagster_home; VERBOSE=1 shows logs)
 	$(BIN)/python -m assets.demo $(if $(VERBOSE),--verbose)

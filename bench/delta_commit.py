@@ -49,7 +49,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta import spark_engine
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine

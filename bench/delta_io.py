@@ -37,8 +37,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.packages import S3A_PACKAGES
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.packages import S3A_PACKAGES
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.files import join_uri, spark_uri
 from dagster_sideinputs.delta.reader import read_table

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 
 CUSTOMERS = 10_000
 BIG_TAG = dsi.OutputTag("big")

@@ -381,7 +381,7 @@ class ConnectServer(_Service):
 
 _DELTA_CLIENT = """
 import json, sys
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta.spark_setup import is_delta_configured
 
 url, path, delta = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -744,7 +744,7 @@ def _probe(master: str | None, remote: str | None) -> dict[str, Any]:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):  # gone, or a zombie
             children.append(" ".join(child.cmdline())[:200])
-    from dagster_sideinputs.core.session import FOLLOW_CORES, fit_shuffle_partitions
+    from dagster_sideinputs.core.spark.session import FOLLOW_CORES, fit_shuffle_partitions
 
     follows = spark.conf.get(FOLLOW_CORES, None)
     report = {

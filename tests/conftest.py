@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core.packages import OPTIONAL_PACKAGES
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.packages import OPTIONAL_PACKAGES
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.servers.s3 import S3Server
 
@@ -38,7 +38,7 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
 
 # The tests start hundreds of JVMs of a few class paths (this session's, the workers',
 # demo runs', Connect servers'): they opt in to the class archive of each class path
-# (dagster_sideinputs/core/jvm_archive.py, off by default in users' processes).
+# (dagster_sideinputs/core/spark/jvm_archive.py, off by default in users' processes).
 os.environ.setdefault("DSI_JVM_ARCHIVE", "on")
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
-from dagster_sideinputs.core.session import REQUIRED_CONFIGS
+from dagster_sideinputs.core.spark.session import REQUIRED_CONFIGS
 
 BIG = dsi.OutputTag("big_transactions")
 NAMED = T.StructType([T.StructField("tx_id", T.LongType()), T.StructField("name", T.StringType())])

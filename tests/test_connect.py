@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core import spark_connect
-from dagster_sideinputs.core.session import REQUIRED_CONFIGS
-from dagster_sideinputs.core.spark_connect import connect_endpoint
+from dagster_sideinputs.core.spark import connect as spark_connect
+from dagster_sideinputs.core.spark.connect import connect_endpoint
+from dagster_sideinputs.core.spark.session import REQUIRED_CONFIGS
 from tests.cluster import (
     ConnectServer,
     assert_demo_matches_local_run,

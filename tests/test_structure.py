@@ -129,6 +129,25 @@ def test_layers_import_only_what_they_may(layer, forbidden):
     assert wrong == {}
 
 
+def test_starting_spark_knows_nothing_of_the_operator():
+    """``core.spark`` (sessions, JVM packages, Java, Spark Connect) sits below everything
+    else in the core: it imports only itself, the errors and the Delta setup it needs for
+    Delta's package; nothing of the operator, its stages or its declarations."""
+    allowed = ("dagster_sideinputs.core.spark", "dagster_sideinputs.errors")
+    allowed_delta = {"dagster_sideinputs.delta.spark_setup"}
+    wrong = {
+        name: sorted(
+            m
+            for m in targets
+            if not any(m == a or m.startswith(a + ".") for a in allowed) and m not in allowed_delta
+        )
+        for name, targets in GRAPH.items()
+        if name == allowed[0] or name.startswith(allowed[0] + ".")
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
+    assert any(n.startswith("dagster_sideinputs.core.spark.") for n in GRAPH)
+
+
 def test_the_code_layout_names_every_module():
     testing = (ROOT / "docs" / "testing.md").read_text()
     section = testing[testing.index("## The code") :]

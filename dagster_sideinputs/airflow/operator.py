@@ -38,7 +38,7 @@ from dagster_sideinputs.core.run_report import (
     split_outputs,
     table_versions,
 )
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, SideInputError, StorageError

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.packages import AVRO, KAFKA
+from dagster_sideinputs.core.spark.packages import AVRO, KAFKA
 from dagster_sideinputs.errors import DeclarationError
 
 ValueFormat = Literal["json", "avro", "string", "bytes"]

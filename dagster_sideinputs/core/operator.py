@@ -32,8 +32,8 @@ from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.readiness import ReadinessProvider
 from dagster_sideinputs.core.recovery import Recovery
 from dagster_sideinputs.core.reset import MainFrom, reset
-from dagster_sideinputs.core.session import fit_shuffle_partitions
 from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.spark.session import fit_shuffle_partitions
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState, Unreadable

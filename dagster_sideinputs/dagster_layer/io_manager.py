@@ -241,7 +241,8 @@ class DeltaIOManager(dg.ConfigurableIOManager):
                            "io_manager": DeltaIOManager(root="/data/lake", spark=spark)},
             )
 
-            # on S3 (the jars once: make install / python -m dagster_sideinputs.core.jars fetch)
+            # on S3 (the jars once: make install, i.e.
+            # python -m dagster_sideinputs.core.spark.jars fetch)
             spark = SparkResource(packages=list(dsi.S3A_PACKAGES))
             io_manager = DeltaIOManager(
                 root="s3a://bucket/lake",

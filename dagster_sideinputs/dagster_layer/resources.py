@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.errors import DeclarationError
 
 
@@ -79,7 +79,7 @@ class SparkResource(dg.ConfigurableResource):
         default_factory=list,
         description="More Maven packages to load (spark.jars.packages), e.g. "
         "['org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1']; see "
-        "dagster_sideinputs.core.packages. Not possible over Spark Connect.",
+        "dagster_sideinputs.core.spark.packages. Not possible over Spark Connect.",
     )
 
     _session: SparkSession | None = PrivateAttr(default=None)

@@ -283,7 +283,7 @@ def _require_s3a(spark: Any, uri: str) -> None:
             f"({S3A_FILESYSTEM}: hadoop-aws and the AWS SDK are not on its class path).",
             fix="start the session with them: dsi.build_spark_session(packages="
             "dsi.S3A_PACKAGES) or dsi.SparkResource(packages=list(dsi.S3A_PACKAGES)); "
-            "`python -m dagster_sideinputs.core.jars fetch` caches them once",
+            "`python -m dagster_sideinputs.core.spark.jars fetch` caches them once",
         ) from None
 
 

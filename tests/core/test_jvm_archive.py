@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from dagster_sideinputs.core import jvm_archive
-from dagster_sideinputs.core.jvm_archive import DIR_VARIABLE, ENABLED_VARIABLE, plan_launch
+from dagster_sideinputs.core.spark import jvm_archive
+from dagster_sideinputs.core.spark.jvm_archive import DIR_VARIABLE, ENABLED_VARIABLE, plan_launch
 
 REPO = Path(__file__).resolve().parents[2]
 
 START = """
 import sys
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 spark = build_spark_session(
     master="local[1]", ui_enabled=False, delta=False, log_level="ERROR",
     configs={"spark.driver.extraJavaOptions": "-Xlog:class+load=info:file=%s"},

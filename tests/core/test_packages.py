@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
-from dagster_sideinputs.core.packages import (
+from dagster_sideinputs.core.spark.packages import (
     AVRO,
     AWS_SDK_BUNDLE,
     HADOOP_AWS,
@@ -83,7 +83,7 @@ def test_versions_match_the_pinned_pyspark_and_its_hadoop():
 
 def fetch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dagster_sideinputs.core.jars", *args],
+        [sys.executable, "-m", "dagster_sideinputs.core.spark.jars", *args],
         capture_output=True,
         text=True,
         env=env or spark_env(),

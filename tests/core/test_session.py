@@ -18,20 +18,20 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.java_runtime import (
+from dagster_sideinputs.core.spark.java_runtime import (
     MIN_JAVA_MAJOR,
     check_java,
     find_java,
     java_major_version,
 )
-from dagster_sideinputs.core.packages import (
+from dagster_sideinputs.core.spark.packages import (
     KAFKA,
     OPTIONAL_PACKAGES,
     default_ivy_dir,
     forget_jar_list,
     retrieved_jar,
 )
-from dagster_sideinputs.core.session import (
+from dagster_sideinputs.core.spark.session import (
     REQUIRED_CONFIGS,
     _choose_worker_python,
     _launch_class_path,
@@ -270,7 +270,7 @@ class Keep(logging.Handler):
 
 
 logging.getLogger("dagster_sideinputs").addHandler(Keep(level=logging.WARNING))
-from dagster_sideinputs.core.session import build_spark_session
+from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta.spark_setup import is_delta_configured
 
 args = json.loads(sys.argv[1])
@@ -348,7 +348,7 @@ def test_delta_auto_without_maven_starts_without_delta_and_says_why_in_one_line(
     assert "io.delta:delta-spark_4.1_2.13:4.4.0" in warning
     assert "Connection refused" in warning
     assert "delta-rs bridge" in warning
-    assert "python -m dagster_sideinputs.core.jars fetch" in warning
+    assert "python -m dagster_sideinputs.core.spark.jars fetch" in warning
     assert jars_under(ivy) == []
 
 
@@ -448,7 +448,7 @@ def test_the_operator_fits_cluster_shuffle_partitions_until_the_user_sets_them(s
     import pyarrow as pa
 
     import dagster_sideinputs as dsi
-    from dagster_sideinputs.core.session import FOLLOW_CORES
+    from dagster_sideinputs.core.spark.session import FOLLOW_CORES
 
     main = str(tmp_path / "events")
     deltalake.write_deltalake(main, pa.table({"k": pa.array([1, 2], pa.int64())}))

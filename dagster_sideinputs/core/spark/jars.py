@@ -1,4 +1,4 @@
-"""``python -m dagster_sideinputs.core.jars fetch``: put every JVM package in the Ivy cache.
+"""``python -m dagster_sideinputs.core.spark.jars fetch``: put every JVM package in the Ivy cache.
 
 ``make install`` runs it, so tests, CI and the operator start Spark without downloading,
 and a machine that cannot reach Maven Central fails here with one clear message rather
@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dagster_sideinputs.core.packages import (
+from dagster_sideinputs.core.spark.packages import (
     OPTIONAL_PACKAGES,
     default_ivy_dir,
     fetch_packages,
@@ -21,7 +21,7 @@ from dagster_sideinputs.core.packages import (
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: a package could not be resolved)."""
     parser = argparse.ArgumentParser(
-        prog="python -m dagster_sideinputs.core.jars",
+        prog="python -m dagster_sideinputs.core.spark.jars",
         description="Resolve the JVM packages Spark sessions load (Delta, Kafka, avro, "
         "S3A) into the Ivy cache, so sessions start without downloading.",
     )

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pyspark
 
-from dagster_sideinputs.core.java_runtime import find_java
+from dagster_sideinputs.core.spark.java_runtime import find_java
 
 log = logging.getLogger("dagster_sideinputs")
 

@@ -5,16 +5,16 @@ coordinate and its dependencies are looked up in ``~/.m2/repository``, then the 
 cache, then Maven Central, and the jars are copied to ``<ivy dir>/jars``. A first start
 therefore downloads (about 750 MB for everything below: the AWS SDK bundle alone is
 640 MB), and a start without Maven Central fails. :func:`fetch_packages` (run by
-``make install``: ``python -m dagster_sideinputs.core.jars fetch``) resolves them
+``make install``: ``python -m dagster_sideinputs.core.spark.jars fetch``) resolves them
 once, so later starts read the cache only (the command lives in
-``dagster_sideinputs.core.jars``); :func:`resolve_session_packages` does it for a
+``dagster_sideinputs.core.spark.jars``); :func:`resolve_session_packages` does it for a
 session about to start when something is missing. See docs/JVM_PACKAGES.md.
 
 Even from the cache, a start that names packages costs seconds: Ivy resolves them again,
 and PySpark copies every resolved jar into the session's temporary folder (86 MB for
 Delta, 712 MB with S3A's SDK bundle). So the first start of a package list records the
 jars it resolved (:func:`remember_jar_list`), and later starts of the same list load
-those jars (:func:`cached_jar_list`; ``core.session`` puts them on a local JVM's class
+those jars (:func:`cached_jar_list`; ``core.spark.session`` puts them on a local JVM's class
 path, or in a cluster's ``spark.jars``): no resolution, no copy.
 
 The versions are the newest that Maven Central serves *with their dependencies* for
@@ -304,7 +304,7 @@ DeltaMode = Literal["auto"] | bool
 
 _FETCH_FIX = (
     "make Maven Central (https://repo1.maven.org/maven2) reachable and run "
-    "`python -m dagster_sideinputs.core.jars fetch` once (`make install` does), or name a "
+    "`python -m dagster_sideinputs.core.spark.jars fetch` once (`make install` does), or name a "
     "mirror in spark.jars.repositories / DEFAULT_ARTIFACT_REPOSITORY (docs/JVM_PACKAGES.md)"
 )
 

@@ -2,9 +2,9 @@
 
 The Dagster ``SparkResource`` is a thin configurable wrapper around
 :func:`build_spark_session`; plain PySpark programs can call it directly. What a start
-checks first lives apart: Java (:mod:`~dagster_sideinputs.core.java_runtime`), the JVM
-packages (:mod:`~dagster_sideinputs.core.packages`) and Spark Connect
-(:mod:`~dagster_sideinputs.core.spark_connect`).
+checks first lives apart: Java (:mod:`~dagster_sideinputs.core.spark.java_runtime`), the JVM
+packages (:mod:`~dagster_sideinputs.core.spark.packages`) and Spark Connect
+(:mod:`~dagster_sideinputs.core.spark.connect`).
 """
 
 import contextlib
@@ -18,21 +18,21 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core import jvm_archive
-from dagster_sideinputs.core.java_runtime import check_java
-from dagster_sideinputs.core.packages import (
+from dagster_sideinputs.core.spark import jvm_archive
+from dagster_sideinputs.core.spark.connect import (
+    apply_remote_settings,
+    check_remote_delta,
+    require_connect_client,
+    require_connect_server,
+)
+from dagster_sideinputs.core.spark.java_runtime import check_java
+from dagster_sideinputs.core.spark.packages import (
     DeltaMode,
     cached_jar_list,
     forget_jar_list,
     parse_packages,
     remember_jar_list,
     resolve_session_packages,
-)
-from dagster_sideinputs.core.spark_connect import (
-    apply_remote_settings,
-    check_remote_delta,
-    require_connect_client,
-    require_connect_server,
 )
 from dagster_sideinputs.errors import SparkStartupError
 
@@ -137,7 +137,7 @@ DIST_CLASS_PATH = "SPARK_DIST_CLASSPATH"
 PACKAGES_KEY = "spark.dsi.packages"
 """Set on every local session that loads Maven packages: their coordinates, Delta's first.
 (``spark.jars.packages`` is set only when a start resolves them; see
-:func:`~dagster_sideinputs.core.packages.cached_jar_list`.)"""
+:func:`~dagster_sideinputs.core.spark.packages.cached_jar_list`.)"""
 
 
 def _coordinates(delta: bool, packages: list[str]) -> list[str]:
@@ -263,7 +263,7 @@ def build_spark_session(
             instead; ``False``: leave it out. Over Spark Connect the server decides:
             ``True`` checks that it runs with Delta.
         packages: more Maven coordinates to load (``spark.jars.packages``), e.g.
-            :data:`~dagster_sideinputs.core.packages.KAFKA_PACKAGES` or ``S3A_PACKAGES``;
+            :data:`~dagster_sideinputs.core.spark.packages.KAFKA_PACKAGES` or ``S3A_PACKAGES``;
             merged with any ``spark.jars.packages`` in ``configs``. Fetched into the Ivy
             cache before the JVM starts, once (``make install`` fetches them all).
             Not possible over Spark Connect (start the server with ``--packages``).
