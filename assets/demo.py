@@ -316,8 +316,8 @@ def run(args: argparse.Namespace) -> None:
 
 def _topic_size(bootstrap: str, topic: str) -> int:
     """Records in the topic (end minus earliest offsets), asked of the brokers."""
-    from dagster_sideinputs.core.kafka_admin import KafkaMetadata
-    from dagster_sideinputs.core.kafka_input import KafkaInput
+    from dagster_sideinputs.core.sources.kafka.admin import KafkaMetadata
+    from dagster_sideinputs.core.sources.kafka.declaration import KafkaInput
 
     metadata = KafkaMetadata(KafkaInput(bootstrap, topics=(topic,), value_format="string"), "demo")
     partitions = [(topic, p) for p in metadata.describe([topic])[topic].partitions]

@@ -65,8 +65,8 @@ from bench.operator import (
     run_section,
     timed,
 )
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
-from dagster_sideinputs.core.kafka_keyed import murmur2_partition
+from dagster_sideinputs.core.sources.kafka.declaration import SPARK_KAFKA_PACKAGE
+from dagster_sideinputs.core.sources.kafka.keyed import murmur2_partition
 from tests.servers.kafka import KafkaBroker
 
 SCHEMA = "tx_id long, customer_id long, amount double, currency string, ts timestamp"

@@ -397,7 +397,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- Kafka ---------------------------------------------------------------------------
     Mutation(
         "kafka_capped_range_lost",
-        "dagster_sideinputs/core/kafka_offsets.py",
+        "dagster_sideinputs/core/sources/kafka/offsets.py",
         "known = {(r.topic, r.partition): r.end for r in last.offsets} if last else {}",
         "known = {(r.topic, r.partition): r.log_end for r in last.offsets} if last else {}",
         "each Kafka record is read once across capped batches (no offset range lost)",
@@ -405,7 +405,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "kafka_new_partition_from_end",
-        "dagster_sideinputs/core/kafka_offsets.py",
+        "dagster_sideinputs/core/sources/kafka/offsets.py",
         "        else:  # a partition or topic that appeared: everything it holds is new\n"
         "            start = low\n",
         "        else:  # a partition or topic that appeared: everything it holds is new\n"
@@ -415,7 +415,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "kafka_keep_jumps_to_log_end",
-        "dagster_sideinputs/core/kafka_offsets.py",
+        "dagster_sideinputs/core/sources/kafka/offsets.py",
         "offsets.append(OffsetRange(r.topic, r.partition, at, at, high))",
         "offsets.append(OffsetRange(r.topic, r.partition, high, high, high))",
         "reset(main_from='keep') keeps every partition's position (skips only deleted offsets)",

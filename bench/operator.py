@@ -68,9 +68,9 @@ from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core import batch as batch_module
-from dagster_sideinputs.core import sources as sources_module
 from dagster_sideinputs.core import write as write_stage
 from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.sources import landing as landing_module
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.spark_session import session_setting
 
@@ -911,12 +911,12 @@ def bench_landing(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
 
     def operator_landing_counted(i: int) -> OperatorRun:
         """As before footers were read: a Spark job counts the routes of landed files."""
-        saved = sources_module.FOOTER_FILES_LIMIT
-        sources_module.FOOTER_FILES_LIMIT = -1
+        saved = landing_module.FOOTER_FILES_LIMIT
+        landing_module.FOOTER_FILES_LIMIT = -1
         try:
             return operator_landing(i)
         finally:
-            sources_module.FOOTER_FILES_LIMIT = saved
+            landing_module.FOOTER_FILES_LIMIT = saved
 
     def operator_delta(i: int) -> OperatorRun:
         root = lake.fresh_root("landing_delta_op")

@@ -15,7 +15,6 @@ from typing import Any
 
 from dagster_sideinputs.core.as_of import AsOf
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE, KafkaInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
@@ -24,6 +23,7 @@ from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, Readines
 from dagster_sideinputs.core.records import Record
 from dagster_sideinputs.core.rows import RowContext
 from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.sources.kafka.declaration import SPARK_KAFKA_PACKAGE, KafkaInput
 from dagster_sideinputs.core.spark.packages import S3A_PACKAGES
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.windows import Window

@@ -148,6 +148,39 @@ def test_starting_spark_knows_nothing_of_the_operator():
     assert any(n.startswith("dagster_sideinputs.core.spark.") for n in GRAPH)
 
 
+BATCH_AND_ABOVE = {
+    f"dagster_sideinputs.core.{m}"
+    for m in (
+        "operator", "step", "batch", "context", "planner", "read", "route", "compute",
+        "write", "record", "recovery", "reset",
+    )
+}  # fmt: skip
+
+
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_sources_sit_below_the_batch_and_nothing_imports_the_operator():
+    """The main-input sources are read by the batch's stages, never the reverse; the
+    operator is the top of the core: the Dagster layer, the Airflow task and the package's
+    names import it, and in the core only the report of a run both orchestrators share
+    (``run_report``)."""
+    sources = {
+        name: sorted(GRAPH[name] & BATCH_AND_ABOVE)
+        for name in GRAPH
+        if _inside(name, "dagster_sideinputs.core.sources")
+    }
+    assert len(sources) >= 8
+    assert {k: v for k, v in sources.items() if v} == {}
+    operator = "dagster_sideinputs.core.operator"
+    importers = sorted(
+        name for name, targets in GRAPH.items() if operator in targets and name != operator
+    )
+    inside = [n for n in importers if _inside(n, "dagster_sideinputs.core")]
+    assert inside == ["dagster_sideinputs.core.run_report"]
+
+
 def test_the_code_layout_names_every_module():
     testing = (ROOT / "docs" / "testing.md").read_text()
     section = testing[testing.index("## The code") :]

@@ -25,9 +25,9 @@ from functools import partial
 
 from dagster_sideinputs.core import compute, read, record, route, write
 from dagster_sideinputs.core.context import Batch, StageContext
-from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spark_errors import translated
 
 Stage = Callable[[StageContext, Batch], Batch]

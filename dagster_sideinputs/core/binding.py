@@ -247,7 +247,7 @@ def _check_kafka(main: MainInput, options: OperatorOptions) -> None:
         )
     if kafka.value_format != "json" or not isinstance(kafka.schema, T.StructType):
         return  # a DDL string is parsed by Spark: the read checks it then
-    from dagster_sideinputs.core.kafka_input import METADATA_COLUMNS
+    from dagster_sideinputs.core.sources.kafka.declaration import METADATA_COLUMNS
 
     clashes = sorted(set(kafka.schema.fieldNames()) & set(METADATA_COLUMNS))
     if clashes:

@@ -11,12 +11,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 
 from dagster_sideinputs.core.buffer import BufferState, Counts
 from dagster_sideinputs.core.joins import JoinSpec
-from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.core.sources import source_for
+from dagster_sideinputs.core.sources.choice import source_for
+from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import OperatorState
 from dagster_sideinputs.core.tagged_layout import TaggedResult

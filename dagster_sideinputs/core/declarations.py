@@ -17,7 +17,7 @@ from typing import Literal, TypeAlias
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.kafka_input import (
+from dagster_sideinputs.core.sources.kafka.declaration import (
     TIMESTAMP,
     KafkaInput,
     KeyFormat,

@@ -69,7 +69,7 @@ class JoinSpec:
 @dataclass(frozen=True)
 class Bucketing:
     """Main records of a pre-keyed Kafka topic: bucketed by Kafka's partitioner on
-    ``main_key`` into ``partitions`` (see :mod:`~dagster_sideinputs.core.kafka_keyed`)."""
+    ``main_key`` into ``partitions`` (see :mod:`~dagster_sideinputs.core.sources.kafka.keyed`)."""
 
     partitions: int
     main_key: str
@@ -165,7 +165,7 @@ def _bucketed(
     the main records they match.
     """
     from dagster_sideinputs.core.columns import KAFKA_BUCKET
-    from dagster_sideinputs.core.kafka_keyed import bucket_of, key_bytes, murmur2_partition
+    from dagster_sideinputs.core.sources.kafka.keyed import bucket_of, key_bytes, murmur2_partition
 
     side = bound.side
     column = side_key(bound.name)

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.buffer import BufferState
 from dagster_sideinputs.core.columns import NS_START, quoted
-from dagster_sideinputs.core.main_source import MainSource, SourceSlice
+from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.time_stats import time_span
 from dagster_sideinputs.core.windows import (

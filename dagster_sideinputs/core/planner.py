@@ -19,7 +19,6 @@ from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
 from dagster_sideinputs.core.buffer_schema import Carry, plan_carry
 from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import SIDE_NS
-from dagster_sideinputs.core.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
 from dagster_sideinputs.core.readiness import (
@@ -30,6 +29,7 @@ from dagster_sideinputs.core.readiness import (
     never_ready,
 )
 from dagster_sideinputs.core.side_data import SideData
+from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.temporal import (
     as_of_sides,

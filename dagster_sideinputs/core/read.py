@@ -35,8 +35,8 @@ from dagster_sideinputs.core.keyed import (
     key_group,
     key_group_offenders,
 )
-from dagster_sideinputs.core.main_source import SourceSlice
 from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.windows import (
@@ -107,7 +107,7 @@ def _decoded_whole(spec: OperatorSpec) -> bool:
 
 
 def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:
-    from dagster_sideinputs.core.kafka_source import KafkaSource
+    from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 
     source = context.source
     assert isinstance(source, KafkaSource)
@@ -127,7 +127,7 @@ def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[Da
 def _with_kafka_bucket(spec: OperatorSpec, buffered: DataFrame, plan: BatchPlan) -> DataFrame:
     """Buffered records of a pre-keyed topic get the bucket of their key under the
     topic's current partition count (the side rows are bucketed the same way)."""
-    from dagster_sideinputs.core.kafka_keyed import (
+    from dagster_sideinputs.core.sources.kafka.keyed import (
         bucket_of,
         key_bytes,
         murmur2_partition,

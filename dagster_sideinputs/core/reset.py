@@ -18,7 +18,7 @@ from dagster_sideinputs.core import identity
 from dagster_sideinputs.core.buffer import load_state
 from dagster_sideinputs.core.plan import BatchPlan, MainRange
 from dagster_sideinputs.core.recovery import RESET, Recovery
-from dagster_sideinputs.core.sources import source_for
+from dagster_sideinputs.core.sources.choice import source_for
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state import COMMIT, SET_ASIDE, OperatorState
 from dagster_sideinputs.delta.engine import AppTransaction
@@ -149,8 +149,8 @@ def _position(
         )
         if spec.main.is_kafka and kept.kind == "kafka":
             # Local: an operator without Kafka never loads the Kafka modules.
-            from dagster_sideinputs.core.kafka_offsets import keep_position
-            from dagster_sideinputs.core.kafka_source import KafkaSource
+            from dagster_sideinputs.core.sources.kafka.offsets import keep_position
+            from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 
             source = KafkaSource(spec)
             return keep_position(source.metadata, source.label, kept)

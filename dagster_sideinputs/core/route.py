@@ -228,7 +228,7 @@ def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
     """How main records of a pre-keyed Kafka topic are bucketed (None: not such a topic)."""
     if not (spec.main.is_kafka and spec.main.pre_keyed is not None and spec.main.key):
         return None
-    from dagster_sideinputs.core.kafka_keyed import partition_count
+    from dagster_sideinputs.core.sources.kafka.keyed import partition_count
 
     count = partition_count(plan.main)
     return Bucketing(count, spec.main.key) if count else None

@@ -119,7 +119,7 @@ def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tupl
     key = spec.main.key
     if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
         return F.lit(False), F.lit("")
-    from dagster_sideinputs.core.kafka_keyed import partition_count, violation
+    from dagster_sideinputs.core.sources.kafka.keyed import partition_count, violation
 
     count = partition_count(plan.main)
     if not count:

@@ -12,7 +12,7 @@ from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.planner import Planned, Planner
 from dagster_sideinputs.core.recovery import Recovery
-from dagster_sideinputs.core.sources import source_for
+from dagster_sideinputs.core.sources.choice import source_for
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")

@@ -125,7 +125,7 @@ def kafka_batch_metadata(metrics: BatchMetrics) -> dict[str, Any]:
 def _lag_now(op: SideInputOperator) -> list[dict[str, Any]]:
     """Per partition: the committed end offset, the log end now and the lag (brokers or
     store unreachable: none, with a warning; metadata never fails a run that succeeded)."""
-    from dagster_sideinputs.core.kafka_source import KafkaSource
+    from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 
     try:
         committed = op.last_committed_batch()

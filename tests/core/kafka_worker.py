@@ -15,7 +15,7 @@ import sys
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_input import SPARK_KAFKA_PACKAGE
+from dagster_sideinputs.core.sources.kafka.declaration import SPARK_KAFKA_PACKAGE
 from tests.kill_points import arm_kill_point
 
 TX = "tx_id long, customer_id long, amount double"

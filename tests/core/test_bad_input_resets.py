@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_source import KafkaSource
 from dagster_sideinputs.core.plan import MainRange, OffsetRange
+from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 from tests.core.catalogue import PROFILES, TX, accounted, nothing_committed, operator, put, refused
 from tests.core.conftest import Lake
 from tests.core.test_kafka import kafka_main, tx
@@ -113,7 +113,7 @@ def test_keep_drops_only_a_vanished_partitions_position(lake, kafka_broker):
     with refused(dsi.OperatorStateError, f"{name}", "[5] at 9", fix=KEEP):
         source.next_range(position)
 
-    from dagster_sideinputs.core.kafka_offsets import keep_position
+    from dagster_sideinputs.core.sources.kafka.offsets import keep_position
 
     kept, notes = keep_position(source.metadata, source.label, position)
 

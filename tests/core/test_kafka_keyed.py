@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.kafka_keyed import (
+from dagster_sideinputs.core.sources.kafka.keyed import (
     buckets,
     kafka_partitions,
     murmur2_arrow,

@@ -45,7 +45,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 
-from dagster_sideinputs.core.kafka_admin import leadership_in_flux
+from dagster_sideinputs.core.sources.kafka.admin import leadership_in_flux
 
 KAFKA_VERSION = "4.1.1"
 SCALA_BINARY = "2.13"

@@ -1,7 +1,7 @@
 """A Kafka main input as a main-input source: exact offset ranges, read by Spark's connector.
 
-Planning and checking the ranges is :mod:`~dagster_sideinputs.core.kafka_offsets`;
-decoding the records, :mod:`~dagster_sideinputs.core.kafka_decode`. Reading
+Planning and checking the ranges is :mod:`~dagster_sideinputs.core.sources.kafka.offsets`;
+decoding the records, :mod:`~dagster_sideinputs.core.sources.kafka.decode`. Reading
 (:meth:`KafkaSource.read`) is one batch ``spark.read.format("kafka")`` with ``assign``
 and JSON ``startingOffsets`` / ``endingOffsets``: the connector returns exactly
 ``[start, end)`` of each partition, and ``failOnDataLoss`` stays on.
@@ -16,19 +16,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.kafka_admin import KafkaMetadata
-from dagster_sideinputs.core.kafka_decode import decode, empty_kafka_frame, record_schema
-from dagster_sideinputs.core.kafka_input import PARTITION, SPARK_KAFKA_PACKAGE, KafkaInput
-from dagster_sideinputs.core.kafka_keyed import (
+from dagster_sideinputs.core.plan import MainRange, OffsetRange
+from dagster_sideinputs.core.sources.kafka.admin import KafkaMetadata
+from dagster_sideinputs.core.sources.kafka.declaration import (
+    PARTITION,
+    SPARK_KAFKA_PACKAGE,
+    KafkaInput,
+)
+from dagster_sideinputs.core.sources.kafka.decode import decode, empty_kafka_frame, record_schema
+from dagster_sideinputs.core.sources.kafka.keyed import (
     ALIGNED,
     BUCKET,
     bucket_of,
     buckets,
     partitioned_read,
 )
-from dagster_sideinputs.core.kafka_offsets import check_pinned, plan_ranges
-from dagster_sideinputs.core.main_source import SourceSlice
-from dagster_sideinputs.core.plan import MainRange, OffsetRange
+from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, plan_ranges
+from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.errors import KafkaSourceError
@@ -96,7 +100,7 @@ class KafkaSource:
     def read_partitioned(self, spark: SparkSession, piece: SourceSlice) -> tuple[DataFrame, str]:
         """A pre-keyed topic's records with their bucket, Kafka partition ``p`` read as
         Spark partition ``p`` when the session allows (see
-        :mod:`~dagster_sideinputs.core.kafka_keyed`); a note says how it was read."""
+        :mod:`~dagster_sideinputs.core.sources.kafka.keyed`); a note says how it was read."""
         ranges = {r.partition: r for r in piece.range.offsets}
         count = len(ranges)
         values = buckets(count) if count else ()

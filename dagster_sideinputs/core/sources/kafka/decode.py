@@ -27,7 +27,7 @@ from dagster_sideinputs.core.decoded import (
     no_field,
     no_field_text,
 )
-from dagster_sideinputs.core.kafka_input import (
+from dagster_sideinputs.core.sources.kafka.declaration import (
     KEY,
     METADATA_COLUMNS,
     OFFSET,

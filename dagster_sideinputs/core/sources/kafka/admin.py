@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_sideinputs.core.kafka_input import KafkaInput
+from dagster_sideinputs.core.sources.kafka.declaration import KafkaInput
 from dagster_sideinputs.errors import DeclarationError, KafkaSourceError
 
 REQUEST_TIMEOUT_S = 30.0

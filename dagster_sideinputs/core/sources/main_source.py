@@ -3,7 +3,7 @@
 
 The sources themselves: Delta tables and landing folders in
 :mod:`~dagster_sideinputs.core.sources`, Kafka topics in
-:mod:`~dagster_sideinputs.core.kafka_source`.
+:mod:`~dagster_sideinputs.core.sources.kafka.source`.
 """
 
 from collections.abc import Sequence

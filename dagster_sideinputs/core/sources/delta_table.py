@@ -1,0 +1,152 @@
+"""A Delta table growing by appends as the main input: a slice is a version range
+``(start, end]``, its records the files the versions added (checked append-only)."""
+
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from dagster_sideinputs.core.keyed import check_pre_keyed
+from dagster_sideinputs.core.plan import MainRange
+from dagster_sideinputs.core.sources.main_source import SourceSlice
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
+from dagster_sideinputs.errors import (
+    NonAppendOnlyChangeError,
+    OperatorStateError,
+    TableNotFoundError,
+)
+
+
+class DeltaTableSource:
+    """A Delta table growing by appends; a slice is a version range ``(start, end]``."""
+
+    def __init__(self, spec: OperatorSpec) -> None:
+        self.spec = spec
+        self.engine = spec.engine
+        self.name = spec.main.asset
+
+    def next_range(self, previous: MainRange | None) -> SourceSlice:
+        spec = self.spec
+        start = previous.end_version if previous is not None else -1
+        known_id = previous.table_id if previous is not None else None
+        try:
+            latest = self.engine.snapshot(spec.main_uri, name=self.name)
+        except TableNotFoundError:  # not materialized yet (a non-Delta folder is an error)
+            if start >= 0:
+                raise OperatorStateError(
+                    f"Main input {self.name!r} ({spec.main_uri}) is gone, but the operator "
+                    f"{spec.operator_id!r} has read it up to version {start}.",
+                    fix="restore the table; if it was removed on purpose, "
+                    "`operator.reset(main_from='beginning')` reads the table created there "
+                    "next from its beginning (or main_from=<version> after a copy of the "
+                    "rows already read) (docs/operations.md, 'Reset')",
+                ) from None
+            return SourceSlice(MainRange("delta", start, start))
+        if known_id and latest.table_id and latest.table_id != known_id:
+            raise OperatorStateError(
+                f"Main input {self.name!r} ({spec.main_uri}) was deleted and created again "
+                f"(table id {known_id} -> {latest.table_id}): the operator's position "
+                f"(version {start}) refers to the old table, and reading on from it would "
+                "skip the new table's first records.",
+                fix="read the new table from its beginning with "
+                "`operator.reset(main_from='beginning')` when it holds only new records "
+                "(outputs keep the old table's records); when its first versions hold a "
+                "copy of the rows already read, read only the versions after them with "
+                "`operator.reset(main_from=<version>)` (the last version of the copy); "
+                "or restore the old table",
+            )
+        if latest.version < start:
+            raise OperatorStateError(
+                f"Main input {self.name!r} is at version {latest.version}, before the "
+                f"operator's position (version {start}): it was restored or replaced.",
+                fix="when the table holds only rows already read up to some version, read "
+                "on after it with `operator.reset(main_from=<version>)` (e.g. "
+                f"main_from={latest.version}: only versions written from now on); when it "
+                "holds only new records, `operator.reset(main_from='beginning')`",
+            )
+        end = latest.version
+        if spec.options.max_versions_per_batch is not None:
+            end = min(end, start + spec.options.max_versions_per_batch)
+        if end <= start:
+            return SourceSlice(
+                MainRange("delta", start, start, table_id=latest.table_id), (), latest
+            )
+        snapshot = latest if end == latest.version else self._snapshot(end)
+        main = MainRange("delta", start, end, table_id=latest.table_id)
+        try:
+            return SourceSlice(main, self._added(main, snapshot), snapshot)
+        except NonAppendOnlyChangeError as exc:
+            changed = exc.version
+            if changed is None or changed <= start + 1:
+                raise self._not_appended(exc, start) from exc
+        # The appends before the change are read now; the next batch stops at the change.
+        snapshot = self._snapshot(changed - 1)
+        main = MainRange("delta", start, changed - 1, table_id=latest.table_id)
+        return SourceSlice(main, self._added(main, snapshot), snapshot)
+
+    def _not_appended(self, exc: NonAppendOnlyChangeError, start: int) -> NonAppendOnlyChangeError:
+        """The error for a version right after the operator's position that removed or
+        rewrote rows: it names the version and the explicit way past it."""
+        version = exc.version
+        skip = (
+            f"`operator.reset(main_from={version})`"
+            if version is not None
+            else "`operator.reset(main_from=<version>)`"
+        )
+        error = NonAppendOnlyChangeError(
+            f"Main input {self.name!r} ({self.spec.main_uri}) of operator "
+            f"{self.spec.operator_id!r}: version {version} is not an append, and the operator "
+            f"has read the table up to version {start}. {exc.message} Nothing was written.",
+            fix="keep the main input append-only (write corrections to a new table); to go on "
+            f"after reviewing the change, skip that version with {skip}: the rows it removed "
+            "stay in the outputs, rows it added or rewrote are not read, later versions are",
+        )
+        error.version = version
+        return error
+
+    def _snapshot(self, version: int) -> TableSnapshot:
+        return self.engine.snapshot(self.spec.main_uri, version=version, name=self.name)
+
+    def _added(self, main: MainRange, snapshot: TableSnapshot) -> tuple[DataFile, ...]:
+        if main.start_version < 0:
+            files: Sequence[DataFile] = snapshot.files
+        else:
+            files = self.engine.added_files(
+                self.spec.main_uri, main.start_version, main.end_version, name=self.name
+            )
+        keyed = self.spec.main.pre_keyed
+        if keyed is not None and self.spec.main.key is not None:
+            check_pre_keyed(files, keyed, key=self.spec.main.key, table=self.name)
+        return tuple(files)
+
+    def files(self, main: MainRange) -> SourceSlice:
+        if main.end_version < 0:
+            return SourceSlice(main)
+        snapshot = self._snapshot(main.end_version)
+        if main.table_id and snapshot.table_id and snapshot.table_id != main.table_id:
+            raise OperatorStateError(
+                f"Main input {self.name!r} was created again (table id {main.table_id} -> "
+                f"{snapshot.table_id}) while batch records of the old table were pending.",
+                fix="restore the old table to finish the batch, or start over with "
+                "`operator.reset(main_from='beginning')`",
+            )
+        if main.is_empty:
+            return SourceSlice(main, (), snapshot)  # keeps the schema for a buffer-only batch
+        return SourceSlice(main, self._added(main, snapshot), snapshot)
+
+    def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame:
+        snapshot = piece.snapshot
+        if piece.range.is_empty or snapshot is None:
+            schema = snapshot.schema if snapshot is not None else T.StructType([])
+            return spark.createDataFrame([], schema)
+        return self.engine.read_snapshot(spark, snapshot, files=piece.files, name=self.name)
+
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+        return piece.files
+
+    def schema(self) -> T.StructType | None:
+        return None  # each slice's snapshot has it
+
+    def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
+        return None  # the position lives in the plans
