@@ -17,9 +17,7 @@ from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
-from dagster_sideinputs.errors import (
-    MainInputDataError,
-)
+from dagster_sideinputs.errors import MainInputDataError
 
 _HIDDEN = (".", "_")
 _GLOB = re.compile(r"([\\*?\[\]{}])")
