@@ -334,13 +334,13 @@ def _append(lake: Lake, batch_index: int) -> None:
 
 
 KILL_POINTS = {
-    "before-first-plan": "dagster_sideinputs.core.state:OperatorState.create_plan:1",
+    "before-first-plan": "dagster_sideinputs.core.state.folder:OperatorState.create_plan:1",
     "after-first-table": "dagster_sideinputs.delta.writer:commit_files:2",
     "before-publish-1": "dagster_sideinputs.delta.staging:Staging.publish:1",
     "before-create-enriched": "dagster_sideinputs.delta.writer:commit_files:1",
     "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
     "before-commit-8": "dagster_sideinputs.delta.writer:commit_directly:3",
-    "before-commit-record-2": "dagster_sideinputs.core.state:OperatorState.commit:2",
+    "before-commit-record-2": "dagster_sideinputs.core.state.folder:OperatorState.commit:2",
     # delta-spark's Delta commits: one DeltaSparkEngine.commit per staged table (it commits
     # through Delta's own writer, `save`, or its py4j fast path, `commit_staged_files`).
     "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:DeltaSparkEngine.commit:2",
@@ -1189,7 +1189,7 @@ def run(
 
 
 SIDE_CHANGE_TRIALS = {
-    # Claimed before its first commit (state.py), the batch is replayed either way.
+    # Claimed before its first commit (state/folder.py), the batch is replayed either way.
     "before-create-enriched": "short-change-after",
     "after-first-table": "short-change-after",
 }

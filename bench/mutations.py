@@ -70,7 +70,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- exactly once: transactions, staging, recovery --------------------------------
     Mutation(
         "commit_without_app_transaction",
-        "dagster_sideinputs/core/write.py",
+        "dagster_sideinputs/core/batch/write.py",
         "        app_transaction=txn,\n        remove_files=removed if target.removes_released",
         "        app_transaction=None,\n        remove_files=removed if target.removes_released",
         "every table commits with the batch's application transaction, so a replay skips "
@@ -103,7 +103,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "commit_before_staging_all",
-        "dagster_sideinputs/core/write.py",
+        "dagster_sideinputs/core/batch/write.py",
         "        for target in pending:\n            staged.append(\n",
         "        for target in pending:\n"
         "            if staged and staged[-1][1] is not None:  # commit as we go\n"
@@ -117,7 +117,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "partly_committed_batch_planned_again",
-        "dagster_sideinputs/core/recovery.py",
+        "dagster_sideinputs/core/state/recovery.py",
         "if version is not None and version >= batch_id:",
         "if version is not None and version > batch_id:",
         "a batch some table committed is replayed from its plan, not planned again",
@@ -128,7 +128,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "stale_side_version_on_replay",
-        "dagster_sideinputs/core/route.py",
+        "dagster_sideinputs/core/batch/route.py",
         "else spec.engine.snapshot(bound.uri, version=version, name=bound.side.asset)",
         "else spec.engine.snapshot(bound.uri, name=bound.side.asset)",
         "a batch (and its replay) reads the side versions pinned in its plan",
@@ -140,7 +140,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- invalid records, pre-keyed inputs --------------------------------------------
     Mutation(
         "null_key_check_dropped",
-        "dagster_sideinputs/core/invalid_records.py",
+        "dagster_sideinputs/core/batch/invalid_records.py",
         '        checks.append((F.col(quoted(key)).isNull(), f"null key {key!r}"))\n',
         "",
         "a record with a null key is invalid (its own route or an error), never joined",
@@ -162,7 +162,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "pre_keyed_rows_unchecked",
-        "dagster_sideinputs/core/read.py",
+        "dagster_sideinputs/core/batch/read.py",
         "table=spec.main.asset)\n    _check_rows(context, raw)\n",
         "table=spec.main.asset)\n",
         "a pre-keyed main input whose key-group column lies stops the batch before any write",
@@ -183,7 +183,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- windows ------------------------------------------------------------------------
     Mutation(
         "main_window_to_wrong_side_window",
-        "dagster_sideinputs/core/windows.py",
+        "dagster_sideinputs/core/sideinputs/windows.py",
         "last = window_start_containing(side_window, as_utc(main_end) - LAST_INSTANT)",
         "last = window_start_containing(side_window, as_utc(main_start))",
         "a main window reads the side window holding its last instant (Beam's default mapping)",
@@ -193,7 +193,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "beam_sliding_side_window_latest",
-        "dagster_sideinputs/core/windows.py",
+        "dagster_sideinputs/core/sideinputs/windows.py",
         "    start = last - back * side_window.slide\n",
         "    start = last\n",
         "with sliding side windows a main window reads Beam's earliest-starting one",
@@ -203,7 +203,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "sliding_main_window_dropped",
-        "dagster_sideinputs/core/windows.py",
+        "dagster_sideinputs/core/sideinputs/windows.py",
         "starts = F.array(*[last - F.lit(i * slide) for i in range(count - 1, -1, -1)])",
         "starts = F.array(*[last - F.lit(i * slide) for i in range(count - 2, -1, -1)])",
         "a record is processed once per sliding main window holding it",
@@ -221,7 +221,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "late_from_window_start",
-        "dagster_sideinputs/core/planner.py",
+        "dagster_sideinputs/core/batch/planner.py",
         "and as_utc(end) <= watermark",
         "and as_utc(start) <= watermark",
         "a main window is late only once its end is behind the watermark",
@@ -229,7 +229,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "grace_from_window_start",
-        "dagster_sideinputs/core/readiness.py",
+        "dagster_sideinputs/core/sideinputs/readiness.py",
         "        due = as_utc(end) + grace\n",
         "        due = as_utc(start) + grace\n",
         "a side window is final by grace only grace after its end (by the batch clock)",
@@ -240,7 +240,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- the buffer -----------------------------------------------------------------------
     Mutation(
         "buffer_never_released",
-        "dagster_sideinputs/core/buffer.py",
+        "dagster_sideinputs/core/batch/buffer.py",
         "chosen = [namespace_slot(ns) for ns in ready if namespace_slot(ns) in slots]",
         "chosen = [namespace_slot(ns) for ns in ready if keywait_slot(ns) in slots]",
         "buffered records are released once their namespace is ready",
@@ -248,7 +248,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "released_left_in_buffer",
-        "dagster_sideinputs/core/buffer.py",
+        "dagster_sideinputs/core/batch/buffer.py",
         "    return state.files(plan.read_slots) if plan.read_slots else []",
         "    return state.files(plan.read_slots) if plan.buffer_rewrite else []",
         "released records leave the buffer in the batch that releases them (exactly once)",
@@ -256,7 +256,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "max_age_measured_forward",
-        "dagster_sideinputs/core/buffer.py",
+        "dagster_sideinputs/core/batch/buffer.py",
         "and after.oldest < shifted(plan.now, limits.max_age, back=True)",
         "and after.oldest < shifted(plan.now, limits.max_age)",
         "the buffer's max_age counts from the batch clock back",
@@ -264,7 +264,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "buffer_rows_count_released",
-        "dagster_sideinputs/core/buffer.py",
+        "dagster_sideinputs/core/batch/buffer.py",
         "return AfterBatch(state.rows(unread) + incoming, min(stamps, default=None))",
         "return AfterBatch(state.rows() + incoming, min(stamps, default=None))",
         "the buffered figures (buffer_rows) leave out the records the batch released",
@@ -275,7 +275,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "released_counted_from_statistics_with_buffer",
-        "dagster_sideinputs/core/route.py",
+        "dagster_sideinputs/core/batch/route.py",
         "        not plan.read_slots\n        and spec.window is None\n",
         "        spec.window is None\n",
         "a batch reading buffered records counts its routes with a job (released figures)",
@@ -283,7 +283,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "field_ids_matched_by_name",
-        "dagster_sideinputs/core/buffer_schema.py",
+        "dagster_sideinputs/core/batch/buffer_schema.py",
         "target = by_id.get(then)  # the field with that id now (None: dropped)",
         "target = column.name if column.name in names else by_id.get(then)",
         "buffered rows follow a column-mapped column by its field id (a column dropped and "
@@ -295,7 +295,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- routes and side views ----------------------------------------------------------
     Mutation(
         "timeout_deadline_forward",
-        "dagster_sideinputs/core/route_rules.py",
+        "dagster_sideinputs/core/batch/route_rules.py",
         'deadline = F.lit(shifted(plan.now, bound.side.timeout, back=True)).cast("timestamp")',
         'deadline = F.lit(shifted(plan.now, bound.side.timeout)).cast("timestamp")',
         "a record waiting for its key goes to unmatched only after the timeout",
@@ -303,7 +303,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "key_wait_predicate_ignores_match",
-        "dagster_sideinputs/core/route_rules.py",
+        "dagster_sideinputs/core/batch/route_rules.py",
         'route = route.when(unmatched & ~timed_out, F.lit("key_wait"))',
         'route = route.when(~timed_out, F.lit("key_wait"))',
         "only records whose key has no side row wait (route predicates)",
@@ -311,7 +311,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "duplicate_map_keys_silent",
-        "dagster_sideinputs/core/views.py",
+        "dagster_sideinputs/core/sideinputs/views.py",
         "        guarded = F.when(\n"
         '            F.col("_dsi_count") > 1, '
         'F.raise_error(F.lit(f"{DUPLICATE_MARK}:{data.bound.name}"))\n'
@@ -322,7 +322,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "pick_keeps_the_least",
-        "dagster_sideinputs/core/views.py",
+        "dagster_sideinputs/core/sideinputs/views.py",
         "F.max_by(value, order)",
         "F.min_by(value, order)",
         "pick= keeps the row with the greatest pick column",
@@ -330,7 +330,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "as_of_valid_from_exclusive",
-        "dagster_sideinputs/core/joins.py",
+        "dagster_sideinputs/core/sideinputs/joins.py",
         "condition.append((start <= at) & (end.isNull() | (at < end)))",
         "condition.append((start < at) & (end.isNull() | (at < end)))",
         "an as-of row is valid from its valid_from instant included",
@@ -340,7 +340,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "time_stats_upper_bound_tight",
-        "dagster_sideinputs/core/time_stats.py",
+        "dagster_sideinputs/core/sideinputs/time_stats.py",
         "    return lower, value + slack\n",
         "    return lower, value\n",
         "statistics' maximum times are bounds to the millisecond (exact to the microsecond)",
@@ -351,7 +351,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- readiness -------------------------------------------------------------------
     Mutation(
         "empty_side_input_ready",
-        "dagster_sideinputs/core/readiness.py",
+        "dagster_sideinputs/core/sideinputs/readiness.py",
         "has_rows = bool(snapshot.files) if rows is None else rows > 0",
         "has_rows = bool(snapshot.files) if rows is None else rows >= 0",
         "a present side input with no rows is not ready",
@@ -359,7 +359,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "freshness_age_reversed",
-        "dagster_sideinputs/core/readiness.py",
+        "dagster_sideinputs/core/sideinputs/readiness.py",
         "age = as_utc(now) - as_utc(snapshot.commit_timestamp)",
         "age = as_utc(snapshot.commit_timestamp) - as_utc(now)",
         "a side input older than max_age is stale: its records wait",
@@ -378,7 +378,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- one run at a time --------------------------------------------------------------
     Mutation(
         "local_lock_shared",
-        "dagster_sideinputs/core/lock.py",
+        "dagster_sideinputs/core/state/lock.py",
         "fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)",
         "fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)",
         "a second run of an operator is refused while one holds its lock",

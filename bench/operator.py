@@ -67,9 +67,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core import batch as batch_module
-from dagster_sideinputs.core import write as write_stage
-from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.batch import run as batch_module
+from dagster_sideinputs.core.batch import write as write_stage
+from dagster_sideinputs.core.batch.context import Batch, StageContext
 from dagster_sideinputs.core.sources import landing as landing_module
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.spark_session import session_setting

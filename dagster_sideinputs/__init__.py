@@ -13,20 +13,20 @@ Examples:
 import importlib
 from typing import Any
 
-from dagster_sideinputs.core.as_of import AsOf
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
-from dagster_sideinputs.core.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.records import Record
 from dagster_sideinputs.core.rows import RowContext
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.sideinputs.as_of import AsOf
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.readiness import Decision, DeltaReadiness, ReadinessProvider
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.sources.kafka.declaration import SPARK_KAFKA_PACKAGE, KafkaInput
 from dagster_sideinputs.core.spark.packages import S3A_PACKAGES
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
 from dagster_sideinputs.delta.reader import read_changes, read_table
 from dagster_sideinputs.delta.s3 import S3Store

@@ -635,7 +635,7 @@ def test_airflow_readiness_decides_from_asset_events(tmp_path):
     from deltalake import write_deltalake
 
     from dagster_sideinputs.airflow.readiness import AirflowReadiness
-    from dagster_sideinputs.core.readiness import SideFacts
+    from dagster_sideinputs.core.sideinputs.readiness import SideFacts
 
     write_deltalake(str(tmp_path / "rules"), pa.table({"x": [1]}))
     snapshot = dsi.DeltaStorage(str(tmp_path)).delta.snapshot(str(tmp_path / "rules"))

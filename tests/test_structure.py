@@ -148,37 +148,66 @@ def test_starting_spark_knows_nothing_of_the_operator():
     assert any(n.startswith("dagster_sideinputs.core.spark.") for n in GRAPH)
 
 
-BATCH_AND_ABOVE = {
-    f"dagster_sideinputs.core.{m}"
-    for m in (
-        "operator", "step", "batch", "context", "planner", "read", "route", "compute",
-        "write", "record", "recovery", "reset",
-    )
-}  # fmt: skip
+CORE = "dagster_sideinputs.core"
+STAGES = ("planner", "read", "route", "compute", "write", "record")
+"""The batch's stages (core/batch/run.py runs them in this order)."""
 
 
 def _inside(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def test_sources_sit_below_the_batch_and_nothing_imports_the_operator():
-    """The main-input sources are read by the batch's stages, never the reverse; the
-    operator is the top of the core: the Dagster layer, the Airflow task and the package's
-    names import it, and in the core only the report of a run both orchestrators share
-    (``run_report``)."""
-    sources = {
-        name: sorted(GRAPH[name] & BATCH_AND_ABOVE)
+def _reaches(name: str, package: str) -> list[str]:
+    return sorted(t for t in GRAPH[name] if _inside(t, package))
+
+
+def test_the_core_is_laid_out_by_concept():
+    """The folder names show the architecture: sources, Spark, side inputs, the batch and
+    the operator's state each a subpackage, the operator and its declarations beside them."""
+    folders = {p.name for p in (PACKAGE / "core").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == {"sources", "spark", "sideinputs", "batch", "state"}
+    flat = [p.name for p in (PACKAGE / "core").glob("*.py") if p.name != "__init__.py"]
+    assert len(flat) <= 16, f"the core's top folder holds {len(flat)} modules: {sorted(flat)}"
+
+
+def test_sources_and_spark_sit_below_the_batch_and_nothing_imports_the_operator():
+    """The main-input sources and Spark's start-up are used by the batch, never the
+    reverse; the batch's stages know nothing of the operator that steps them; the operator
+    is the top of the core, imported only from outside it (the package's names, the Dagster
+    layer, the Airflow task, the run report both orchestrators share)."""
+    low = [f"{CORE}.sources", f"{CORE}.spark"]
+    # The plan is a value the sources read (a batch's range); the state folder is not.
+    high = [f"{CORE}.batch", *(f"{CORE}.state.{m}" for m in ("folder", "recovery", "reset"))]
+    high.append(f"{CORE}.operator")
+    wrong = {
+        name: [t for h in high for t in _reaches(name, h)]
         for name in GRAPH
-        if _inside(name, "dagster_sideinputs.core.sources")
+        if any(_inside(name, lo) for lo in low)
     }
-    assert len(sources) >= 8
-    assert {k: v for k, v in sources.items() if v} == {}
-    operator = "dagster_sideinputs.core.operator"
-    importers = sorted(
-        name for name, targets in GRAPH.items() if operator in targets and name != operator
-    )
-    inside = [n for n in importers if _inside(n, "dagster_sideinputs.core")]
-    assert inside == ["dagster_sideinputs.core.run_report"]
+    assert len(wrong) >= 14
+    assert {k: v for k, v in wrong.items() if v} == {}
+    batch = {
+        name: _reaches(name, f"{CORE}.operator") for name in GRAPH if _inside(name, f"{CORE}.batch")
+    }
+    assert {k: v for k, v in batch.items() if v} == {}
+    importers = sorted(n for n, t in GRAPH.items() if f"{CORE}.operator" in t)
+    assert [n for n in importers if _inside(n, CORE)] == []
+    assert "dagster_sideinputs.run_report" in importers
+
+
+def test_the_stages_of_a_batch_do_not_import_each_other():
+    """Each stage takes the batch's context and value and returns the next value; what two
+    stages share lives in the context, the plan or the side inputs, not in a stage."""
+    stages = {f"{CORE}.batch.{s}" for s in STAGES}
+    assert stages <= set(MODULES)
+    wrong = {name: sorted(GRAPH[name] & stages) for name in stages}
+    assert {k: v for k, v in wrong.items() if v} == {}
+    helpers = {
+        name: sorted(GRAPH[name] & stages)
+        for name in GRAPH
+        if _inside(name, f"{CORE}.batch") and name not in stages and name != f"{CORE}.batch.run"
+    }
+    assert {k: v for k, v in helpers.items() if v} == {}
 
 
 def test_the_code_layout_names_every_module():

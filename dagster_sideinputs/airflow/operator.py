@@ -31,17 +31,17 @@ from dagster_sideinputs.core.metrics import BatchMetrics, figures_line, record_f
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.run_report import (
+from dagster_sideinputs.core.spark.session import build_spark_session
+from dagster_sideinputs.core.spark_errors import lake_storage_errors
+from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.errors import DeclarationError, SideInputError, StorageError
+from dagster_sideinputs.run_report import (
     buffer_figures,
     main_range,
     run_figures,
     split_outputs,
     table_versions,
 )
-from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.core.spark_errors import lake_storage_errors
-from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.errors import DeclarationError, SideInputError, StorageError
 
 DECLARATIONS = frozenset(f.name for f in dataclasses.fields(OperatorOptions))
 """The core's declaration keywords (``main``, ``side_inputs``, ``fn``, ``main_output``,

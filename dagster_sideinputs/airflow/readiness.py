@@ -21,14 +21,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.readiness import (
+from dagster_sideinputs.core.sideinputs.readiness import (
     Decision,
     DeltaReadiness,
     SideFacts,
     WindowSpan,
     effective_readiness,
 )
-from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.errors import DeclarationError
 
 PARTITION_FORMAT = "%Y-%m-%dT%H:%M:%S"

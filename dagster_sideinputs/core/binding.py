@@ -16,9 +16,9 @@ from pyspark.sql import types as T
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.readiness import DeltaReadiness, ReadinessProvider
+from dagster_sideinputs.core.sideinputs.readiness import DeltaReadiness, ReadinessProvider
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.windows import Window
 from dagster_sideinputs.delta.files import normalize_uri, unsafe_characters
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_sideinputs.core.metrics import BatchMetrics
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.windows import (
     LAST_INSTANT,
     Window,
     WindowMapping,

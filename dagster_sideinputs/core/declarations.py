@@ -3,8 +3,8 @@
 Every declaration is a frozen dataclass: immutable, hashable where it can be,
 picklable (the operator ships some of them to executors), with a readable ``repr``.
 Validation happens at construction, so a mistake fails where it was written. Side
-inputs live in :mod:`~dagster_sideinputs.core.side_inputs`, windows in
-:mod:`~dagster_sideinputs.core.windows`, output tags in
+inputs live in :mod:`~dagster_sideinputs.core.sideinputs.declaration`, windows in
+:mod:`~dagster_sideinputs.core.sideinputs.windows`, output tags in
 :mod:`~dagster_sideinputs.core.outputs`.
 """
 

@@ -18,27 +18,27 @@ from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core import identity
+from dagster_sideinputs.core.batch.buffer import BufferState, load_state
+from dagster_sideinputs.core.batch.context import StageContext
+from dagster_sideinputs.core.batch.run import peek, step
 from dagster_sideinputs.core.binding import build_spec
-from dagster_sideinputs.core.buffer import BufferState, load_state
 from dagster_sideinputs.core.callbacks import clock_time, report_batch
-from dagster_sideinputs.core.context import StageContext
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
-from dagster_sideinputs.core.lock import operator_lock
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.readiness import ReadinessProvider
-from dagster_sideinputs.core.recovery import Recovery
-from dagster_sideinputs.core.reset import MainFrom, reset
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.readiness import ReadinessProvider
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spark.session import fit_shuffle_partitions
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import OperatorState, Unreadable
-from dagster_sideinputs.core.step import peek, step
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.state import identity
+from dagster_sideinputs.core.state.folder import OperatorState, Unreadable
+from dagster_sideinputs.core.state.lock import operator_lock
+from dagster_sideinputs.core.state.plan import BatchPlan
+from dagster_sideinputs.core.state.recovery import Recovery
+from dagster_sideinputs.core.state.reset import MainFrom, reset
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
@@ -326,7 +326,7 @@ class SideInputOperator:
     def _step(
         self, context: StageContext, now: dt.datetime, verdict: identity.Verdict
     ) -> BatchMetrics | None:
-        """One batch: replayed, re-planned or planned (:mod:`~dagster_sideinputs.core.step`)."""
+        """One batch: replayed, re-planned or planned (:mod:`.batch.run`)."""
         done = step(context, self.recovery, now, verdict)
         if done is None:
             return None
@@ -347,7 +347,7 @@ class SideInputOperator:
     ) -> int:
         """Start over explicitly after a change the operator refuses to guess about.
 
-        Commits a *reset batch* (see :mod:`~dagster_sideinputs.core.reset`): batch ids keep
+        Commits a *reset batch* (see :mod:`~dagster_sideinputs.core.state.reset`): batch ids keep
         increasing, the main-input position moves as asked, the current declaration
         becomes the operator's identity, and a pending batch is set aside. Output tables
         are never touched.

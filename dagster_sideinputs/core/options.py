@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.errors import DeclarationError
 
 Mode = Literal["frames", "rows"]

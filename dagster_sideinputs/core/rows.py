@@ -9,11 +9,11 @@ batch and shipped with the function, so ``ctx.side_input(name)`` is a local look
 
 Output schemas come from the tags (``OutputTag(name, schema=...)``). The tagged
 records come back as one flat DataFrame (a tag column and the union of the tags'
-fields, see :mod:`~dagster_sideinputs.core.tagged_layout`), which the operator splits
+fields, see :mod:`~dagster_sideinputs.core.batch.tagged_layout`), which the operator splits
 into its outputs: written in one pass when they share their fields, else persisted first
 when several writes read it, so the Python function runs once per record. Records and
 their values: :mod:`~dagster_sideinputs.core.records`; side views looked up in Python:
-:mod:`~dagster_sideinputs.core.lookups`.
+:mod:`~dagster_sideinputs.core.sideinputs.lookups`.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,9 +23,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.batch.tagged_layout import TaggedLayout
 from dagster_sideinputs.core.callbacks import prefixed
 from dagster_sideinputs.core.columns import ROW_ERROR_MARK
-from dagster_sideinputs.core.lookups import Lookup
 from dagster_sideinputs.core.outputs import MAIN, OutputTag, undeclared_tag_error
 from dagster_sideinputs.core.records import (
     Record,
@@ -34,8 +34,8 @@ from dagster_sideinputs.core.records import (
     record_values,
     side_record_type,
 )
+from dagster_sideinputs.core.sideinputs.lookups import Lookup
 from dagster_sideinputs.core.spark_errors import encode
-from dagster_sideinputs.core.tagged_layout import TaggedLayout
 from dagster_sideinputs.errors import DeclarationError, FunctionError, SideInputError, did_you_mean
 
 RowFunction = Callable[["Record", "RowContext"], Iterable[Any] | None]

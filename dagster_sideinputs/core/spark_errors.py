@@ -49,7 +49,7 @@ from dagster_sideinputs.errors import (
 )
 
 if TYPE_CHECKING:
-    from dagster_sideinputs.core.context import StageContext, Views
+    from dagster_sideinputs.core.batch.context import StageContext, Views
     from dagster_sideinputs.core.spec import OperatorSpec
 
 T = TypeVar("T")
@@ -155,7 +155,7 @@ def translate(
     if DUPLICATE_MARK in text:
         name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
         if views is not None and name in views.joins:
-            from dagster_sideinputs.core.joins import duplicate_error
+            from dagster_sideinputs.core.sideinputs.joins import duplicate_error
 
             data = views.data[name]
             return duplicate_error(data.bound, views.joins[name], data.version)

@@ -14,9 +14,9 @@ from pyspark.sql import Column
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, OutputTag
-from dagster_sideinputs.core.readiness import ReadinessProvider
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.readiness import ReadinessProvider
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.delta.engine import DeltaEngine
 from dagster_sideinputs.delta.files import join_uri, normalize_uri
 from dagster_sideinputs.delta.storage import DeltaStorage

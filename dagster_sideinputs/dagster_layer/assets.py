@@ -16,8 +16,8 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
 from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.dagster_layer.declaration import (
     CHECK_ACCOUNTED,
     KINDS,

@@ -15,7 +15,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.windows import as_utc
+from dagster_sideinputs.core.sideinputs.windows import as_utc
 from dagster_sideinputs.dagster_layer.declaration import (
     CHECK_BUFFER,
     CHECK_READY,

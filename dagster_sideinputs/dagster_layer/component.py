@@ -18,8 +18,8 @@ from pydantic import Field
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.dagster_layer.assets import side_input_assets
 from dagster_sideinputs.dagster_layer.checks import build_side_input_checks
 from dagster_sideinputs.dagster_layer.declaration import declaration_of

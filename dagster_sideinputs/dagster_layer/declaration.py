@@ -16,7 +16,7 @@ from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.operator import POLL_INTERVAL, SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.side_inputs import SideInput
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError

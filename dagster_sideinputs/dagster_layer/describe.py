@@ -11,8 +11,8 @@ import dagster as dg
 
 from dagster_sideinputs.core.declarations import MainInput
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import Window
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import Window
 
 ROLE_MAIN_INPUT = "main_input"
 ROLE_SIDE_INPUT = "side_input"

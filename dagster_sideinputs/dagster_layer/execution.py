@@ -25,14 +25,6 @@ from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.run_report import after_commit as _after_commit
-from dagster_sideinputs.core.run_report import buffer_figures as _buffer_figures
-from dagster_sideinputs.core.run_report import (
-    main_range,
-    run_figures,
-    split_outputs,
-    table_versions,
-)
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.dagster_layer.declaration import CHECK_ACCOUNTED, SideInputAssets
 from dagster_sideinputs.dagster_layer.describe import inputs_markdown
@@ -45,6 +37,14 @@ from dagster_sideinputs.dagster_layer.readiness import (
 )
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import DeclarationError, StorageError, did_you_mean
+from dagster_sideinputs.run_report import after_commit as _after_commit
+from dagster_sideinputs.run_report import buffer_figures as _buffer_figures
+from dagster_sideinputs.run_report import (
+    main_range,
+    run_figures,
+    split_outputs,
+    table_versions,
+)
 
 log = logging.getLogger("dagster_sideinputs")
 

@@ -27,15 +27,15 @@ from typing import Any
 import dagster as dg
 
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.readiness import (
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.readiness import (
     Decision,
     DeltaReadiness,
     SideFacts,
     WindowSpan,
     effective_readiness,
 )
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.errors import DeclarationError
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -16,8 +16,8 @@ import json
 import dagster as dg
 
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
+from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.dagster_layer.execution import build_operator, storage_of
 from dagster_sideinputs.dagster_layer.job import AssetJob, build_side_input_job

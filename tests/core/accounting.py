@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.buffer import load_state
+from dagster_sideinputs.core.batch.buffer import load_state
 from dagster_sideinputs.delta.reader import read_table
 
 

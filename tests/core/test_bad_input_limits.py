@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.windows import MAX_WINDOW
+from dagster_sideinputs.core.sideinputs.windows import MAX_WINDOW
 from tests.core.catalogue import (
     MODES,
     OVERFLOW,

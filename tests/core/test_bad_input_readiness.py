@@ -22,8 +22,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.readiness import Decision, SideFacts
-from dagster_sideinputs.core.windows import GLOBAL, namespace_id
+from dagster_sideinputs.core.sideinputs.readiness import Decision, SideFacts
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, namespace_id
 from tests.core.catalogue import (
     MODES,
     PROFILES,

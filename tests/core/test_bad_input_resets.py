@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.core.sources.kafka.source import KafkaSource
+from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from tests.core.catalogue import PROFILES, TX, accounted, nothing_committed, operator, put, refused
 from tests.core.conftest import Lake
 from tests.core.test_kafka import kafka_main, tx

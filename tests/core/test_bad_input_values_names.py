@@ -17,7 +17,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.windows import namespace_id, namespace_id_column, parse_namespace_id
+from dagster_sideinputs.core.sideinputs.windows import (
+    namespace_id,
+    namespace_id_column,
+    parse_namespace_id,
+)
 from tests.core.catalogue import (
     INVALID,
     PROFILES,

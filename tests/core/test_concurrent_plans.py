@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.state import COMMIT
+from dagster_sideinputs.core.state.folder import COMMIT
 from dagster_sideinputs.delta.files import TableFiles
 from tests.core.conftest import Lake
 

@@ -132,7 +132,7 @@ def run_all(lake: Lake, clock: Clock, crash: tuple[int, int] | None = None) -> d
         op = operator(lake.storage)
         result = op.run(lake.spark, clock=clock)
         if crash is not None and crash[0] == index:
-            # Every crash point is at or after the plan's claim (state.py: a run claims
+            # Every crash point is at or after the plan's claim (state/folder.py: a run claims
             # its plan before its first commit), so the batch is replayed exactly, also
             # when no table committed yet (a plan given up before its claim is planned
             # again: tests/core/test_recovery.py, test_concurrent_plans.py).

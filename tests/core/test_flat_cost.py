@@ -6,7 +6,8 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core import record, state
+from dagster_sideinputs.core.batch import record
+from dagster_sideinputs.core.state import folder as state
 
 TX = "tx_id long, customer_id long, amount double"
 PROFILES = "customer_id long, name string"

@@ -202,7 +202,7 @@ def test_duplicate_output_names_are_refused(lake):
 
 @pytest.mark.each_storage(engines=False)
 def test_a_second_run_of_the_same_operator_is_refused_while_one_holds_it(lake):
-    from dagster_sideinputs.core.lock import operator_lock
+    from dagster_sideinputs.core.state.lock import operator_lock
 
     op = limited_operator(lake, dsi.BufferLimits())
     lake.append("transactions", [(1, 10, 1.0)], TX)

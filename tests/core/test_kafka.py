@@ -13,7 +13,6 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.plan import BatchPlan, MainRange, OffsetRange
 from dagster_sideinputs.core.sources.kafka.admin import (
     LEADERSHIP_IN_FLUX,
     KafkaMetadata,
@@ -23,6 +22,7 @@ from dagster_sideinputs.core.sources.kafka.admin import (
 from dagster_sideinputs.core.sources.kafka.declaration import REDACTED
 from dagster_sideinputs.core.sources.kafka.offsets import share_out
 from dagster_sideinputs.core.sources.kafka.source import KafkaSource
+from dagster_sideinputs.core.state.plan import BatchPlan, MainRange, OffsetRange
 from dagster_sideinputs.delta.storage import DeltaRsEngine
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import Lake

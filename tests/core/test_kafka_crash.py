@@ -133,9 +133,9 @@ KILL_POINTS = [
     # between the first batch's table commits (some tables have it, others not)
     "dagster_sideinputs.delta.bridge:DeltaRsEngine.commit:2",
     # while the next batch counts its routes (a Spark job reading Kafka), its plan written
-    "dagster_sideinputs.core.route:count_routes:2",
+    "dagster_sideinputs.core.batch.route:count_routes:2",
     # after every table of a batch, before its commit record
-    "dagster_sideinputs.core.state:OperatorState.commit:1",
+    "dagster_sideinputs.core.state.folder:OperatorState.commit:1",
 ]
 
 

@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core import write as write_stage
-from dagster_sideinputs.core.frame_split import one_pass as split_frames
+from dagster_sideinputs.core.batch import write as write_stage
+from dagster_sideinputs.core.batch.frame_split import one_pass as split_frames
 from tests.conftest import table_files
 from tests.core.conftest import Lake
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash

@@ -8,21 +8,18 @@ import pickle
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.binding import build_spec, default_operator_id
-from dagster_sideinputs.core.buffer import (
+from dagster_sideinputs.core.batch.buffer import (
     BufferState,
     is_keywait,
     keywait_slot,
     namespace_slot,
     slot_namespace,
 )
+from dagster_sideinputs.core.binding import build_spec, default_operator_id
 from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.options import OperatorOptions
-from dagster_sideinputs.core.plan import BatchPlan, MainRange, NamespacePlan
-from dagster_sideinputs.core.readiness import Decision
-from dagster_sideinputs.core.spec import fingerprint
-from dagster_sideinputs.core.state import OperatorState, Unreadable
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.readiness import Decision
+from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
     default_side_window,
     namespace_id,
@@ -31,6 +28,9 @@ from dagster_sideinputs.core.windows import (
     windows_between,
     windows_containing,
 )
+from dagster_sideinputs.core.spec import fingerprint
+from dagster_sideinputs.core.state.folder import OperatorState, Unreadable
+from dagster_sideinputs.core.state.plan import BatchPlan, MainRange, NamespacePlan
 from dagster_sideinputs.delta.files import TableFiles
 
 UTC = dt.timezone.utc

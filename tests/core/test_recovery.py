@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
-from dagster_sideinputs.core.lock import operator_lock
+from dagster_sideinputs.core.state.lock import operator_lock
 from dagster_sideinputs.delta import log_commit
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, Clock, Lake, hours
@@ -727,7 +727,7 @@ def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, targe
         lake.run(op, clock)
     monkeypatch.undo()
     result = lake.run(op, clock)
-    # The plan was claimed for commit before the conflict (state.py, claims): whether or
+    # The plan was claimed for commit before the conflict (state/folder.py, claims): whether or
     # not a table committed, the batch is replayed from it, never planned again.
     assert result.batches[0].replayed
     assert_accounted(lake.spark, op, [1, 2, 3, 4])

@@ -2,7 +2,7 @@
 
 Delta statistics hold timestamps at millisecond precision (our writer rounds outward,
 delta-spark's truncates): a side input's horizon, a side window's finality and the
-windows a batch plans must treat them as bounds (core/time_stats.py), and take the
+windows a batch plans must treat them as bounds (core/sideinputs/time_stats.py), and take the
 exact value from the few files that may hold it."""
 
 import datetime as dt
@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.time_stats import cached_max_time, exact_max_time, time_span
+from dagster_sideinputs.core.sideinputs.time_stats import cached_max_time, exact_max_time, time_span
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, hours

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.delta.storage import DeltaRsEngine
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, Clock, hours

@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.readiness import SideFacts
+from dagster_sideinputs.core.sideinputs.readiness import SideFacts
 from dagster_sideinputs.dagster_layer.readiness import (
     DagsterReadiness,
     SideAsset,

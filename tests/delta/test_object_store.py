@@ -19,7 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 from deltalake import DeltaTable, write_deltalake
 
-from dagster_sideinputs.core.lock import operator_lock
+from dagster_sideinputs.core.state.lock import operator_lock
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.delta.lease import LeaseRecord, ObjectStoreLease
 from dagster_sideinputs.delta.object_store import object_store_options

@@ -7,9 +7,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.keyed import check_pre_keyed
-from dagster_sideinputs.core.plan import MainRange
 from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 from dagster_sideinputs.errors import (
     NonAppendOnlyChangeError,

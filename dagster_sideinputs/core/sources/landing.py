@@ -12,9 +12,9 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
 from dagster_sideinputs.core.decoded import CORRUPT_FORMATS, checked_lines, checked_text
-from dagster_sideinputs.core.plan import MainRange
 from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
 from dagster_sideinputs.errors import MainInputDataError

@@ -13,7 +13,7 @@ from typing import Protocol
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.plan import MainRange
+from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 
 

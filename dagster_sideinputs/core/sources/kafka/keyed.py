@@ -39,8 +39,8 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import KAFKA_BUCKET, KAFKA_TASK, PRE_KEYED_MARK, quoted
 from dagster_sideinputs.core.declarations import KeyGroups
-from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.core.sources.kafka.declaration import KEY, PARTITION, TOPIC
+from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.errors import PreKeyedViolationError
 
 BUCKET = KAFKA_BUCKET

@@ -29,10 +29,10 @@ from dataclasses import replace
 from typing import Any
 
 from dagster_sideinputs.core.declarations import KeyGroups
-from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.core.sources.kafka.admin import KafkaMetadata
 from dagster_sideinputs.core.sources.kafka.declaration import KafkaInput
 from dagster_sideinputs.core.sources.kafka.keyed import check_partition_count
+from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.errors import KafkaOffsetsLostError, OperatorStateError, preview
 
 _KEEP = "`operator.reset(main_from='keep')`"

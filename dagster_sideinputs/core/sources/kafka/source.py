@@ -16,7 +16,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.plan import MainRange, OffsetRange
 from dagster_sideinputs.core.sources.kafka.admin import KafkaMetadata
 from dagster_sideinputs.core.sources.kafka.declaration import (
     PARTITION,
@@ -34,6 +33,7 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
 from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, plan_ranges
 from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.errors import KafkaSourceError
 

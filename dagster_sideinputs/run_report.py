@@ -13,8 +13,8 @@ from typing import Any
 from dagster_sideinputs.core.metrics import BatchMetrics, record_figures
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.sideinputs.windows import as_utc
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
-from dagster_sideinputs.core.windows import as_utc
 from dagster_sideinputs.errors import StorageError
 
 log = logging.getLogger("dagster_sideinputs")

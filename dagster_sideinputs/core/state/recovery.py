@@ -24,10 +24,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster_sideinputs.core.plan import BatchPlan, MainRange, describe_change
-from dagster_sideinputs.core.planner import Previous
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import COMMIT, SET_ASIDE, OperatorState, Unreadable
+from dagster_sideinputs.core.state.folder import COMMIT, SET_ASIDE, OperatorState, Unreadable
+from dagster_sideinputs.core.state.plan import BatchPlan, MainRange, Previous, describe_change
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")

@@ -9,12 +9,10 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.buffer import BufferState
+from dagster_sideinputs.core.batch.buffer import BufferState
 from dagster_sideinputs.core.columns import NS_START, quoted
-from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
-from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.time_stats import time_span
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.time_stats import time_span
+from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
@@ -25,6 +23,8 @@ from dagster_sideinputs.core.windows import (
     parse_namespace_id,
     windows_between,
 )
+from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
+from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.errors import SideInputDataError
 

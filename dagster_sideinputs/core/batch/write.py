@@ -19,14 +19,14 @@ from functools import partial
 
 from pyspark.sql import DataFrame
 
-from dagster_sideinputs.core.buffer import BUFFER_ROUTES, released_files, waiting_rows
+from dagster_sideinputs.core.batch.buffer import BUFFER_ROUTES, released_files, waiting_rows
+from dagster_sideinputs.core.batch.context import Batch, StageContext
+from dagster_sideinputs.core.batch.frame_split import one_pass
 from dagster_sideinputs.core.columns import SLOT, TAG
-from dagster_sideinputs.core.context import Batch, StageContext
-from dagster_sideinputs.core.frame_split import one_pass
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark_errors import partly_committed, store_failure, translated
-from dagster_sideinputs.core.state import COMMIT
+from dagster_sideinputs.core.state.folder import COMMIT
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
@@ -185,7 +185,7 @@ def _targets(context: StageContext, batch: Batch) -> list[_Target]:
         assert batch.classified is not None
         rows = waiting_rows(batch.classified, batch.main_columns) if waiting else None
         # The main input's schema changed under buffered records: the batch read every
-        # slot, and writes the buffer again whole in the new schema (core/buffer_schema.py).
+        # slot, and writes the buffer again whole in the new schema (core/batch/buffer_schema.py).
         whole = batch.plan.buffer_rewrite and rows is not None
         targets.append(
             _Target(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.batch.invalid_records import invalid_reason
 from dagster_sideinputs.core.columns import (
     CORRUPT,
     FIRST_SEEN,
@@ -16,12 +17,11 @@ from dagster_sideinputs.core.columns import (
     ROUTE,
     quoted,
 )
-from dagster_sideinputs.core.invalid_records import invalid_reason
-from dagster_sideinputs.core.joins import JoinSpec
-from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.sideinputs.joins import JoinSpec
+from dagster_sideinputs.core.sideinputs.temporal import main_time_column, waits_for_horizon
+from dagster_sideinputs.core.sideinputs.windows import shifted
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.temporal import main_time_column, waits_for_horizon
-from dagster_sideinputs.core.windows import shifted
+from dagster_sideinputs.core.state.plan import BatchPlan
 
 ROUTES = ("released", "buffered", "key_wait", "late", "unmatched", "overflow", "invalid")
 
@@ -115,7 +115,7 @@ def with_routes(
 def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
     """(a row breaks the pre-keyed promise, the error text saying how): a pre-keyed Kafka
     topic's records, checked on their routes. A Delta main input's rows are checked when
-    they are read (:func:`~dagster_sideinputs.core.read.read`)."""
+    they are read (:func:`~dagster_sideinputs.core.batch.read.read`)."""
     key = spec.main.key
     if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
         return F.lit(False), F.lit("")

@@ -12,7 +12,7 @@ A side row of key k is valid over ``[valid_from, valid_to)``:
   valid from v's commit timestamp until the next version's (a data file is valid while
   it is live, so each file is read once, however many versions kept it).
 
-Planning pins, per as-of side input (:class:`~dagster_sideinputs.core.plan.AsOfPlan`),
+Planning pins, per as-of side input (:class:`~dagster_sideinputs.core.state.plan.AsOfPlan`),
 the side data's *horizon*, the time up to which it is known: the greatest
 ``valid_from`` for columns, the batch clock for history (a commit made later carries a
 later timestamp); and, for history, the versions the batch reads with their
@@ -33,16 +33,16 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.columns import quoted
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan
-from dagster_sideinputs.core.side_data import SideData, value_columns
-from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.time_stats import (
+from dagster_sideinputs.core.sideinputs.side_data import SideData, value_columns
+from dagster_sideinputs.core.sideinputs.time_stats import (
     cached_max_time,
     has_times,
     max_reader,
     min_time_bound,
 )
-from dagster_sideinputs.core.windows import EPOCH, as_utc, check_time_column
+from dagster_sideinputs.core.sideinputs.windows import EPOCH, as_utc, check_time_column
+from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
+from dagster_sideinputs.core.state.plan import AsOfPlan, BatchPlan
 from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
 from dagster_sideinputs.errors import (
     DeclarationError,
@@ -144,7 +144,7 @@ def _column_horizon(
 ) -> dt.datetime | None:
     """The greatest ``valid_from``, exact to the microsecond: statistics only say which
     files may hold it (they are rounded to milliseconds, see
-    :mod:`~dagster_sideinputs.core.time_stats`); those files are read, once per version.
+    :mod:`~dagster_sideinputs.core.sideinputs.time_stats`); those files are read, once per version.
     Without Spark (peeking), the statistics' upper bound."""
     as_of = bound.side.as_of
     assert as_of is not None

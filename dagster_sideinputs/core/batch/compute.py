@@ -17,6 +17,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from dagster_sideinputs.core.batch.context import Batch, StageContext, Views
+from dagster_sideinputs.core.batch.row_inputs import broadcast_values, local_lookups
+from dagster_sideinputs.core.batch.tagged_layout import TaggedLayout, TaggedResult
 from dagster_sideinputs.core.callbacks import callable_name, prefixed
 from dagster_sideinputs.core.columns import (
     LOOKUP_PREFIX,
@@ -27,18 +30,14 @@ from dagster_sideinputs.core.columns import (
     SIDE_NS,
     quoted,
 )
-from dagster_sideinputs.core.context import Batch, StageContext, Views
-from dagster_sideinputs.core.joins import duplicate_error
-from dagster_sideinputs.core.lookups import Lookup
 from dagster_sideinputs.core.outputs import OutputTag, SideInputs, normalize_outputs
-from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.route import side_windows
-from dagster_sideinputs.core.row_inputs import broadcast_values, local_lookups
 from dagster_sideinputs.core.rows import run_row_function
+from dagster_sideinputs.core.sideinputs.joins import duplicate_error
+from dagster_sideinputs.core.sideinputs.lookups import Lookup
+from dagster_sideinputs.core.sideinputs.temporal import check_side_instants, instant_column
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, namespace_id
 from dagster_sideinputs.core.spark_errors import NOTHING_WRITTEN, translate, translated
-from dagster_sideinputs.core.tagged_layout import TaggedLayout, TaggedResult
-from dagster_sideinputs.core.temporal import check_side_instants, instant_column
-from dagster_sideinputs.core.windows import GLOBAL, namespace_id
+from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
 from dagster_sideinputs.delta.schema import same_type
 from dagster_sideinputs.errors import (
     EmptySingletonError,

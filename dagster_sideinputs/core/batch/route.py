@@ -6,8 +6,8 @@ is not ready), ``key_wait`` (waiting for the side row of its key), ``late``,
 ``unmatched``, ``overflow`` or ``invalid``. One Spark job counts the routes (or, when
 every record is plainly released, the new files' Delta statistics do); the counts are
 the batch's metrics, and they decide, before any write, whether invalid records or the
-buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core.route_rules`
-and :mod:`~dagster_sideinputs.core.invalid_records`.
+buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core.batch.route_rules`
+and :mod:`~dagster_sideinputs.core.batch.invalid_records`.
 """
 
 from collections.abc import Mapping, Sequence
@@ -16,12 +16,11 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.buffer import Counts, enforce_limits
-from dagster_sideinputs.core.callbacks import map_to_side_window
+from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
+from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
+from dagster_sideinputs.core.batch.invalid_records import check_invalid
+from dagster_sideinputs.core.batch.route_rules import lookup, with_routes
 from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
-from dagster_sideinputs.core.context import Batch, StageContext, Views
-from dagster_sideinputs.core.invalid_records import check_invalid
-from dagster_sideinputs.core.joins import Bucketing, JoinSpec, apply_join, build_join
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     bucketing_obstacle,
@@ -29,22 +28,18 @@ from dagster_sideinputs.core.keyed import (
     key_groups_hold,
     side_splits,
 )
-from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.record import explain
-from dagster_sideinputs.core.route_rules import lookup, with_routes
-from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.core.spark_errors import translated
-from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.temporal import main_time_column
-from dagster_sideinputs.core.views import empty_namespaces
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.joins import Bucketing, JoinSpec, apply_join, build_join
+from dagster_sideinputs.core.sideinputs.side_data import SideData
+from dagster_sideinputs.core.sideinputs.temporal import main_time_column
+from dagster_sideinputs.core.sideinputs.views import empty_namespaces
+from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
-    WindowSpan,
     as_utc,
     namespace_id_column,
-    parse_namespace_id,
-    shifted,
 )
+from dagster_sideinputs.core.spark_errors import translated
+from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
+from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.files import join_uri
 
@@ -90,26 +85,6 @@ def route(context: StageContext, batch: Batch) -> Batch:
 
 
 # --- views --------------------------------------------------------------------------------
-
-
-def side_windows(bound: BoundSide, plan: BatchPlan) -> list[WindowSpan] | None:
-    """The side windows that released records of this batch read (None: not windowed):
-    the ones the plan recorded (the mapping, a user's included, was called and checked
-    when planning: a replay reads what the plan says, even if the mapping changed)."""
-    window = bound.side.window
-    if window is None:
-        return None
-    spans: set[WindowSpan] = set()
-    for p in plan.namespaces.values():
-        if not p.ready or p.start is None or p.end is None:
-            continue
-        recorded = parse_namespace_id(p.side_namespaces.get(bound.name, GLOBAL))
-        spans.add(
-            map_to_side_window(window, bound.side.window_mapping, p.start, p.end, label=bound.label)
-            if recorded is None
-            else (recorded, shifted(recorded, window.size))
-        )
-    return sorted(spans)
 
 
 def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> Views:

@@ -1,6 +1,7 @@
 """What the stages of a batch hand each other (:class:`Batch`) and share (:class:`StageContext`)."""
 
 import contextlib
+import io
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -9,17 +10,17 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from dagster_sideinputs.core.buffer import BufferState, Counts
-from dagster_sideinputs.core.joins import JoinSpec
+from dagster_sideinputs.core.batch.buffer import BufferState, Counts
+from dagster_sideinputs.core.batch.tagged_layout import TaggedResult
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
-from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.side_data import SideData
+from dagster_sideinputs.core.sideinputs.joins import JoinSpec
+from dagster_sideinputs.core.sideinputs.side_data import SideData
 from dagster_sideinputs.core.sources.choice import source_for
 from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import OperatorState
-from dagster_sideinputs.core.tagged_layout import TaggedResult
+from dagster_sideinputs.core.state.folder import OperatorState
+from dagster_sideinputs.core.state.plan import BatchPlan
 
 log = logging.getLogger("dagster_sideinputs")
 
@@ -139,3 +140,11 @@ class StageContext:
                     elif not isinstance(cleanup_error, Exception):
                         raise
             self._cleanups = []
+
+
+def explain(frame: DataFrame) -> str:
+    """Spark's physical plan of a DataFrame, as ``explain()`` prints it."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        frame.explain()
+    return buffer.getvalue()

@@ -16,9 +16,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import NS_END, NS_START, SIDE_NS
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.spec import BoundSide
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
@@ -27,6 +26,7 @@ from dagster_sideinputs.core.windows import (
     namespace_id,
     namespace_id_column,
 )
+from dagster_sideinputs.core.spec import BoundSide
 from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
 from dagster_sideinputs.errors import (
     EmptySingletonError,

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.errors import OperatorStateError
 

@@ -1,14 +1,14 @@
 """Row mode, driver side: the side values a row function sees, prepared once per batch.
 
 - Broadcast keyed views (maps / multimaps read whole on every task, whose records do not
-  wait for their key) become :class:`~dagster_sideinputs.core.lookups.LookupTable`\\ s,
+  wait for their key) become :class:`~dagster_sideinputs.core.sideinputs.lookups.LookupTable`\\ s,
   looked up in Python per record: cheaper than Spark joining them and converting a
   struct per record. Built once per side version.
 - Windowed views handed per window (lists, maps and multimaps without a key relation)
-  become a :class:`~dagster_sideinputs.core.lookups.LookupTable` by side window, looked up
-  with the side window each record reads (the operator's window mapping): a record
-  does not carry its window's rows, and each window's rows become records once per
-  worker. Built once per side version and set of windows.
+  become a :class:`~dagster_sideinputs.core.sideinputs.lookups.LookupTable` by side window,
+  looked up with the side window each record reads (the operator's window mapping): a
+  record does not carry its window's rows, and each window's rows become records once
+  per worker. Built once per side version and set of windows.
 - Views handed whole (singletons, lists, maps without a key relation) become Python
   values shipped with the function.
 """
@@ -21,14 +21,13 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dagster_sideinputs.core.batch.context import StageContext, Views
 from dagster_sideinputs.core.columns import LOOKUP_PREFIX, SIDE_NS, comparable, quoted
-from dagster_sideinputs.core.context import StageContext, Views
-from dagster_sideinputs.core.lookups import Lookup, LookupTable
-from dagster_sideinputs.core.plan import BatchPlan
 from dagster_sideinputs.core.records import Record, side_record_type
-from dagster_sideinputs.core.route import side_windows
-from dagster_sideinputs.core.side_data import SideData, value_columns
-from dagster_sideinputs.core.windows import WindowSpan
+from dagster_sideinputs.core.sideinputs.lookups import Lookup, LookupTable
+from dagster_sideinputs.core.sideinputs.side_data import SideData, value_columns
+from dagster_sideinputs.core.sideinputs.windows import WindowSpan
+from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
 from dagster_sideinputs.errors import DuplicateKeyError, preview
 
 

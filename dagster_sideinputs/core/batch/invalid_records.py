@@ -6,12 +6,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.buffer import Counts
+from dagster_sideinputs.core.batch.buffer import Counts
 from dagster_sideinputs.core.columns import CORRUPT, REASON, ROUTE, quoted
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.plan import BatchPlan
+from dagster_sideinputs.core.sideinputs.windows import shifted, time_range
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import shifted, time_range
+from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.errors import MainInputDataError, preview
 
 

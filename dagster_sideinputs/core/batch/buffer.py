@@ -43,9 +43,9 @@ from dagster_sideinputs.core.columns import (
     quoted,
 )
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.plan import BatchPlan, NamespacePlan
+from dagster_sideinputs.core.sideinputs.windows import as_utc, shifted, utc_of
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import as_utc, shifted, utc_of
+from dagster_sideinputs.core.state.plan import BatchPlan, NamespacePlan
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.errors import BufferLimitExceededError
 

@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.buffer import BufferState
+from dagster_sideinputs.core.batch.buffer import BufferState
 from dagster_sideinputs.core.columns import PREFIX, quoted
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.schema import is_safe_widening, same_type

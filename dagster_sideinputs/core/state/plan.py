@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from dagster_sideinputs.core.readiness import Decision
+from dagster_sideinputs.core.callbacks import map_to_side_window
+from dagster_sideinputs.core.sideinputs.readiness import Decision
+from dagster_sideinputs.core.sideinputs.windows import (
+    GLOBAL,
+    WindowSpan,
+    parse_namespace_id,
+    shifted,
+)
+from dagster_sideinputs.core.spec import BoundSide
 
 PLAN_FORMAT = 2
 
@@ -233,7 +241,7 @@ class BatchPlan:
             nothing once the table was deleted and created again.
         as_of: per as-of side input, its horizon and (history) versions.
         buffer_renames: buffered main columns that are not the main input's column of the
-            same name any more (core/buffer_schema.py): the column they now are (renamed
+            same name any more (core/batch/buffer_schema.py): the column they now are (renamed
             under column mapping), or None (dropped).
         buffer_rewrite: the buffer's columns no longer match the main input's: every slot
             is read and the buffer written again whole, in the main input's schema.
@@ -257,7 +265,7 @@ class BatchPlan:
     as_of: Mapping[str, AsOfPlan] = field(default_factory=dict)
     buffer_renames: Mapping[str, str | None] = field(default_factory=dict)
     buffer_rewrite: bool = False
-    # Unique per plan (the random part): the key of the plan's claim (state.py).
+    # Unique per plan (the random part): the key of the plan's claim (state/folder.py).
     planned_by: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     )
@@ -374,3 +382,31 @@ def _changes(before: Any, now: Any, prefix: str) -> list[str]:
                 found.extend(_changes(before[key], now[key], path))
         return found
     return [] if before == now else [f"{prefix or 'value'}: {before!r} -> {now!r}"]
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The last committed batch: its plan and commit record (None for the first batch)."""
+
+    plan: BatchPlan | None = None
+    record: Mapping[str, Any] | None = None
+
+
+def side_windows(bound: BoundSide, plan: BatchPlan) -> list[WindowSpan] | None:
+    """The side windows that released records of this batch read (None: not windowed):
+    the ones the plan recorded (the mapping, a user's included, was called and checked
+    when planning: a replay reads what the plan says, even if the mapping changed)."""
+    window = bound.side.window
+    if window is None:
+        return None
+    spans: set[WindowSpan] = set()
+    for p in plan.namespaces.values():
+        if not p.ready or p.start is None or p.end is None:
+            continue
+        recorded = parse_namespace_id(p.side_namespaces.get(bound.name, GLOBAL))
+        spans.add(
+            map_to_side_window(window, bound.side.window_mapping, p.start, p.end, label=bound.label)
+            if recorded is None
+            else (recorded, shifted(recorded, window.size))
+        )
+    return sorted(spans)

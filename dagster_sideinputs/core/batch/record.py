@@ -2,25 +2,21 @@
 
 The commit record is written last: from then on the batch is complete, and the next
 run plans the batch after it. Old plans and commit records are pruned after every batch
-(the state folder never holds more than :data:`~dagster_sideinputs.core.state.KEEP` of
+(the state folder never holds more than :data:`~dagster_sideinputs.core.state.folder.KEEP` of
 each, so listing it costs the same at batch 10,000 as at batch 10). Every
 ``VACUUM_EVERY`` batches the buffer's unreferenced files are deleted, and a landing
 folder's ledger of files read (one small file per batch) is compacted into one, so that
 reading it costs one file, not one per batch ever run.
 """
 
-import contextlib
 import datetime as dt
-import io
 import logging
 
-from pyspark.sql import DataFrame
-
-from dagster_sideinputs.core.buffer import Counts, after_batch
-from dagster_sideinputs.core.context import Batch, StageContext
+from dagster_sideinputs.core.batch.buffer import Counts, after_batch
+from dagster_sideinputs.core.batch.context import Batch, StageContext, explain
+from dagster_sideinputs.core.batch.route_rules import ROUTES
 from dagster_sideinputs.core.metrics import BatchMetrics
-from dagster_sideinputs.core.route_rules import ROUTES
-from dagster_sideinputs.core.windows import as_utc
+from dagster_sideinputs.core.sideinputs.windows import as_utc
 
 VACUUM_EVERY = 25
 log = logging.getLogger("dagster_sideinputs")
@@ -98,14 +94,6 @@ def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:
         engine=context.spec.engine.name,
         main_detail=plan.main.detail(),
     )
-
-
-def explain(frame: DataFrame) -> str:
-    """Spark's physical plan of a DataFrame, as ``explain()`` prints it."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        frame.explain()
-    return buffer.getvalue()
 
 
 def max_event_time(counts: Counts) -> dt.datetime | None:

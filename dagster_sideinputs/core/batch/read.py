@@ -10,8 +10,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.core.buffer import fingerprint, read_slots
-from dagster_sideinputs.core.buffer_schema import carried
+from dagster_sideinputs.core.batch.buffer import fingerprint, read_slots
+from dagster_sideinputs.core.batch.buffer_schema import carried
+from dagster_sideinputs.core.batch.context import Batch, StageContext
+from dagster_sideinputs.core.batch.invalid_records import invalid_condition
 from dagster_sideinputs.core.columns import (
     BATCH,
     CORRUPT,
@@ -25,8 +27,6 @@ from dagster_sideinputs.core.columns import (
     ORIGIN,
     PREFIX,
 )
-from dagster_sideinputs.core.context import Batch, StageContext
-from dagster_sideinputs.core.invalid_records import invalid_condition
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     bucketing_obstacle,
@@ -35,16 +35,16 @@ from dagster_sideinputs.core.keyed import (
     key_group,
     key_group_offenders,
 )
-from dagster_sideinputs.core.plan import BatchPlan
-from dagster_sideinputs.core.sources.main_source import SourceSlice
-from dagster_sideinputs.core.spark_errors import translated
-from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.windows import (
     assign_global,
     assign_windows,
     check_time_column,
     in_window,
 )
+from dagster_sideinputs.core.sources.main_source import SourceSlice
+from dagster_sideinputs.core.spark_errors import translated
+from dagster_sideinputs.core.spec import OperatorSpec
+from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.delta.files import join_uri
 from dagster_sideinputs.errors import (
     DeclarationError,
@@ -81,7 +81,7 @@ def read(context: StageContext, batch: Batch) -> Batch:
     check_main_schema(spec, main_schema)
     new = with_bookkeeping(spec, raw, plan, main_columns)
     buffered, state = read_slots(spec, context.spark, plan)
-    if buffered is not None:  # in the main input's schema now (core/buffer_schema.py)
+    if buffered is not None:  # in the main input's schema now (core/batch/buffer_schema.py)
         buffered = carried(spec, buffered, main_schema, plan.buffer_renames)
         if plan.buffer_rewrite:  # the key's type may have changed: its hash with it
             buffered = buffered.withColumn(KEY_GROUP, _key_group(spec))

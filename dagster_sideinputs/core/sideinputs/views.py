@@ -12,7 +12,7 @@ Windowed side inputs give each record the view of *its own* side window (Beam's
 per-window side inputs): a singleton's row, a list's rows (a sorted array column), and
 for a map or multimap without a key relation the window's whole map (a map column key
 -> row, or key -> sorted rows). A ready window without rows gives the view's empty
-value. How a view is joined to main records is :mod:`~dagster_sideinputs.core.joins`.
+value. How a view is joined to main records is :mod:`~dagster_sideinputs.core.sideinputs.joins`.
 """
 
 from collections.abc import Sequence
@@ -23,9 +23,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import DUPLICATE_MARK, comparable, quoted
-from dagster_sideinputs.core.side_data import SideData, value_columns
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import GLOBAL, WindowSpan, namespace_id
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.side_data import SideData, value_columns
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, WindowSpan, namespace_id
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 

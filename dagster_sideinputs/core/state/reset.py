@@ -14,13 +14,13 @@ import logging
 from dataclasses import replace
 from typing import Literal
 
-from dagster_sideinputs.core import identity
-from dagster_sideinputs.core.buffer import load_state
-from dagster_sideinputs.core.plan import BatchPlan, MainRange
-from dagster_sideinputs.core.recovery import RESET, Recovery
+from dagster_sideinputs.core.batch.buffer import load_state
 from dagster_sideinputs.core.sources.choice import source_for
 from dagster_sideinputs.core.spec import OperatorSpec
-from dagster_sideinputs.core.state import COMMIT, SET_ASIDE, OperatorState
+from dagster_sideinputs.core.state import identity
+from dagster_sideinputs.core.state.folder import COMMIT, SET_ASIDE, OperatorState
+from dagster_sideinputs.core.state.plan import BatchPlan, MainRange
+from dagster_sideinputs.core.state.recovery import RESET, Recovery
 from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.files import TableFiles
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError

@@ -3,7 +3,7 @@
 it; :func:`duplicate_error` reports a view holding several rows where it promises one.
 
 An ``as_of`` map joins each record with the row of its key valid at its event time
-(:mod:`~dagster_sideinputs.core.temporal`): an equi-join on the key with a range
+(:mod:`~dagster_sideinputs.core.sideinputs.temporal`): an equi-join on the key with a range
 condition on the validity columns. Views that promise one row per key (maps,
 singletons) are checked before anything is written.
 """
@@ -15,19 +15,19 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.columns import SIDE_NS, forward_key, matched, quoted, side_key
-from dagster_sideinputs.core.join_keys import main_key
-from dagster_sideinputs.core.plan import AsOfPlan
-from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.core.spec import BoundSide
-from dagster_sideinputs.core.temporal import (
+from dagster_sideinputs.core.sideinputs.join_keys import main_key
+from dagster_sideinputs.core.sideinputs.side_data import SideData
+from dagster_sideinputs.core.sideinputs.temporal import (
     VALID_FROM,
     VALID_TO,
     overlap_error,
     overlaps,
     temporal_rows,
 )
-from dagster_sideinputs.core.views import has_join_relation, value_struct, view_of
-from dagster_sideinputs.core.windows import WindowSpan
+from dagster_sideinputs.core.sideinputs.views import has_join_relation, value_struct, view_of
+from dagster_sideinputs.core.sideinputs.windows import WindowSpan
+from dagster_sideinputs.core.spec import BoundSide
+from dagster_sideinputs.core.state.plan import AsOfPlan
 from dagster_sideinputs.errors import (
     DeclarationError,
     DuplicateKeyError,

@@ -2,8 +2,9 @@
 
 The planner looks only at metadata (Delta logs, file listings, file statistics and the
 readiness provider) plus, when statistics cannot tell, one small Spark job for the
-event-time windows of new records (:mod:`~dagster_sideinputs.core.main_windows`). Its result, a
-:class:`~dagster_sideinputs.core.plan.BatchPlan`, is written down before the batch
+event-time windows of new records
+(:mod:`~dagster_sideinputs.core.batch.main_windows`). Its result, a
+:class:`~dagster_sideinputs.core.state.plan.BatchPlan`, is written down before the batch
 reads or writes any data.
 """
 
@@ -15,36 +16,36 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.core.buffer import BufferState, choose_slots, load_state
-from dagster_sideinputs.core.buffer_schema import Carry, plan_carry
+from dagster_sideinputs.core.batch.buffer import BufferState, choose_slots, load_state
+from dagster_sideinputs.core.batch.buffer_schema import Carry, plan_carry
+from dagster_sideinputs.core.batch.main_windows import MainWindows, Namespaces
 from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.columns import SIDE_NS
-from dagster_sideinputs.core.main_windows import MainWindows, Namespaces
-from dagster_sideinputs.core.plan import AsOfPlan, BatchPlan, NamespacePlan
-from dagster_sideinputs.core.readiness import (
+from dagster_sideinputs.core.sideinputs.readiness import (
     Decision,
     SideFacts,
     apply_grace,
     decide_readiness,
     never_ready,
 )
-from dagster_sideinputs.core.side_data import SideData
-from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
-from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.core.temporal import (
+from dagster_sideinputs.core.sideinputs.side_data import SideData
+from dagster_sideinputs.core.sideinputs.temporal import (
     as_of_sides,
     earliest_time,
     main_time_column,
     plan_as_of,
 )
-from dagster_sideinputs.core.time_stats import cached_max_time, max_reader
-from dagster_sideinputs.core.windows import (
+from dagster_sideinputs.core.sideinputs.time_stats import cached_max_time, max_reader
+from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
     WindowSpan,
     as_utc,
     namespace_id,
     parse_stat_time,
 )
+from dagster_sideinputs.core.sources.main_source import MainSource, SourceSlice
+from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
+from dagster_sideinputs.core.state.plan import AsOfPlan, BatchPlan, NamespacePlan, Previous
 from dagster_sideinputs.delta.engine import TableSnapshot
 from dagster_sideinputs.errors import DeltaTableError, SideInputDataError
 
@@ -55,14 +56,6 @@ class Planned:
 
     plan: BatchPlan
     source: SourceSlice
-
-
-@dataclass(frozen=True)
-class Previous:
-    """The last committed batch: its plan and commit record (None for the first batch)."""
-
-    plan: BatchPlan | None = None
-    record: Mapping[str, Any] | None = None
 
 
 class Planner:
@@ -162,7 +155,7 @@ class Planner:
 
     def _carry(self, piece: SourceSlice, buffer: BufferState, last: BatchPlan | None) -> Carry:
         """How buffered records meet the main input's schema at the plan's version
-        (:mod:`~dagster_sideinputs.core.buffer_schema`)."""
+        (:mod:`~dagster_sideinputs.core.batch.buffer_schema`)."""
         if buffer.snapshot is None:
             return Carry({}, False)
         schema = self.source.schema()

@@ -26,8 +26,8 @@ from pyspark.errors import PySparkException
 from dagster_sideinputs.core.callbacks import callable_name, short
 from dagster_sideinputs.core.declarations import Readiness
 from dagster_sideinputs.core.metrics import human_duration
-from dagster_sideinputs.core.side_inputs import SideInput
-from dagster_sideinputs.core.windows import GLOBAL, as_utc, namespace_id
+from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.delta.engine import TableSnapshot
 from dagster_sideinputs.delta.store_errors import is_store_error
 from dagster_sideinputs.errors import DeclarationError, SideInputError
@@ -55,7 +55,7 @@ class SideFacts:
             job on the side table); only for windowed side inputs.
         max_event_time: largest value of the side's time column, exact to the
             microsecond (file statistics, rounded to milliseconds, only choose the files
-            read: core/time_stats.py).
+            read: core/sideinputs/time_stats.py).
     """
 
     name: str

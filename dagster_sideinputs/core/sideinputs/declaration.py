@@ -14,7 +14,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from pyspark.sql import Column
 
-from dagster_sideinputs.core.as_of import AsOf
 from dagster_sideinputs.core.declarations import (
     DISTRIBUTIONS,
     MISSING,
@@ -31,7 +30,8 @@ from dagster_sideinputs.core.declarations import (
     asset_path,
     check_choice,
 )
-from dagster_sideinputs.core.windows import Window, WindowMapping
+from dagster_sideinputs.core.sideinputs.as_of import AsOf
+from dagster_sideinputs.core.sideinputs.windows import Window, WindowMapping
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 _P = ParamSpec("_P")

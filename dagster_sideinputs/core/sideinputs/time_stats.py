@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.columns import quoted
-from dagster_sideinputs.core.windows import as_utc, parse_stat_time
+from dagster_sideinputs.core.sideinputs.windows import as_utc, parse_stat_time
 from dagster_sideinputs.delta.engine import DataFile, DeltaEngine, TableSnapshot
 
 STAT_PRECISION = dt.timedelta(milliseconds=1)

@@ -5,7 +5,7 @@ folder belongs to this declaration (not to another operator with the same id), t
 input is the table it has been reading, the buffer and the ledger of landed files are
 the tables it wrote, ``operator.json`` itself was not deleted, and its output tables hold
 no batch its state does not know. (The main table's id, landed files' sizes and times and
-side tables' ids are checked where they are read: ``sources.py``, ``planner.py``,
+side tables' ids are checked where they are read: ``sources/``, ``batch/planner.py``,
 ``recovery.py``.) :func:`check` verifies each of them
 against ``operator.json`` and the tables' application transactions, and refuses with an
 :class:`~dagster_sideinputs.errors.OperatorStateError` naming what changed and how to
@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_sideinputs.core.buffer import load_state
+from dagster_sideinputs.core.batch.buffer import load_state
 from dagster_sideinputs.core.spec import OperatorSpec, fingerprint
-from dagster_sideinputs.core.state import IDENTITY_FILE, OperatorState
+from dagster_sideinputs.core.state.folder import IDENTITY_FILE, OperatorState
 from dagster_sideinputs.errors import OperatorStateError, TableNotFoundError
 
 log = logging.getLogger("dagster_sideinputs")
