@@ -104,8 +104,8 @@ class Lake:
         self.runs = 0
         self.profiles_uri = str(work / "data" / "customer_profiles")
         self.rules_uri = str(work / "data" / "fraud_rules")
-        dsi.write_dataframe(profiles(spark, side_rows), self.profiles_uri)
-        dsi.write_dataframe(
+        dsi.tables.write_dataframe(profiles(spark, side_rows), self.profiles_uri)
+        dsi.tables.write_dataframe(
             spark.createDataFrame([(THRESHOLD, 1)], "threshold double, version int"),
             self.rules_uri,
         )
@@ -225,8 +225,8 @@ def bench_late(ctx: dict[str, Any]) -> dict[str, Any]:
     spark, lake, broker, topic, args = _unpack(ctx)
     work = lake.fresh_root("late")
     early_uri = str(work / "profiles")
-    everyone = dsi.read_table(spark, lake.profiles_uri)
-    dsi.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE != 0), early_uri)
+    everyone = dsi.tables.read_table(spark, lake.profiles_uri)
+    dsi.tables.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE != 0), early_uri)
     root, out = work / "operator", work / "streaming"
     op = kafka_operator(
         kafka_main(broker, topic), root, early_uri, lake.rules_uri, distribution="broadcast",
@@ -237,14 +237,16 @@ def bench_late(ctx: dict[str, Any]) -> dict[str, Any]:
         lambda: streaming_job(spark, broker, topic, early_uri, lake.rules_uri, out)
     )
     # The late profiles arrive; both jobs run again (no new records).
-    dsi.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE == 0), early_uri)
+    dsi.tables.write_dataframe(everyone.filter(F.col("customer_id") % LATE_SHARE == 0), early_uri)
     again_op, second = timed(lambda: op.run(spark))
     released = sum(b.released for b in second.batches)
     again_base, _ = timed(
         lambda: streaming_job(spark, broker, topic, early_uri, lake.rules_uri, out)
     )
     enriched_op = (
-        dsi.read_table(spark, str(root / "enriched")).filter(F.col("name").isNotNull()).count()
+        dsi.tables.read_table(spark, str(root / "enriched"))
+        .filter(F.col("name").isNotNull())
+        .count()
     )
     enriched_base = parquet_rows(spark, out / "enriched", "name IS NOT NULL")
     figures = {

@@ -358,7 +358,7 @@ class Lake:
     def table(self, name: str, make: Callable[[], DataFrame], **options: Any) -> str:
         if name not in self.tables:
             uri = str(self.work / "data" / name)
-            dsi.write_dataframe(make(), uri, **options)
+            dsi.tables.write_dataframe(make(), uri, **options)
             self.tables[name] = uri
         return self.tables[name]
 
@@ -1214,7 +1214,7 @@ def run_scenario(lake: Lake, scenario: Scenario) -> tuple[float, list[Release]]:
     written = 0
     for first, end, label in steps:
         # The rates up to hour `end` make hours first..end-1 complete.
-        dsi.write_dataframe(fx_rates(spark, range(written, end + 1)), fx_uri)
+        dsi.tables.write_dataframe(fx_rates(spark, range(written, end + 1)), fx_uri)
         written = end + 1
         run_s, result = timed(lambda: op.run(spark))
         expected = sum(scenario.hours[first:end])
@@ -1327,7 +1327,9 @@ def bucketed(lake: Lake, uri: str, ddl: str) -> DataFrame:
     no check of the promise and no bookkeeping."""
     folder = lake.work / "buckets" / f"b{lake.runs}_{time.monotonic_ns()}"
     folder.mkdir(parents=True)
-    for index, file in enumerate(dsi.DeltaRsEngine().snapshot(uri).files):
+    for index, file in enumerate(
+        dsi.DeltaStorage(uri, engine="delta-rs").delta.snapshot(uri).files
+    ):
         group = int(file.partition_values["key_group"] or 0)
         os.symlink(file.uri.removeprefix("file://"), folder / f"f{index:07d}_{group:05d}.parquet")
     name = f"bench_buckets_{time.monotonic_ns()}"
@@ -1405,8 +1407,8 @@ def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
                 main = bucketed(lake, main_uri, main_ddl)
                 side = bucketed(lake, keyed_profiles, profile_ddl)
             else:
-                main = dsi.read_table(spark, main_uri).select(*MAIN_COLUMNS)
-                side = dsi.read_table(spark, keyed_profiles).drop("key_group")
+                main = dsi.tables.read_table(spark, main_uri).select(*MAIN_COLUMNS)
+                side = dsi.tables.read_table(spark, keyed_profiles).drop("key_group")
             both_outputs_by_hand(main.join(side, "customer_id", "left"), lake.fresh_root("hand"))
 
         return run
@@ -1505,7 +1507,9 @@ def bench_s3(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         s3_inputs = []
         for uri in local_inputs:  # the same tables, copied through Spark and the bridge
             target = inputs.table_uri(uri.rsplit("/", 1)[-1])
-            dsi.write_dataframe(dsi.read_table(spark, uri), target, storage_options=options)
+            dsi.tables.write_dataframe(
+                dsi.tables.read_table(spark, uri), target, storage_options=options
+            )
             s3_inputs.append(target)
 
         def local(i: int) -> dsi.RunResult:
@@ -1624,7 +1628,7 @@ def main() -> None:
     spark, rest = measured_session(
         args,
         delta="delta-spark" in args.engines,
-        packages=dsi.S3A_PACKAGES if with_s3 else (),
+        packages=["s3"] if with_s3 else (),
     )
     work = Path(tempfile.mkdtemp(prefix="dsi-bench-op-"))
     figures: dict[str, Any] = {

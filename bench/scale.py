@@ -66,7 +66,7 @@ def make_main(spark: SparkSession, rows: int, customers: int, uri: str) -> None:
         (F.rand(11) * 1000).alias("amount"),
         F.expr("timestamp_seconds(1714521600 + id % 86400)").alias("ts"),
     )
-    dsi.write_dataframe(frame.withColumn("customer_id", F.abs("customer_id")), uri)
+    dsi.tables.write_dataframe(frame.withColumn("customer_id", F.abs("customer_id")), uri)
 
 
 def make_side(spark: SparkSession, rows: int, uri: str) -> None:
@@ -76,7 +76,7 @@ def make_side(spark: SparkSession, rows: int, uri: str) -> None:
         (F.col("id") % 5).cast("string").alias("segment"),
         ((F.col("id") * 7919) % 1000 / 1000).alias("risk_score"),
     )
-    dsi.write_dataframe(frame, uri)
+    dsi.tables.write_dataframe(frame, uri)
 
 
 def enrich(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
@@ -112,8 +112,8 @@ def run_operator(spark: SparkSession, root: str, engine: str = "auto") -> float:
 def run_baseline(spark: SparkSession, root: str, out: str) -> float:
     """What a competent engineer writes by hand: read, join, persist, write both outputs."""
     started = time.perf_counter()
-    main = dsi.read_table(spark, f"{root}/transactions")
-    side = dsi.read_table(spark, f"{root}/profiles").select(
+    main = dsi.tables.read_table(spark, f"{root}/transactions")
+    side = dsi.tables.read_table(spark, f"{root}/profiles").select(
         "customer_id", F.struct("customer_id", "name", "segment", "risk_score").alias("profile")
     )
     joined = main.join(side, "customer_id", "left").persist()

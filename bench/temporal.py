@@ -113,9 +113,9 @@ def main() -> None:
         span = max(1, args.versions - 2) * DAY
         main_uri = str(work / "orders")
         frame = orders(spark, args.rows, args.keys, BASE_EPOCH + DAY, span)
-        dsi.write_dataframe(frame.repartition(max(2, args.rows // 500_000)), main_uri)
+        dsi.tables.write_dataframe(frame.repartition(max(2, args.rows // 500_000)), main_uri)
         side_uri = str(work / "prices")
-        dsi.write_dataframe(prices(spark, args.keys, args.versions), side_uri)
+        dsi.tables.write_dataframe(prices(spark, args.keys, args.versions), side_uri)
         variants: dict[str, Callable[[Path], dsi.SideInputOperator]] = {}
         for distribution in ("broadcast", "keyed"):
             variants[f"map/{distribution}"] = functools.partial(
@@ -130,14 +130,18 @@ def main() -> None:
             history_uri = str(work / "prices_history")
             for version in range(args.versions):
                 current = prices(spark, args.keys, 1).withColumn("price", F.col("price") + version)
-                dsi.write_dataframe(current, history_uri, mode="overwrite")
+                dsi.tables.write_dataframe(current, history_uri, mode="overwrite")
                 time.sleep(1)
-            stamps = dsi.DeltaRsEngine().commit_timestamps(history_uri)
+            stamps = dsi.DeltaStorage(history_uri, engine="delta-rs").delta.commit_timestamps(
+                history_uri
+            )
             first, last = stamps[0][1], stamps[-1][1]
             history_main = str(work / "orders_history")
             start = int(first.timestamp())
             frame = orders(spark, args.rows, args.keys, start, int(last.timestamp()) - start + 1)
-            dsi.write_dataframe(frame.repartition(max(2, args.rows // 500_000)), history_main)
+            dsi.tables.write_dataframe(
+                frame.repartition(max(2, args.rows // 500_000)), history_main
+            )
             for distribution in ("broadcast", "keyed"):
                 variants[f"as_of_history/{distribution}"] = functools.partial(
                     operator, main_uri=history_main, side_uri=history_uri,

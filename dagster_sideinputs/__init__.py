@@ -11,12 +11,14 @@ Examples:
 """
 
 import importlib
+import warnings
 from typing import Any
 
+from dagster_sideinputs import errors as errors
+from dagster_sideinputs import tables as tables
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
 from dagster_sideinputs.core.records import Record
 from dagster_sideinputs.core.rows import RowContext
@@ -24,43 +26,14 @@ from dagster_sideinputs.core.sideinputs.as_of import AsOf
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
-from dagster_sideinputs.core.sources.kafka.declaration import SPARK_KAFKA_PACKAGE, KafkaInput
-from dagster_sideinputs.core.spark.packages import S3A_PACKAGES
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta.engine import AppTransaction, DeltaEngine, WriteResult
-from dagster_sideinputs.delta.reader import read_changes, read_table
 from dagster_sideinputs.delta.s3 import S3Store
-from dagster_sideinputs.delta.source import register_delta_source
-from dagster_sideinputs.delta.storage import DeltaRsEngine, DeltaStorage
-from dagster_sideinputs.delta.writer import write_dataframe
+from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.errors import (
-    BufferLimitExceededError,
-    ConcurrentWriteError,
-    CorruptDataFileError,
     DeclarationError,
-    DeltaTableError,
-    DuplicateKeyError,
-    EmptySingletonError,
-    FunctionError,
-    KafkaOffsetsLostError,
-    KafkaSourceError,
-    MainInputDataError,
-    MissingSideColumnError,
-    NonAppendOnlyChangeError,
-    NotADeltaTableError,
     OperatorBusyError,
-    OperatorStateError,
-    PreKeyedViolationError,
-    SchemaMismatchError,
-    SideInputDataError,
     SideInputError,
-    SingletonCardinalityError,
-    SparkJobError,
-    SparkStartupError,
     StorageError,
-    TableNotFoundError,
-    UndeclaredOutputTagError,
-    UnsupportedTableFeatureError,
 )
 
 # The Dagster layer, imported lazily (PEP 562) so that the core stays Dagster-free.
@@ -77,14 +50,65 @@ _DAGSTER_LAYER = {
     "side_input_assets": "dagster_sideinputs.dagster_layer.assets",
 }
 
+_MOVED_ERRORS = (
+    "BufferLimitExceededError", "ConcurrentWriteError", "CorruptDataFileError",
+    "DeltaTableError", "DuplicateKeyError", "EmptySingletonError", "FunctionError",
+    "KafkaOffsetsLostError", "KafkaSourceError", "MainInputDataError",
+    "MissingSideColumnError", "NonAppendOnlyChangeError", "NotADeltaTableError",
+    "OperatorStateError", "PreKeyedViolationError", "SchemaMismatchError",
+    "SideInputDataError", "SingletonCardinalityError", "SparkJobError", "SparkStartupError",
+    "TableNotFoundError", "UndeclaredOutputTagError", "UnsupportedTableFeatureError",
+)  # fmt: skip
+# Names this package's top level held before 0.2: (where the value is, the new spelling).
+# They still work for one release and warn once each (DeprecationWarning).
+_MOVED: dict[str, tuple[str, str]] = {
+    **{n: ("dagster_sideinputs.errors", f"dagster_sideinputs.errors.{n}") for n in _MOVED_ERRORS},
+    **{
+        n: ("dagster_sideinputs.tables", f"dagster_sideinputs.tables.{n}")
+        for n in (
+            "AppTransaction",
+            "WriteResult",
+            "read_changes",
+            "read_table",
+            "register_delta_source",
+            "write_dataframe",
+        )
+    },
+    "DeltaEngine": (
+        "dagster_sideinputs.delta.engine",
+        "dagster_sideinputs.delta.engine.DeltaEngine",
+    ),
+    "DeltaRsEngine": ("dagster_sideinputs.delta.bridge", 'DeltaStorage(..., engine="delta-rs")'),
+    "OperatorOptions": ("dagster_sideinputs.core.options", "SideInputOperator(...)'s keywords"),
+    "KafkaInput": ("dagster_sideinputs.core.sources.kafka.declaration", "MainInput.kafka(...)"),
+    "S3A_PACKAGES": ("dagster_sideinputs.core.spark.packages", 'packages=["s3"]'),
+    "SPARK_KAFKA_PACKAGE": (
+        "dagster_sideinputs.core.sources.kafka.declaration",
+        'packages=["kafka"]',
+    ),
+}
+_WARNED: set[str] = set()
+
 
 def __getattr__(name: str) -> Any:
     module = _DAGSTER_LAYER.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    moved = _MOVED.get(name)
+    if moved is None:
         raise AttributeError(f"module 'dagster_sideinputs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    module, spelling = moved
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(
+            f"dagster_sideinputs.{name} is deprecated and leaves the top level in 0.2: "
+            f"use {spelling}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list[str]:
@@ -95,75 +119,48 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-__all__ = [
+# Grouped by concern, in the order of docs/api.md's sections (tests/test_api.py).
+__all__ = [  # noqa: RUF022 (grouped by concern, not sorted)
+    # Declarations
     "MAIN",
-    "S3A_PACKAGES",
-    "SPARK_KAFKA_PACKAGE",
-    "AppTransaction",
     "AsOf",
-    "BatchMetrics",
-    "BufferLimitExceededError",
     "BufferLimits",
-    "ConcurrentWriteError",
-    "CorruptDataFileError",
-    "DagsterReadiness",
-    "Decision",
-    "DeclarationError",
-    "DeltaEngine",
-    "DeltaIOManager",
-    "DeltaReadiness",
-    "DeltaRsEngine",
-    "DeltaStorage",
-    "DeltaTableError",
-    "DuplicateKeyError",
-    "EmptySingletonError",
-    "FunctionError",
-    "KafkaInput",
-    "KafkaOffsetsLostError",
-    "KafkaSourceError",
     "KeyGroups",
     "MainInput",
-    "MainInputDataError",
-    "MissingSideColumnError",
-    "NonAppendOnlyChangeError",
-    "NotADeltaTableError",
-    "OperatorBusyError",
-    "OperatorOptions",
-    "OperatorStateError",
     "OutputTag",
+    "SideInput",
+    "Window",
+    # What the function gets and returns
     "Outputs",
-    "PreKeyedViolationError",
-    "ReadinessProvider",
     "Record",
     "RowContext",
-    "RunResult",
-    "S3Store",
-    "SchemaMismatchError",
-    "SideInput",
-    "SideInputDataError",
-    "SideInputError",
-    "SideInputOperator",
-    "SideInputPipeline",
     "SideInputs",
-    "SingletonCardinalityError",
-    "SparkJobError",
+    # The operator
+    "BatchMetrics",
+    "RunResult",
+    "SideInputOperator",
+    # Readiness
+    "Decision",
+    "DeltaReadiness",
+    "ReadinessProvider",
+    # Storage and Spark
+    "DeltaStorage",
+    "S3Store",
+    "build_spark_session",
+    # Dagster
+    "DagsterReadiness",
+    "DeltaIOManager",
+    "SideInputPipeline",
     "SparkResource",
-    "SparkStartupError",
-    "StorageError",
-    "TableNotFoundError",
-    "UndeclaredOutputTagError",
-    "UnsupportedTableFeatureError",
-    "Window",
-    "WriteResult",
     "build_replay_job",
     "build_side_input_checks",
     "build_side_input_job",
     "build_side_input_sensor",
-    "build_spark_session",
     "kafka_topic_asset",
-    "read_changes",
-    "read_table",
-    "register_delta_source",
     "side_input_assets",
-    "write_dataframe",
+    # Errors (all of them: dagster_sideinputs.errors)
+    "DeclarationError",
+    "OperatorBusyError",
+    "SideInputError",
+    "StorageError",
 ]

@@ -47,9 +47,7 @@ def lake_root() -> str:
 
 
 KAFKA_PACKAGES = (
-    [dsi.SPARK_KAFKA_PACKAGE]
-    if os.environ.get("DSI_TRANSACTIONS_SOURCE", "delta").lower() == "kafka"
-    else []
+    ["kafka"] if os.environ.get("DSI_TRANSACTIONS_SOURCE", "delta").lower() == "kafka" else []
 )
 
 
@@ -77,7 +75,7 @@ spark = dsi.SparkResource(
         # (fetched once into the Ivy cache by `make install`) when the lake is on S3 (a
         # Spark Connect server loads its own: start it with --packages).
         *(KAFKA_PACKAGES if REMOTE is None else ()),
-        *(dsi.S3A_PACKAGES if is_s3(lake_root()) and REMOTE is None else ()),
+        *(["s3"] if is_s3(lake_root()) and REMOTE is None else ()),
     ],
 )
 

@@ -59,20 +59,20 @@ def write_inputs(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, in
         (F.col("id") % CUSTOMERS).alias("customer_id"),
         (F.col("id") * 1.5).alias("amount"),
     )
-    dsi.write_dataframe(transactions, storage.table_uri("transactions"))
+    dsi.tables.write_dataframe(transactions, storage.table_uri("transactions"))
     keyed = transactions.withColumn("key_group", key_group("customer_id", GROUPS))
-    dsi.write_dataframe(keyed, storage.table_uri("keyed"), partition_by=["key_group"])
+    dsi.tables.write_dataframe(keyed, storage.table_uri("keyed"), partition_by=["key_group"])
     profiles = spark.createDataFrame(
         [(k, f"customer {k}") for k in range(CUSTOMERS - 2)], "customer_id long, name string"
     )
-    dsi.write_dataframe(profiles, storage.table_uri("profiles"))
-    dsi.write_dataframe(
+    dsi.tables.write_dataframe(profiles, storage.table_uri("profiles"))
+    dsi.tables.write_dataframe(
         profiles.withColumn("key_group", key_group("customer_id", GROUPS)),
         storage.table_uri("keyed_profiles"),
         partition_by=["key_group"],
     )
     rules = spark.createDataFrame([(100.0,)], "threshold double")
-    dsi.write_dataframe(rules, storage.table_uri("rules"))
+    dsi.tables.write_dataframe(rules, storage.table_uri("rules"))
     return {
         "big": sum(1 for i in range(ROWS) if i * 1.5 > 100.0),
         "named": sum(1 for i in range(ROWS) if i % CUSTOMERS < CUSTOMERS - 2),
@@ -93,7 +93,7 @@ def frames_mode(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any
     )
     result = op.run(spark, explain=True)
     again = op.run(spark)
-    named = dsi.read_table(spark, op.output_tables["enriched"]).filter("name IS NOT NULL")
+    named = dsi.tables.read_table(spark, op.output_tables["enriched"]).filter("name IS NOT NULL")
     return {
         "engine": result.batches[0].engine,
         "enriched": result.emitted("enriched"),
@@ -115,8 +115,8 @@ def rows_mode(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
         storage=storage,
     )
     result = op.run(spark)
-    named = dsi.read_table(spark, op.output_tables[ROWS_OUT.name]).filter("name IS NOT NULL")
-    big = dsi.read_table(spark, op.output_tables[ROWS_BIG.name])
+    named = dsi.tables.read_table(spark, op.output_tables[ROWS_OUT.name]).filter("name IS NOT NULL")
+    big = dsi.tables.read_table(spark, op.output_tables[ROWS_BIG.name])
     return {
         "rows": result.emitted(ROWS_OUT.name),
         "named": named.count(),
@@ -179,7 +179,7 @@ def pre_keyed(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
 
 
 def delta_source(spark: SparkSession, storage: dsi.DeltaStorage) -> dict[str, Any]:
-    dsi.register_delta_source(spark)
+    dsi.tables.register_delta_source(spark)
     uri = storage.table_uri("transactions")
     batch = spark.read.format("dsi_delta").load(uri).count()
     out = os.path.join(storage.root, "_stream_out")

@@ -39,7 +39,9 @@ def test_connect_url_gives_host_and_default_port():
 def test_unreachable_connect_server_fails_within_seconds_naming_the_url():
     url = f"sc://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    with pytest.raises(dsi.SparkStartupError, match="No Spark Connect server answers") as info:
+    with pytest.raises(
+        dsi.errors.SparkStartupError, match="No Spark Connect server answers"
+    ) as info:
         dsi.build_spark_session(remote=url)
     assert time.monotonic() - started < 15
     assert url in info.value.message
@@ -51,7 +53,9 @@ def test_missing_connect_client_says_what_to_install(monkeypatch):
         raise ImportError(f"No module named 'grpc' (importing {name})")
 
     monkeypatch.setattr(spark_connect.importlib, "import_module", no_client)
-    with pytest.raises(dsi.SparkStartupError, match="needs the Spark Connect client") as info:
+    with pytest.raises(
+        dsi.errors.SparkStartupError, match="needs the Spark Connect client"
+    ) as info:
         dsi.build_spark_session(remote="sc://127.0.0.1:15002")
     assert 'pip install "pyspark[connect]==4.1.*"' in str(info.value.fix)
 

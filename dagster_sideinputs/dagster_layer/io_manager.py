@@ -229,7 +229,7 @@ class DeltaIOManager(dg.ConfigurableIOManager):
     ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
     ``AWS_REGION``, ...). Give secrets as ``dg.EnvVar``: Dagster then keeps only the
     variable's name. The same values reach Spark's s3a (set per bucket on the session);
-    the session needs the s3a jars (``SparkResource(packages=list(dsi.S3A_PACKAGES))``).
+    the session needs the s3a jars (``SparkResource(packages=["s3"])``).
 
     Examples:
         .. code-block:: python
@@ -243,7 +243,7 @@ class DeltaIOManager(dg.ConfigurableIOManager):
 
             # on S3 (the jars once: make install, i.e.
             # python -m dagster_sideinputs.core.spark.jars fetch)
-            spark = SparkResource(packages=list(dsi.S3A_PACKAGES))
+            spark = SparkResource(packages=["s3"])
             io_manager = DeltaIOManager(
                 root="s3a://bucket/lake",
                 storage_options={

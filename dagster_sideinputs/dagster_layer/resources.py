@@ -77,9 +77,9 @@ class SparkResource(dg.ConfigurableResource):
     )
     packages: list[str] = Field(
         default_factory=list,
-        description="More Maven packages to load (spark.jars.packages), e.g. "
-        "['org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1']; see "
-        "dagster_sideinputs.core.spark.packages. Not possible over Spark Connect.",
+        description="More Maven packages to load (spark.jars.packages): coordinates, or "
+        "the short names 'kafka', 'avro' and 's3' (the versions matching this Spark), e.g. "
+        "['kafka', 's3']. Not possible over Spark Connect.",
     )
 
     _session: SparkSession | None = PrivateAttr(default=None)

@@ -281,8 +281,8 @@ def _require_s3a(spark: Any, uri: str) -> None:
         raise DeclarationError(
             f"The lake is on S3 ({uri}) but this Spark session has no s3a filesystem "
             f"({S3A_FILESYSTEM}: hadoop-aws and the AWS SDK are not on its class path).",
-            fix="start the session with them: dsi.build_spark_session(packages="
-            "dsi.S3A_PACKAGES) or dsi.SparkResource(packages=list(dsi.S3A_PACKAGES)); "
+            fix='start the session with them: dsi.build_spark_session(packages=["s3"]) or '
+            'dsi.SparkResource(packages=["s3"]); '
             "`python -m dagster_sideinputs.core.spark.jars fetch` caches them once",
         ) from None
 

@@ -11,12 +11,13 @@ from collections.abc import Iterable, Sequence
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch.buffer import load_state
+from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.reader import read_table
 
 
 def ids_in(spark, uri: str, column: str) -> list:
     """The values of ``column`` in a Delta table (none when the table does not exist)."""
-    if not dsi.DeltaRsEngine().exists(uri):
+    if not DeltaRsEngine().exists(uri):
         return []
     frame = read_table(spark, uri)
     if column not in frame.columns:

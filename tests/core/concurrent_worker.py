@@ -51,7 +51,7 @@ def main() -> int:
         ui_enabled=False,
         log_level="ERROR",
         delta=False,
-        packages=dsi.S3A_PACKAGES if is_s3(root) else (),
+        packages=["s3"] if is_s3(root) else (),
     )
     op = dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id"),

@@ -80,7 +80,7 @@ def test_null_key_without_a_tag_is_an_error_naming_the_column(ready):
     before = with_buffered_record(ready, op)
     ready.append("transactions", [(2, None, 1.0)], TX)
     with pytest.raises(
-        dsi.MainInputDataError, match=r"(?s)'transactions'.*null key 'customer_id'.*invalid="
+        dsi.errors.MainInputDataError, match=r"(?s)'transactions'.*null key 'customer_id'.*invalid="
     ):
         ready.run(op)
     assert state(ready, op) == before
@@ -109,7 +109,7 @@ def test_main_input_with_a_new_column_is_refused_before_writing_unless_merging(r
         "transactions", [(2, 10, 1.0, "web")], TX + ", channel string", schema_mode="merge"
     )
     with pytest.raises(
-        dsi.SchemaMismatchError,
+        dsi.errors.SchemaMismatchError,
         match=r"(?s)'channel' \(string\) is not in the table.*schema_mode=\"merge\"",
     ):
         ready.run(op)
@@ -125,7 +125,7 @@ def test_main_input_overwritten_with_another_schema_names_the_version(ready):
     before = with_buffered_record(ready, op)
     ready.overwrite("transactions", [(1, "x")], "tx_id long, customer_id string")
     with pytest.raises(
-        dsi.NonAppendOnlyChangeError,
+        dsi.errors.NonAppendOnlyChangeError,
         match=r"(?s)Version 1 of table transactions removed data.*append-only",
     ):
         ready.run(op)
@@ -137,7 +137,7 @@ def test_main_input_version_that_deleted_rows_is_refused(ready):
     before = with_buffered_record(ready, op)
     table = ready.storage.table_uri("transactions")
     DeltaTable(table, storage_options=ready.storage.storage_options).delete("tx_id = 1")
-    with pytest.raises(dsi.NonAppendOnlyChangeError, match="DELETE"):
+    with pytest.raises(dsi.errors.NonAppendOnlyChangeError, match="DELETE"):
         ready.run(op)
     assert state(ready, op) == before
 
@@ -185,7 +185,8 @@ def test_corrupt_parquet_file_in_a_landing_folder_is_named_and_nothing_is_writte
         ready, main=dsi.MainInput.files(str(folder), format="parquet", schema=TX, key="customer_id")
     )
     with pytest.raises(
-        dsi.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written.*landing folder"
+        dsi.errors.CorruptDataFileError,
+        match=r"(?s)broken\.parquet.*Nothing was written.*landing folder",
     ):
         ready.run(op)
     assert not ready.exists("enriched")
@@ -224,7 +225,7 @@ def test_side_table_deleted_after_use_is_an_error_and_buffer_is_kept(ready):
     shutil.rmtree(ready.storage.table_uri("profiles"))
     ready.append("transactions", [(3, 10, 1.0)], TX)
     with pytest.raises(
-        dsi.SideInputDataError,
+        dsi.errors.SideInputDataError,
         match=r"(?s)'profile'.*is gone.*rematerialize.*buffered records are kept",
     ):
         ready.run(op)
@@ -239,7 +240,7 @@ def test_side_table_overwritten_without_its_key_column_is_named(ready):
     ready.overwrite("profiles", [(10, "ann")], "id long, name string")
     ready.append("transactions", [(2, 10, 1.0)], TX)
     with pytest.raises(
-        dsi.SideInputDataError,
+        dsi.errors.SideInputDataError,
         match=r"(?s)keyed by 'customer_id'.*no such column.*\['id', 'name'\]",
     ):
         ready.run(op)
@@ -255,7 +256,7 @@ def test_side_table_with_new_columns_changes_the_output_schema_clearly(ready):
     ready.overwrite("profiles", [(10, "ann", "gold")], "customer_id long, name string, tier string")
     ready.append("transactions", [(2, 10, 1.0)], TX)
     with pytest.raises(
-        dsi.SchemaMismatchError, match=r"(?s)column 'profile' is struct<.*tier.*in the data"
+        dsi.errors.SchemaMismatchError, match=r"(?s)column 'profile' is struct<.*tier.*in the data"
     ):
         ready.run(op)
     assert state(ready, op) == before
@@ -279,7 +280,7 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
 
     profile = dsi.SideInput.map("profiles", key="customer_id", distribution=distribution)
     op = operator(lake, sides={"profile": profile}, fn=fn, side_outputs=[NAMED])
-    with pytest.raises(dsi.DuplicateKeyError, match=r"\[10\]"):
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[10\]"):
         lake.run(op)
     assert not lake.exists("enriched")
     assert not lake.exists("named")
@@ -297,7 +298,7 @@ def test_side_table_with_column_mapping_is_refused_by_the_bridge_only(lake):
         lake.run(operator(lake))
         assert lake.rows("enriched") == [(1, 10, "ann")]
         return
-    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="columnMapping"):
         lake.run(operator(lake))
     assert not lake.exists("enriched")
 
@@ -313,7 +314,7 @@ def test_main_table_with_column_mapping_is_refused_by_the_bridge_only(ready):
         ready.run(operator(ready))
         assert ready.rows("enriched") == [(1, 10, "ann")]
         return
-    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="columnMapping"):
         ready.run(operator(ready))
 
 
@@ -327,7 +328,9 @@ def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(r
     )
     with open(newest, "r+b") as handle:
         handle.truncate(20)
-    with pytest.raises(dsi.CorruptDataFileError, match=r"(?s)of table transactions has 20 bytes"):
+    with pytest.raises(
+        dsi.errors.CorruptDataFileError, match=r"(?s)of table transactions has 20 bytes"
+    ):
         ready.run(op)
     assert state(ready, op) == before
 
@@ -350,9 +353,9 @@ def test_main_table_with_a_damaged_commit_is_named_and_a_restored_one_resumes(re
     with open(commit, "w") as handle:
         handle.write(damage + "\n")
     damaged = r"(?s)log of table.*transactions.*damaged"
-    with pytest.raises(dsi.DeltaTableError, match=damaged) as info:
+    with pytest.raises(dsi.errors.DeltaTableError, match=damaged) as info:
         ready.run(op)
-    assert type(info.value) is dsi.DeltaTableError
+    assert type(info.value) is dsi.errors.DeltaTableError
     assert "restore the damaged _delta_log file" in (info.value.fix or "")
     assert state(ready, op) == before
     with open(commit, "wb") as handle:
@@ -364,7 +367,7 @@ def test_main_table_with_a_damaged_commit_is_named_and_a_restored_one_resumes(re
 @pytest.mark.both_engines
 def test_main_input_folder_that_is_not_delta_is_named(ready, tmp_path):
     ready.spark.range(3).write.parquet(ready.storage.table_uri("transactions"))
-    with pytest.raises(dsi.NotADeltaTableError, match="convert_to_deltalake"):
+    with pytest.raises(dsi.errors.NotADeltaTableError, match="convert_to_deltalake"):
         ready.run(operator(ready))
 
 
@@ -433,7 +436,7 @@ def test_a_failing_function_writes_nothing_and_a_fixed_rerun_resumes(ready):
     before = with_buffered_record(ready, op)
     ready.append("transactions", [(2, 10, 1.0)], TX)
     with pytest.raises(
-        dsi.FunctionError, match=r"(?s)flaky raised RuntimeError: bug in the enrich"
+        dsi.errors.FunctionError, match=r"(?s)flaky raised RuntimeError: bug in the enrich"
     ):
         ready.run(op)
     assert state(ready, op) == before
@@ -480,7 +483,9 @@ def test_a_concurrent_writer_to_an_output_table_does_not_break_exactly_once(read
 def test_buffer_over_its_limit_is_refused_with_the_limit_named(lake):
     op = operator(lake, buffer=dsi.BufferLimits(max_rows=1))
     lake.append("transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
-    with pytest.raises(dsi.BufferLimitExceededError, match=r"(?s)2 rows \(limit 1\).*BufferLimits"):
+    with pytest.raises(
+        dsi.errors.BufferLimitExceededError, match=r"(?s)2 rows \(limit 1\).*BufferLimits"
+    ):
         lake.run(op)
     assert op.buffer().rows() == 0
 
@@ -490,7 +495,7 @@ def test_plan_files_record_what_a_refused_batch_would_have_done(ready):
     op = operator(ready)
     with_buffered_record(ready, op)
     ready.append("transactions", [(2, None, 1.0)], TX)
-    with pytest.raises(dsi.MainInputDataError):
+    with pytest.raises(dsi.errors.MainInputDataError):
         ready.run(op)
     plan = op.last_plan()
     assert plan is not None

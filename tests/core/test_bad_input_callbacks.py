@@ -263,7 +263,7 @@ def test_an_on_batch_callback_that_raises_stops_the_run_with_its_batch_committed
         raise ValueError("pager is down")
 
     with refused(
-        dsi.FunctionError,
+        dsi.errors.FunctionError,
         "on_batch callback",
         "alert",
         "raised ValueError: pager is down after batch 0 committed",
@@ -334,7 +334,7 @@ def test_row_mode_errors_name_the_operator_function_and_output(lake, fn, what):
     bad = operator(lake, "rows", fn=fn)
     with (
         refused(
-            dsi.FunctionError,
+            dsi.errors.FunctionError,
             f"Operator {bad.operator_id!r}, row function {__name__}.{fn.__qualname__}",
             "'enriched'",
             what,

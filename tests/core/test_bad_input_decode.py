@@ -52,7 +52,7 @@ def refused_then_routed(
     without ``invalid=``; with it, every id is once across the outputs and the buffer.
     Returns the invalid route's reasons."""
     op = enrich(lake, main)
-    with nothing_committed(lake, op), refused(dsi.MainInputDataError, *names, fix=fix):
+    with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, *names, fix=fix):
         op.run(lake.spark)
     fixed = enrich(lake, main, invalid=INVALID)
     fixed.run(lake.spark)
@@ -166,7 +166,7 @@ def test_kafka_string_and_bytes_tombstones_and_non_utf8_strings_are_invalid(lake
     for fmt, valid in (("string", ["", "  ", "a"]), ("bytes", [b"", b"  ", b"a", b"\xc3\x28"])):
         main = kafka(kafka_broker, name, format=fmt, schema=None)
         op = enrich(lake, main, main_output=f"out_{fmt}")
-        with nothing_committed(lake, op), refused(dsi.MainInputDataError, name, fix=FIX):
+        with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, name, fix=FIX):
             op.run(lake.spark)
         fixed = enrich(
             lake, main, main_output=f"out_{fmt}", invalid=dsi.OutputTag(f"invalid_{fmt}")
@@ -275,7 +275,7 @@ def test_landed_json_lines_of_no_object_of_the_schema_are_invalid(lake, tmp_path
     with (
         nothing_committed(lake, op),
         refused(
-            dsi.MainInputDataError,
+            dsi.errors.MainInputDataError,
             "5 record(s)",
             "'in'",
             fix=["fix the records at the source", FIX],
@@ -298,7 +298,7 @@ def test_landed_csv_lines_of_separators_or_extra_fields_are_invalid(lake, tmp_pa
     op = enrich(lake, main)
     with (
         nothing_committed(lake, op),
-        refused(dsi.MainInputDataError, "2 record(s)", "'in'", fix=FIX),
+        refused(dsi.errors.MainInputDataError, "2 record(s)", "'in'", fix=FIX),
     ):
         op.run(lake.spark)
     fixed = enrich(lake, main, invalid=INVALID)
@@ -320,7 +320,7 @@ def test_landed_xml_records_spark_cannot_parse_or_of_no_field_are_invalid(lake, 
     )
     main = dsi.MainInput.files(str(folder), format="xml", schema=TX, options={"rowTag": "tx"})
     op = enrich(lake, main)
-    with nothing_committed(lake, op), refused(dsi.MainInputDataError, "2 record(s)", "'in'"):
+    with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, "2 record(s)", "'in'"):
         op.run(lake.spark)
     fixed = enrich(lake, main, invalid=INVALID)
     fixed.run(lake.spark)
@@ -336,7 +336,7 @@ def test_landed_text_lines_that_are_not_utf8_are_invalid(lake, tmp_path: Path):
     (folder / "a.txt").write_bytes(b"a\n\n\xff\xfe\nb\n")
     main = dsi.MainInput.files(str(folder), format="text", schema="value string")
     op = enrich(lake, main)
-    with nothing_committed(lake, op), refused(dsi.MainInputDataError, "1 record(s)", "'in'"):
+    with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, "1 record(s)", "'in'"):
         op.run(lake.spark)
     fixed = enrich(lake, main, invalid=INVALID)
     fixed.run(lake.spark)

@@ -82,7 +82,7 @@ def with_big(lake: Lake, big_amount, **kwargs: Any) -> dsi.SideInputOperator:
 def test_an_error_only_a_later_outputs_job_meets_commits_nothing(started, failing, names, fix):
     put(started, "transactions", [(3, 10, 3.0), (4, 10, 5.0)], TX)
     op = with_big(started, failing)
-    with refused(dsi.FunctionError, *names, fix=fix), nothing_committed(started, op):
+    with refused(dsi.errors.FunctionError, *names, fix=fix), nothing_committed(started, op):
         started.run(op)
     fixed = with_big(started, lambda amount: amount)
     started.run(fixed)
@@ -113,7 +113,7 @@ def test_a_row_side_record_that_does_not_fit_on_some_records_commits_nothing(lak
     put(lake, "transactions", [(2, 10, 1.0), (3, 10, 3.0)], TX)
     op = build(True)
     with (
-        refused(dsi.FunctionError, "output 'alerts'", "'many'", fix="declared types"),
+        refused(dsi.errors.FunctionError, "output 'alerts'", "'many'", fix="declared types"),
         nothing_committed(lake, op),
     ):
         lake.run(op)
@@ -148,7 +148,7 @@ def test_a_frames_output_must_have_its_declared_schema(lake, select, problem):
     build = lambda fn: operator(lake, side_inputs={}, fn=fn, main_output=tag)  # noqa: E731
     op = build(lambda main, sides: select(main))
     with (
-        refused(dsi.SchemaMismatchError, "'amounts'", problem, fix="cast"),
+        refused(dsi.errors.SchemaMismatchError, "'amounts'", problem, fix="cast"),
         nothing_committed(lake, op),
     ):
         lake.run(op)
@@ -165,7 +165,9 @@ def test_a_route_tag_with_a_schema_must_fit_the_records_routed_there(lake, mode)
     narrow = dsi.OutputTag("invalid", schema=T.StructType([T.StructField("tx_id", T.LongType())]))
     op = operator(lake, mode, invalid=narrow)
     with (
-        refused(dsi.SchemaMismatchError, "routed to 'invalid'", "'customer_id' is not declared"),
+        refused(
+            dsi.errors.SchemaMismatchError, "routed to 'invalid'", "'customer_id' is not declared"
+        ),
         nothing_committed(lake, op),
     ):
         lake.run(op)

@@ -41,7 +41,7 @@ Z = ("z", 0.0, T0 + dt.timedelta(hours=1))  # another key's row: the horizon pas
 def refused_null_valid_from(lake: Lake, op: dsi.SideInputOperator, key: str) -> None:
     with (
         refused(
-            dsi.SideInputDataError,
+            dsi.errors.SideInputDataError,
             "'price'",
             "'prices'",
             "valid_from 'valid_from' is null",
@@ -150,7 +150,7 @@ def test_a_null_time_in_a_windowed_side_input_is_refused(lake):
     )
     with (
         refused(
-            dsi.SideInputDataError,
+            dsi.errors.SideInputDataError,
             "'events'",
             "time column 'ts' is null",
             fix=["give those rows a 'ts'", "delete them"],
@@ -169,7 +169,7 @@ def test_a_null_main_event_time_with_an_as_of_side_input_is_invalid(lake):
     put(lake, "orders", [(1, "a", at(10)), (2, "a", None)], ORDERS)
     op = operator(lake, "frames")
     with (
-        refused(dsi.MainInputDataError, "'orders'", "null event time 'ts'", fix="invalid="),
+        refused(dsi.errors.MainInputDataError, "'orders'", "null event time 'ts'", fix="invalid="),
         nothing_committed(lake, op),
     ):
         lake.run(op)

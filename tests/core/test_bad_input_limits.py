@@ -52,7 +52,9 @@ def test_max_rows_zero_overflows_every_waiting_record_once_and_stops(lake, mode)
     put(lake, "transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
     failing = waiting(lake, mode, dsi.BufferLimits(max_rows=0))
     with (
-        refused(dsi.BufferLimitExceededError, "2 rows (limit 0)", fix="on_exceed='overflow'"),
+        refused(
+            dsi.errors.BufferLimitExceededError, "2 rows (limit 0)", fix="on_exceed='overflow'"
+        ),
         nothing_committed(lake, failing),
     ):
         lake.run(failing)
@@ -76,7 +78,7 @@ def test_max_age_zero_lets_a_record_wait_within_its_batch_only(lake, mode):
     clock.advance(dt.timedelta(seconds=1))
     put(lake, "transactions", [(2, 10, 1.0)], TX)
     with (
-        refused(dsi.BufferLimitExceededError, "max age 0s", fix="on_exceed='overflow'"),
+        refused(dsi.errors.BufferLimitExceededError, "max age 0s", fix="on_exceed='overflow'"),
         nothing_committed(lake, failing),
     ):
         lake.run(failing, clock)

@@ -133,27 +133,42 @@ def _undeclared_tag(record, ctx):
 
 
 def _our_error(record, ctx):
-    raise dsi.SideInputDataError(f"rates missing for {record.tx_id}", fix="load the rates")
+    raise dsi.errors.SideInputDataError(f"rates missing for {record.tx_id}", fix="load the rates")
     yield
 
 
 ROW_FUNCTIONS = [
-    (_return_dict, dsi.FunctionError, ["returned {'tx_id'", "instead of yielding"], "yield record"),
-    (_return_int, dsi.FunctionError, ["_return_int", "TypeError"], "must yield dicts"),
-    (_yield_none, dsi.FunctionError, ["got None"], "yield None"),
-    (_yield_str, dsi.FunctionError, ["got 'abc' (str)"], "yield one dict"),
-    (_yield_wrong_types, dsi.FunctionError, ["output 'enriched'", "'x'"], "declared types"),
-    (_yield_too_big, dsi.FunctionError, ["output 'enriched'", "OverflowError"], "declared types"),
-    (_raise, dsi.FunctionError, ["_raise", "KeyError: 'boom'", "on record"], "fix the function"),
-    (_one_argument, dsi.FunctionError, ["takes 1 positional argument"], "fix the function"),
+    (
+        _return_dict,
+        dsi.errors.FunctionError,
+        ["returned {'tx_id'", "instead of yielding"],
+        "yield record",
+    ),
+    (_return_int, dsi.errors.FunctionError, ["_return_int", "TypeError"], "must yield dicts"),
+    (_yield_none, dsi.errors.FunctionError, ["got None"], "yield None"),
+    (_yield_str, dsi.errors.FunctionError, ["got 'abc' (str)"], "yield one dict"),
+    (_yield_wrong_types, dsi.errors.FunctionError, ["output 'enriched'", "'x'"], "declared types"),
+    (
+        _yield_too_big,
+        dsi.errors.FunctionError,
+        ["output 'enriched'", "OverflowError"],
+        "declared types",
+    ),
+    (
+        _raise,
+        dsi.errors.FunctionError,
+        ["_raise", "KeyError: 'boom'", "on record"],
+        "fix the function",
+    ),
+    (_one_argument, dsi.errors.FunctionError, ["takes 1 positional argument"], "fix the function"),
     (
         _undeclared_side,
         dsi.DeclarationError,
         ["'profle'", "['profile']", "Did you mean"],
         "side_inputs",
     ),
-    (_undeclared_tag, dsi.UndeclaredOutputTagError, ["'alert'"], "side_outputs=[...]"),
-    (_our_error, dsi.SideInputDataError, ["rates missing for"], "load the rates"),
+    (_undeclared_tag, dsi.errors.UndeclaredOutputTagError, ["'alert'"], "side_outputs=[...]"),
+    (_our_error, dsi.errors.SideInputDataError, ["rates missing for"], "load the rates"),
 ]
 
 
@@ -209,7 +224,12 @@ def _frames_udf_ours(main, sides):
 
 
 FRAMES_FUNCTIONS = [
-    (_frames_raise, dsi.FunctionError, ["_frames_raise", "RuntimeError: bug"], "fix the function"),
+    (
+        _frames_raise,
+        dsi.errors.FunctionError,
+        ["_frames_raise", "RuntimeError: bug"],
+        "fix the function",
+    ),
     (_frames_none, dsi.DeclarationError, ["returned NoneType"], "return the main output"),
     (
         _frames_pandas,
@@ -218,8 +238,13 @@ FRAMES_FUNCTIONS = [
         "spark.createDataFrame",
     ),
     (_frames_list_value, dsi.DeclarationError, ["is a list"], "Spark DataFrames"),
-    (_frames_duplicate_columns, dsi.SchemaMismatchError, ["'enriched'", "['NAME']"], "rename"),
-    (_frames_missing_column, dsi.FunctionError, ["`nmae`"], "check the columns"),
+    (
+        _frames_duplicate_columns,
+        dsi.errors.SchemaMismatchError,
+        ["'enriched'", "['NAME']"],
+        "rename",
+    ),
+    (_frames_missing_column, dsi.errors.FunctionError, ["`nmae`"], "check the columns"),
     (_frames_udf_ours, dsi.DeclarationError, ["has no region"], "declare the region"),
 ]
 
@@ -243,7 +268,8 @@ def test_a_misbehaving_frames_function_is_a_side_input_error(ready, fn, cls, nam
 
 
 @pytest.mark.parametrize(
-    ("mode", "cls"), [("frames", dsi.SideInputDataError), ("rows", dsi.MissingSideColumnError)]
+    ("mode", "cls"),
+    [("frames", dsi.errors.SideInputDataError), ("rows", dsi.errors.MissingSideColumnError)],
 )
 def test_a_side_column_the_function_reads_that_disappeared_is_named(lake, mode, cls):
     put(lake, "profiles", [(10, "ann")], PROFILES)
@@ -346,7 +372,7 @@ def test_a_landed_file_name_spark_cannot_read_is_refused_naming_it(ready, tmp_pa
     bad.write_text('{"tx_id": 2, "customer_id": 10, "amount": 1.0}\n')
     op = operator(ready, main=dsi.MainInput.files(str(folder), schema=TX, key="customer_id"))
     with (
-        refused(dsi.MainInputDataError, repr(bad.name), "'landed'", fix="rename the file"),
+        refused(dsi.errors.MainInputDataError, repr(bad.name), "'landed'", fix="rename the file"),
         nothing_committed(ready, op),
     ):
         ready.run(op)
@@ -387,7 +413,10 @@ def test_dots_spaces_and_backticks_in_key_time_and_side_columns_are_supported(la
         window=dsi.Window.sliding(hours(2), slide=hours(1)),
     )
     with refused(
-        dsi.MainInputDataError, f"null key {key!r}", "null event time 'event.time'", fix="invalid="
+        dsi.errors.MainInputDataError,
+        f"null key {key!r}",
+        "null event time 'event.time'",
+        fix="invalid=",
     ):
         lake.run(op, Clock(T0 + hours(3)))
     fixed = operator(

@@ -42,7 +42,7 @@ def test_a_deleted_pattern_topic_keeps_the_other_topics_unread_records(lake, kaf
     kafka_broker.produce_json(names["b"], tx(range(13, 16)), key="customer_id")  # unread
     kafka_broker.delete_topic(names["a"])
 
-    with nothing_committed(lake, op), refused(dsi.OperatorStateError, names["a"], fix=KEEP):
+    with nothing_committed(lake, op), refused(dsi.errors.OperatorStateError, names["a"], fix=KEEP):
         op.run(lake.spark)
 
     op.reset(main_from="keep")
@@ -63,7 +63,7 @@ def test_a_recreated_pattern_topic_is_read_from_its_beginning_and_the_others_kep
     kafka_broker.recreate_topic(names["a"], 1)
     kafka_broker.produce_json(names["a"], tx(range(20, 22)), key="customer_id")
 
-    with nothing_committed(lake, op), refused(dsi.OperatorStateError, names["a"], fix=KEEP):
+    with nothing_committed(lake, op), refused(dsi.errors.OperatorStateError, names["a"], fix=KEEP):
         op.run(lake.spark)
 
     op.reset(main_from="keep")
@@ -84,7 +84,7 @@ def test_offsets_deleted_unread_are_skipped_once_by_keep_and_nothing_else(lake, 
 
     with (
         nothing_committed(lake, op),
-        refused(dsi.KafkaOffsetsLostError, f"{name}[0] offsets 4..7", fix=KEEP),
+        refused(dsi.errors.KafkaOffsetsLostError, f"{name}[0] offsets 4..7", fix=KEEP),
     ):
         op.run(lake.spark)
 
@@ -110,7 +110,7 @@ def test_keep_drops_only_a_vanished_partitions_position(lake, kafka_broker):
         ),
         topic_ids={name: topic_id},
     )
-    with refused(dsi.OperatorStateError, f"{name}", "[5] at 9", fix=KEEP):
+    with refused(dsi.errors.OperatorStateError, f"{name}", "[5] at 9", fix=KEEP):
         source.next_range(position)
 
     from dagster_sideinputs.core.sources.kafka.offsets import keep_position
@@ -138,7 +138,7 @@ def test_a_recreated_main_table_holding_a_copy_is_read_after_the_copy(lake: Lake
     with (
         nothing_committed(lake, op),
         refused(
-            dsi.OperatorStateError,
+            dsi.errors.OperatorStateError,
             "transactions",
             "deleted and created again",
             fix=["reset(main_from='beginning')", "reset(main_from=<version>)"],

@@ -290,7 +290,7 @@ def test_a_declared_type_that_cannot_hold_a_waiting_value_is_refused_naming_it(l
     narrowed = waiting_op(lake, landed(folder, "tx_id long, customer_id long, amount bigint"))
     with (
         refused(
-            dsi.MainInputDataError,
+            dsi.errors.MainInputDataError,
             "'landed'",
             "'amount'",
             "double to bigint",
@@ -344,11 +344,13 @@ def test_a_type_mismatch_alone_does_not_suggest_merging_which_changes_no_type(sp
 
     table = T.StructType([T.StructField("v", T.IntegerType())])
     data = T.StructType([T.StructField("v", T.LongType())])
-    with refused(dsi.SchemaMismatchError, "'v' is bigint in the data but int", fix="cast") as err:
+    with refused(
+        dsi.errors.SchemaMismatchError, "'v' is bigint in the data but int", fix="cast"
+    ) as err:
         plan_append(data, table, table="out", merge=True)
     assert "schema_mode" not in (err.value.fix or "")
     extra = T.StructType([*data.fields, T.StructField("w", T.StringType())])
-    with refused(dsi.SchemaMismatchError, "'w'", fix='schema_mode="merge"'):
+    with refused(dsi.errors.SchemaMismatchError, "'w'", fix='schema_mode="merge"'):
         plan_append(extra, table, table="out", merge=False)
 
 
@@ -497,7 +499,7 @@ def test_a_nested_declared_type_that_cannot_hold_a_waiting_value_is_refused_nami
     )
     with (
         refused(
-            dsi.MainInputDataError,
+            dsi.errors.MainInputDataError,
             "'landed'",
             "'detail.amount'",
             "double to bigint",
@@ -538,7 +540,7 @@ def test_a_nested_field_missing_by_name_after_its_log_is_gone_is_refused_with_a_
         gone.unlink()
     with (
         refused(
-            dsi.MainInputDataError,
+            dsi.errors.MainInputDataError,
             "'transactions'",
             "nested field 'detail.amount'",
             fix="its name 'amount' back",

@@ -122,7 +122,7 @@ def test_an_output_column_name_delta_refuses_is_named_before_any_write(
     with (
         nothing_committed(lake, op),
         refused(
-            dsi.SchemaMismatchError,
+            dsi.errors.SchemaMismatchError,
             "'enriched'",
             named,
             "unless the table maps column names",
@@ -144,7 +144,7 @@ def test_an_output_table_with_column_mapping_takes_names_delta_refuses_otherwise
     if lake.engine_id == "rs":
         # The bridge cannot write a column-mapped table: the fix says to use delta-spark.
         with refused(
-            dsi.SchemaMismatchError, "['tx id']", fix="DeltaStorage(engine='delta-spark')"
+            dsi.errors.SchemaMismatchError, "['tx id']", fix="DeltaStorage(engine='delta-spark')"
         ):
             lake.run(operator(lake, fn=_spaced, main_output="enriched"))
         return
@@ -199,7 +199,7 @@ def test_a_batch_refused_by_a_check_constraint_leaves_no_file_in_the_output(lake
     op = operator(lake, fn=_amounts, main_output="enriched")
     lake.run(op)
     put(lake, "transactions", [(i, 10, 1000.0 if i == 13 else float(i)) for i in range(8, 16)], TX)
-    with nothing_committed(lake, op), refused(dsi.SchemaMismatchError, "enriched", "small"):
+    with nothing_committed(lake, op), refused(dsi.errors.SchemaMismatchError, "enriched", "small"):
         lake.run(op)
     assert _parquet_files(lake, "enriched") == _logged_files(lake, "enriched")
     fixed = operator(lake, fn=_capped, main_output="enriched", invalid=INVALID)

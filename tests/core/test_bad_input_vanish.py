@@ -63,7 +63,9 @@ def windowed(lake: Lake, mode: str, window: dsi.Window = HOUR, **kwargs: Any):
 def test_null_event_time_is_invalid_not_dropped_by_the_window_assignment(ready, mode):
     put(ready, "transactions", [(1, 10, 1.0, T0), (2, 10, 1.0, None)], TXT)
     with (
-        refused(dsi.MainInputDataError, "'transactions'", "null event time 'ts'", fix="invalid="),
+        refused(
+            dsi.errors.MainInputDataError, "'transactions'", "null event time 'ts'", fix="invalid="
+        ),
         nothing_committed(ready, windowed(ready, mode)),
     ):
         ready.run(windowed(ready, mode), Clock(NOW))
@@ -87,7 +89,7 @@ def test_an_invalid_record_in_sliding_windows_is_routed_once_not_once_per_window
     ready, mode, bad, reason
 ):
     put(ready, "transactions", [(1, 10, 1.0, T0), bad], TXT)
-    with refused(dsi.MainInputDataError, "'transactions'", reason, fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "'transactions'", reason, fix="invalid="):
         ready.run(windowed(ready, mode, SLIDING), Clock(NOW))
     fixed = windowed(ready, mode, SLIDING, invalid=INVALID)
     ready.run(fixed, Clock(NOW))
@@ -111,7 +113,7 @@ def test_an_event_time_whose_window_does_not_fit_in_timestamps_is_invalid(
     """Before: ValueError / OverflowError from the driver's window arithmetic."""
     put(ready, "transactions", [(1, 10, 1.0, T0), (2, 10, 1.0, when)], TXT)
     build = lambda **kw: windowed(ready, mode, future_tolerance=tolerance, **kw)  # noqa: E731
-    with refused(dsi.MainInputDataError, "event time 'ts' outside", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "event time 'ts' outside", fix="invalid="):
         ready.run(build(), Clock(NOW))
     fixed = build(invalid=INVALID)
     batch = ready.run(fixed, Clock(NOW)).batches[0]
@@ -151,7 +153,7 @@ def test_a_date_typed_event_time_works_and_a_null_date_is_invalid(ready, mode):
     )
     main = dsi.MainInput("transactions", key="customer_id", event_time="d")
     day = dsi.Window.tumbling(dt.timedelta(days=1))
-    with refused(dsi.MainInputDataError, "null event time 'd'", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "null event time 'd'", fix="invalid="):
         ready.run(operator(ready, mode, main=main, window=day), Clock(T0 + hours(30)))
     fixed = operator(ready, mode, main=main, window=day, invalid=INVALID)
     batch = ready.run(fixed, Clock(T0 + hours(30))).batches[0]
@@ -192,7 +194,7 @@ def test_a_landed_line_corrupt_in_a_column_the_routing_does_not_read_is_invalid(
     folder = tmp_path / "landed"
     folder.mkdir()
     (folder / f"a.{fmt}").write_text("\n".join(lines) + "\n")
-    with refused(dsi.MainInputDataError, "'landed'", "corrupt record", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "'landed'", "corrupt record", fix="invalid="):
         ready.run(landing(ready, mode, folder, fmt))
     fixed = landing(ready, mode, folder, fmt, invalid=INVALID)
     ready.run(fixed)
@@ -207,7 +209,7 @@ def test_a_landed_line_corrupt_in_a_column_the_routing_does_not_read_is_invalid(
 def test_a_nan_key_is_invalid_in_both_modes(lake, mode):
     put(lake, "profiles", [(10.0, "ann"), (float("nan"), "nan")], "customer_id double, name string")
     put(lake, "transactions", [(1, 10.0), (2, float("nan"))], "tx_id long, customer_id double")
-    with refused(dsi.MainInputDataError, "NaN key 'customer_id'", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "NaN key 'customer_id'", fix="invalid="):
         lake.run(operator(lake, mode))
     fixed = operator(lake, mode, invalid=INVALID)
     lake.run(fixed)
@@ -265,10 +267,10 @@ def test_a_key_translator_returning_null_waits_then_times_out_to_unmatched(ready
 def test_a_null_key_in_a_pre_keyed_input_is_invalid(ready, mode):
     frame = ready.spark.createDataFrame([(1, 10), (2, None)], "tx_id long, customer_id long")
     frame = frame.withColumn("kg", key_group("customer_id", 4))
-    dsi.write_dataframe(frame, ready.storage.table_uri("transactions"), partition_by=["kg"])
+    dsi.tables.write_dataframe(frame, ready.storage.table_uri("transactions"), partition_by=["kg"])
     main = dsi.MainInput("transactions", key="customer_id", pre_keyed=dsi.KeyGroups(4, "kg"))
     keyed = {"profile": dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")}
-    with refused(dsi.MainInputDataError, "null key 'customer_id'", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "null key 'customer_id'", fix="invalid="):
         ready.run(operator(ready, mode, main=main, side_inputs=keyed))
     fixed = operator(ready, mode, main=main, side_inputs=keyed, invalid=INVALID)
     ready.run(fixed)
@@ -287,7 +289,7 @@ def test_a_null_event_time_does_not_wait_for_a_side_window(lake, mode):
         "rates", window=dsi.Window.tumbling(hours(1), time_column="rate_time")
     )
     main = dsi.MainInput("transactions", key="customer_id", event_time="ts")
-    with refused(dsi.MainInputDataError, "null event time 'ts'", fix="invalid="):
+    with refused(dsi.errors.MainInputDataError, "null event time 'ts'", fix="invalid="):
         lake.run(operator(lake, mode, main=main, side_inputs={"rate": rates}), Clock(NOW))
     fixed = operator(lake, mode, main=main, side_inputs={"rate": rates}, invalid=INVALID)
     lake.run(fixed, Clock(NOW))

@@ -302,7 +302,7 @@ def operator_results(
         window=None if main_size is None else operator_window(main_size, main_slide),
     )
     lake.run(op, Clock(T0 + dt.timedelta(days=1)))  # after every window: all final
-    rows = dsi.read_table(lake.spark, lake.storage.table_uri("views_out")).collect()
+    rows = dsi.tables.read_table(lake.spark, lake.storage.table_uri("views_out")).collect()
     keys = [record_key(row.tx_id, row.start if main_size is not None else None) for row in rows]
     assert len(set(keys)) == len(keys)
     if mode == "rows":
@@ -366,7 +366,7 @@ def test_an_empty_singleton_window_without_default_is_an_error_where_beam_python
     contract says: a clear error rather than a value the function may not expect."""
     found = beam_results(str(tmp_path), HOUR, HOUR, default=None)
     assert json.loads(found["4@120"])["single"] == "EMPTY"
-    with pytest.raises(dsi.EmptySingletonError, match="2024-05-01T02:00:00Z"):
+    with pytest.raises(dsi.errors.EmptySingletonError, match="2024-05-01T02:00:00Z"):
         operator_results(lake, "rows", HOUR, HOUR, default=None)
 
 
@@ -375,5 +375,5 @@ def test_a_singleton_window_with_two_rows_fails_in_beam_and_in_the_operator(lake
     with pytest.raises(Exception, match="more than one element"):
         beam_results(str(tmp_path), HOUR, HOUR, single=two)
     lake.append("single", [("x2", T0 + dt.timedelta(minutes=6))], "val string, ts timestamp")
-    with pytest.raises(dsi.SingletonCardinalityError, match="2024-05-01T00:00:00Z"):
+    with pytest.raises(dsi.errors.SingletonCardinalityError, match="2024-05-01T00:00:00Z"):
         operator_results(lake, "rows", HOUR, HOUR)

@@ -101,7 +101,7 @@ def test_a_plan_set_aside_while_its_run_was_paused_commits_nothing(lake):
     pause.go.set()
     thread.join(300)
     error = outcome.get("error")
-    assert isinstance(error, dsi.OperatorStateError), outcome
+    assert isinstance(error, dsi.errors.OperatorStateError), outcome
     assert "was set aside by another run" in str(error)
     assert "committed nothing" in str(error)
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(30))

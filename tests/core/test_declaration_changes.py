@@ -163,7 +163,7 @@ def test_sliding_window_changed_with_buffered_rows_is_refused_until_they_drain(l
     assert sliding.buffer().rows() == 2  # one row per window
     tumbling = rules_operator(lake, dsi.Window.tumbling(hours(1)))
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "sliding windows",
         fix=["restore the previous window until the buffer drains", "drop_buffered=True"],
     ):
@@ -320,7 +320,9 @@ def test_event_time_changed_routes_buffered_records_by_the_new_column(lake, cloc
 def test_pre_keyed_declared_recomputes_the_key_groups_of_buffered_records(lake, clock):
     frame = lake.spark.createDataFrame([(1, 10, 1.0), (2, 11, 1.0)], TX)
     keyed = frame.withColumn("key_group", key_group("customer_id", 4))
-    dsi.write_dataframe(keyed, lake.storage.table_uri("transactions"), partition_by=["key_group"])
+    dsi.tables.write_dataframe(
+        keyed, lake.storage.table_uri("transactions"), partition_by=["key_group"]
+    )
     put(lake, "profiles", [(10, "ann"), (11, "bob")], PROFILES)
     plain = enriched_operator(lake, {**RULES, **PROFILE})
     lake.run(plain, clock)
@@ -391,7 +393,7 @@ def test_declaration_changed_while_a_batch_is_written_in_part_is_refused_until_f
     nulls = {"profile": dsi.SideInput.map("profiles", key="customer_id")}
     changed = enriched_operator(lake, nulls, unmatched=unmatched)
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "written in part",
         "declaration changed",
         fix="restore the previous declaration",

@@ -64,7 +64,9 @@ def test_corrupt_lines_without_an_invalid_tag_stop_the_batch_and_name_the_fix(la
     folder = tmp_path / "landing"
     lake.append("profiles", [(10, "ann")], PROFILES)
     land(folder, "a.json", '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n')
-    with pytest.raises(dsi.MainInputDataError, match=r"(?s)corrupt record.*invalid=dsi.OutputTag"):
+    with pytest.raises(
+        dsi.errors.MainInputDataError, match=r"(?s)corrupt record.*invalid=dsi.OutputTag"
+    ):
         lake.run(landing_operator(lake, folder))
     assert not lake.exists("enriched")
 
@@ -87,7 +89,8 @@ def test_buffer_over_its_row_limit_fails_before_writing(lake):
     lake.append("transactions", [(i, 10, 1.0) for i in range(5)], TX)
     op = limited_operator(lake, dsi.BufferLimits(max_rows=3))
     with pytest.raises(
-        dsi.BufferLimitExceededError, match=r"(?s)5 rows \(limit 3\).*Nothing was written.*max_rows"
+        dsi.errors.BufferLimitExceededError,
+        match=r"(?s)5 rows \(limit 3\).*Nothing was written.*max_rows",
     ):
         lake.run(op)
     assert op.buffer().rows() == 0
@@ -118,7 +121,7 @@ def test_buffer_older_than_its_age_limit_fails(lake):
     lake.run(op, clock)
     clock.advance(hours(2))
     lake.append("transactions", [(2, 10, 1.0)], TX)
-    with pytest.raises(dsi.BufferLimitExceededError, match="max age 1 hour"):
+    with pytest.raises(dsi.errors.BufferLimitExceededError, match="max age 1 hour"):
         lake.run(op, clock)
     assert op.buffer().rows() == 1
 
@@ -296,7 +299,9 @@ def test_a_landed_file_that_is_not_parquet_is_still_named_when_footers_are_read(
     lake.append("profiles", [(10, "ann")], PROFILES)
     land_parquet(folder, "a.parquet", tx_table([1], [10]))
     (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
-    with pytest.raises(dsi.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written"):
+    with pytest.raises(
+        dsi.errors.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written"
+    ):
         lake.run(parquet_landing(lake, folder))
     assert not lake.exists("enriched")
     (folder / "broken.parquet").unlink()
@@ -346,7 +351,7 @@ def test_a_session_that_ignores_corrupt_files_still_names_a_corrupt_landed_file(
     key = "spark.sql.files.ignoreCorruptFiles"
     lake.spark.conf.set(key, "true")
     try:
-        with pytest.raises(dsi.CorruptDataFileError, match=r"broken\.parquet"):
+        with pytest.raises(dsi.errors.CorruptDataFileError, match=r"broken\.parquet"):
             lake.run(parquet_landing(lake, folder))
     finally:
         lake.spark.conf.unset(key)

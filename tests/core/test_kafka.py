@@ -335,7 +335,7 @@ def test_offsets_deleted_before_they_were_read_are_an_error_naming_them(lake, ka
     kafka_broker.produce_json(name, tx(range(10, 20)), partition=0)
     kafka_broker.delete_records(name, {0: 15})  # retention took offsets 10..14 unread
 
-    with pytest.raises(dsi.KafkaOffsetsLostError) as raised:
+    with pytest.raises(dsi.errors.KafkaOffsetsLostError) as raised:
         op.run(lake.spark)
 
     message = str(raised.value)
@@ -373,7 +373,7 @@ def test_a_recreated_topic_is_an_error_until_reset(lake, kafka_broker):
     kafka_broker.recreate_topic(name, 2)
     kafka_broker.produce_json(name, tx(range(100, 104)), key="customer_id")
 
-    with pytest.raises(dsi.OperatorStateError, match="deleted and created again") as raised:
+    with pytest.raises(dsi.errors.OperatorStateError, match="deleted and created again") as raised:
         op.run(lake.spark)
     assert "topic id" in str(raised.value)
     assert name in str(raised.value)
@@ -394,7 +394,7 @@ def test_a_partition_that_disappeared_is_an_error_naming_it(lake, kafka_broker):
         offsets=(OffsetRange(name, 0, 0, 0), OffsetRange(name, 5, 0, 42)),
         topic_ids=ids,
     )
-    with pytest.raises(dsi.OperatorStateError, match=r"partition count shrank") as raised:
+    with pytest.raises(dsi.errors.OperatorStateError, match=r"partition count shrank") as raised:
         source.next_range(position)
     assert "[5] at 42" in str(raised.value)
 
@@ -412,7 +412,7 @@ def test_a_pending_batch_whose_offsets_are_gone_cannot_be_replayed(lake, kafka_b
         crashing.run(lake.spark)
     kafka_broker.delete_records(name, {0: 4})
 
-    with pytest.raises(dsi.KafkaOffsetsLostError, match=rf"{name}\[0\] 0..10"):
+    with pytest.raises(dsi.errors.KafkaOffsetsLostError, match=rf"{name}\[0\] 0..10"):
         operator(lake, kafka_main(kafka_broker, name)).run(lake.spark)
 
 
@@ -443,7 +443,7 @@ def test_malformed_json_without_an_invalid_route_stops_the_batch(lake, kafka_bro
     kafka_broker.produce(name, [("1", "{not json")])
     op = operator(lake, kafka_main(kafka_broker, name), invalid=None)
 
-    with pytest.raises(dsi.MainInputDataError, match=rf"{name}\[0\]@3: {{not json"):
+    with pytest.raises(dsi.errors.MainInputDataError, match=rf"{name}\[0\]@3: {{not json"):
         op.run(lake.spark)
     assert not lake.exists("enriched")
 
@@ -540,7 +540,7 @@ def test_a_batch_no_table_committed_is_planned_again_with_the_offsets_there_are_
         main_output="enriched",
         invalid=INVALID,
     )
-    with pytest.raises(dsi.FunctionError):
+    with pytest.raises(dsi.errors.FunctionError):
         failing.run(lake.spark)
     kafka_broker.produce_json(name, tx(range(5, 8)), key="customer_id")
     op = operator(lake, kafka_main(kafka_broker, name))

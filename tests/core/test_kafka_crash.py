@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.delta.bridge import DeltaRsEngine
 from dagster_sideinputs.delta.reader import read_table
 from tests.cluster import spark_env
 from tests.servers.kafka import KafkaBroker
@@ -64,7 +65,7 @@ def prepare_lake(spark, root: Path) -> None:
     profiles = spark.createDataFrame(
         [(c, f"customer {c}") for c in range(KNOWN)], "customer_id long, name string"
     )
-    dsi.write_dataframe(profiles, str(root / "profiles"))
+    dsi.tables.write_dataframe(profiles, str(root / "profiles"))
 
 
 def run_worker(root: Path, broker: KafkaBroker, topic: str, kill_at: str | None) -> str:
@@ -98,9 +99,7 @@ def snapshot(spark, root: Path, topic: str) -> dict[str, list[tuple]]:
     for name, columns in COLUMNS.items():
         uri = str(root / name)
         rows = (
-            read_table(spark, uri).select(*columns).collect()
-            if dsi.DeltaRsEngine().exists(uri)
-            else []
+            read_table(spark, uri).select(*columns).collect() if DeltaRsEngine().exists(uri) else []
         )
         neutral = [tuple(str(v).replace(topic, "<topic>") for v in r) for r in rows]
         tables[name] = sorted(neutral)

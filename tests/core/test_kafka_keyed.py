@@ -203,7 +203,7 @@ def test_a_record_on_another_partition_than_its_keys_is_an_error_before_any_writ
     )
     op = keyed_operator(lake, kafka_broker, topic)
 
-    with pytest.raises(dsi.PreKeyedViolationError) as raised:
+    with pytest.raises(dsi.errors.PreKeyedViolationError) as raised:
         op.run(lake.spark)
 
     message = str(raised.value)
@@ -218,7 +218,7 @@ def test_a_key_column_that_is_not_the_kafka_key_is_an_error(lake, kafka_broker):
     kafka_broker.produce_json(topic, tx(range(5)), key=lambda r: f"c-{r['customer_id']}")
     op = keyed_operator(lake, kafka_broker, topic)
     with pytest.raises(
-        dsi.PreKeyedViolationError, match="must be the string form of the Kafka key"
+        dsi.errors.PreKeyedViolationError, match="must be the string form of the Kafka key"
     ):
         op.run(lake.spark)
     assert not lake.exists("enriched")
@@ -229,7 +229,7 @@ def test_more_partitions_than_key_groups_is_an_error_when_planning(lake, kafka_b
     topic = kafka_broker.create_topic(kafka_broker.unique_topic("keyed"), 4)
     kafka_broker.produce_json(topic, tx(range(5)), key="customer_id")
     op = keyed_operator(lake, kafka_broker, topic, max_key_groups=2)
-    with pytest.raises(dsi.PreKeyedViolationError, match=r"has 4 partitions") as raised:
+    with pytest.raises(dsi.errors.PreKeyedViolationError, match=r"has 4 partitions") as raised:
         op.run(lake.spark)
     assert "max_key_groups=4" in str(raised.value)
     assert op.last_plan() is None

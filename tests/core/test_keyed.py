@@ -34,7 +34,9 @@ def write_pre_keyed(lake: Lake, rows: int, *, groups: int = GROUPS) -> None:
         F.lit(1.0).alias("amount"),
     )
     frame = frame.withColumn("key_group", key_group("customer_id", groups))
-    dsi.write_dataframe(frame, lake.storage.table_uri("transactions"), partition_by=["key_group"])
+    dsi.tables.write_dataframe(
+        frame, lake.storage.table_uri("transactions"), partition_by=["key_group"]
+    )
 
 
 def keyed_operator(lake: Lake, pre_keyed: dsi.KeyGroups | None) -> dsi.SideInputOperator:
@@ -111,11 +113,13 @@ def test_input_breaking_the_pre_keyed_promise_is_refused_before_anything_is_writ
         F.lit(1.0).alias("amount"),
     )
     mixed = frame.withColumn("key_group", key_group("customer_id", GROUPS)).coalesce(1)
-    dsi.write_dataframe(mixed, lake.storage.table_uri("transactions"))  # one file, four key groups
+    dsi.tables.write_dataframe(
+        mixed, lake.storage.table_uri("transactions")
+    )  # one file, four key groups
     lake.append("profiles", [(1, "a")], PROFILES)
     op = keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
     with pytest.raises(
-        dsi.PreKeyedViolationError,
+        dsi.errors.PreKeyedViolationError,
         match=r"(?s)part-.*holds key groups 0..3 \(keys 0..36\).*Nothing was written",
     ):
         op.run(lake.spark)
@@ -130,9 +134,9 @@ def test_a_key_group_column_that_lies_fails_the_batch_before_writing(lake):
         F.lit(1.0).alias("amount"),
         F.lit(0).alias("key_group"),
     )
-    dsi.write_dataframe(frame.coalesce(1), lake.storage.table_uri("transactions"))
+    dsi.tables.write_dataframe(frame.coalesce(1), lake.storage.table_uri("transactions"))
     lake.append("profiles", [(1, "a")], PROFILES)
-    with pytest.raises(dsi.PreKeyedViolationError, match=r"hashes to"):
+    with pytest.raises(dsi.errors.PreKeyedViolationError, match=r"hashes to"):
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
     assert not lake.exists("enriched")
 
@@ -140,7 +144,7 @@ def test_a_key_group_column_that_lies_fails_the_batch_before_writing(lake):
 def test_more_splits_than_key_groups_is_refused(lake):
     write_pre_keyed(lake, 200, groups=8)
     lake.append("profiles", [(1, "a")], PROFILES)
-    with pytest.raises(dsi.PreKeyedViolationError, match=r"outside 0\.\.3"):
+    with pytest.raises(dsi.errors.PreKeyedViolationError, match=r"outside 0\.\.3"):
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
 
 
@@ -154,10 +158,10 @@ def test_a_key_group_partition_value_that_lies_fails_the_batch_before_writing(la
         F.lit(0).alias("key_group"),
     )
     uri = lake.storage.table_uri("transactions")
-    dsi.write_dataframe(frame, uri, partition_by=["key_group"])
+    dsi.tables.write_dataframe(frame, uri, partition_by=["key_group"])
     lake.append("profiles", [(1, "a")], PROFILES)
     with pytest.raises(
-        dsi.PreKeyedViolationError,
+        dsi.errors.PreKeyedViolationError,
         match=r"column lies: key \d+ in key group 0 hashes to [1-3]\b.*Nothing was written",
     ):
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
@@ -174,7 +178,7 @@ def write_profiles(lake: Lake, *, group_of=None, partition_by=("key_group",)) ->
     frame = frame.withColumn(
         "key_group", group_of if group_of is not None else key_group("customer_id", GROUPS)
     )
-    dsi.write_dataframe(
+    dsi.tables.write_dataframe(
         frame.repartition(GROUPS, "key_group"),
         lake.storage.table_uri("profiles"),
         partition_by=list(partition_by),
@@ -220,7 +224,7 @@ def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle
     write_profiles(lake, group_of=F.expr(group_of), partition_by=partition_by)
     if "int" in group_of:  # the side key as an int: its hash differs from the long's
         side = lake.frame("profiles").withColumn("customer_id", F.col("customer_id").cast("int"))
-        dsi.write_dataframe(
+        dsi.tables.write_dataframe(
             side.repartition(GROUPS, "key_group"),
             lake.storage.table_uri("profiles"),
             mode="overwrite",
@@ -247,7 +251,7 @@ def test_a_new_side_version_is_checked_again(lake):
     with no_broadcast(lake.spark):
         first = op.run(lake.spark).batches[0]
         frame = lake.spark.createDataFrame([(k, f"m{k}") for k in range(37)], PROFILES)
-        dsi.write_dataframe(
+        dsi.tables.write_dataframe(
             frame.withColumn("key_group", F.lit(1)),
             lake.storage.table_uri("profiles"),
             mode="overwrite",
@@ -258,7 +262,7 @@ def test_a_new_side_version_is_checked_again(lake):
             (F.col("id") % 37).alias("customer_id"),
             F.lit(1.0).alias("amount"),
         )
-        dsi.write_dataframe(
+        dsi.tables.write_dataframe(
             more.withColumn("key_group", key_group("customer_id", GROUPS)),
             lake.storage.table_uri("transactions"),
             mode="append",
@@ -304,7 +308,7 @@ def test_pre_keyed_inputs_whose_column_names_hold_backticks_and_dots_join_in_pla
         frame = frame.withColumn("key_group", key_group(key, GROUPS)).repartition(
             GROUPS, "key_group"
         )
-        dsi.write_dataframe(frame, lake.storage.table_uri(name), partition_by=["key_group"])
+        dsi.tables.write_dataframe(frame, lake.storage.table_uri(name), partition_by=["key_group"])
     op = lake.operator(
         main=dsi.MainInput("transactions", key=key, pre_keyed=dsi.KeyGroups(GROUPS, "key_group")),
         side_inputs={"profile": dsi.SideInput.map("profiles", key=key, distribution="keyed")},
@@ -323,6 +327,8 @@ def test_pre_keyed_inputs_whose_column_names_hold_backticks_and_dots_join_in_pla
     )
     more = main.where("tx_id < 5").withColumn("tx_id", F.col("tx_id") + 1000)
     more = more.withColumn("key_group", key_group(key, GROUPS))
-    dsi.write_dataframe(more, lake.storage.table_uri("transactions"), partition_by=["key_group"])
+    dsi.tables.write_dataframe(
+        more, lake.storage.table_uri("transactions"), partition_by=["key_group"]
+    )
     assert op.run(spark).emitted("enriched") == 5  # appended to the existing table
     assert len(lake.rows("enriched")) == 405

@@ -115,7 +115,7 @@ def test_a_failing_function_in_the_split_job_commits_and_leaves_nothing(lake):
             raise ValueError("bad record")
         yield from enrich(record, ctx)
 
-    with pytest.raises(dsi.FunctionError, match="bad record") as raised:
+    with pytest.raises(dsi.errors.FunctionError, match="bad record") as raised:
         lake.run(operator(lake, fn=fails_on_five))
     assert "nothing" in str(raised.value).lower()
     assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,)]

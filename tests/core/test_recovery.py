@@ -78,7 +78,11 @@ def test_duplicate_map_keys_then_the_side_table_deduplicated(lake):
     put(lake, "transactions", [(1, 10, 1.0), (2, 11, 2.0)], TX)
     op = keyed(lake)
     with refused(
-        dsi.DuplicateKeyError, "'profile'", "[10]", "version 0", fix="deduplicate the side asset"
+        dsi.errors.DuplicateKeyError,
+        "'profile'",
+        "[10]",
+        "version 0",
+        fix="deduplicate the side asset",
     ):
         lake.run(op)
     assert op.last_plan() is not None  # the failed batch's plan, pinning version 0
@@ -94,7 +98,7 @@ def test_duplicate_map_keys_then_the_side_table_deduplicated(lake):
 def test_duplicate_map_keys_then_pick_declared(lake):
     put(lake, "profiles", [(10, "ann"), (10, "zed")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0)], TX)
-    with refused(dsi.DuplicateKeyError, "'profile'", fix="pick="):
+    with refused(dsi.errors.DuplicateKeyError, "'profile'", fix="pick="):
         lake.run(keyed(lake))
     op = keyed(lake, dsi.SideInput.map("profiles", key="customer_id", pick="name"))
     replanned(lake.run(op), op)
@@ -114,7 +118,9 @@ def test_duplicate_keys_in_row_mode_then_the_side_table_deduplicated(lake):
     put(lake, "profiles", [(10, "ann"), (10, "ann again")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0), (2, 12, 1.0)], TX)
     op = keyed(lake, fn=per_record, mode="rows", main_output=dsi.OutputTag("enriched", schema))
-    with refused(dsi.DuplicateKeyError, "'profile'", "[10]", fix="deduplicate the side asset"):
+    with refused(
+        dsi.errors.DuplicateKeyError, "'profile'", "[10]", fix="deduplicate the side asset"
+    ):
         lake.run(op)
     put(lake, "profiles", [(10, "ann")], PROFILES, mode="overwrite")
     replanned(lake.run(op), op)
@@ -136,7 +142,7 @@ def test_singleton_with_two_rows_then_one(lake):
     put(lake, "transactions", [(1, 10, 1.0)], TX)
     op = rules_operator(lake)
     with refused(
-        dsi.SingletonCardinalityError, "'rules'", "more than one row", fix="exactly one row"
+        dsi.errors.SingletonCardinalityError, "'rules'", "more than one row", fix="exactly one row"
     ):
         lake.run(op)
     put(lake, "rules", [(5.0,)], "limit double", mode="overwrite")
@@ -149,7 +155,7 @@ def test_empty_singleton_then_a_row_materialized(lake):
     put(lake, "rules", [], "limit double")
     put(lake, "transactions", [(1, 10, 1.0)], TX)
     op = rules_operator(lake, readiness="complete")
-    with refused(dsi.EmptySingletonError, "'rules'", "no row", fix="materialize a row"):
+    with refused(dsi.errors.EmptySingletonError, "'rules'", "no row", fix="materialize a row"):
         lake.run(op)
     put(lake, "rules", [(7.0,)], "limit double")
     replanned(lake.run(op), op)
@@ -162,7 +168,7 @@ def test_side_table_without_its_key_column_then_restored(lake):
     put(lake, "transactions", [(1, 10, 1.0)], TX)
     op = keyed(lake)
     with refused(
-        dsi.SideInputDataError,
+        dsi.errors.SideInputDataError,
         "'profile'",
         "'customer_id'",
         fix="restore the side table's schema",
@@ -176,7 +182,7 @@ def test_side_table_without_its_key_column_then_restored(lake):
 def test_side_table_without_its_key_column_then_key_declared(lake):
     put(lake, "profiles", [(10, "ann")], "id long, name string")
     put(lake, "transactions", [(1, 10, 1.0)], TX)
-    with refused(dsi.SideInputDataError, "'customer_id'", fix="fix key= in the declaration"):
+    with refused(dsi.errors.SideInputDataError, "'customer_id'", fix="fix key= in the declaration"):
         lake.run(keyed(lake))
     op = keyed(lake, dsi.SideInput.map("profiles", key="id", key_translator="customer_id"))
     replanned(lake.run(op), op)
@@ -235,7 +241,7 @@ def test_side_table_deleted_after_use_then_rematerialized(profiles):
     lake.run(op, clock)
     shutil.rmtree(lake.storage.table_uri("profiles"))
     put(lake, "transactions", [(3, 11, 1.0)], TX)
-    with refused(dsi.SideInputDataError, "'profile'", "is gone", fix="rematerialize"):
+    with refused(dsi.errors.SideInputDataError, "'profile'", "is gone", fix="rematerialize"):
         lake.run(op, clock)
     assert op.buffer().rows() == 1
 
@@ -255,7 +261,7 @@ def test_side_table_with_an_unsupported_feature_then_rewritten(lake):
     rows = pa.table({"customer_id": pa.array([10], pa.int64()), "name": ["ann"]})
     write_deltalake(uri, rows, configuration={"delta.columnMapping.mode": "name"})
     put(lake, "transactions", [(1, 10, 1.0)], TX)
-    with refused(dsi.UnsupportedTableFeatureError, "profiles", "columnMapping"):
+    with refused(dsi.errors.UnsupportedTableFeatureError, "profiles", "columnMapping"):
         lake.run(keyed(lake))
     shutil.rmtree(uri)  # "rewrite the table without this feature"
     put(lake, "profiles", [(10, "ann")], PROFILES)
@@ -337,7 +343,7 @@ def test_null_key_in_a_delta_main_input_then_an_invalid_tag(profiles):
     lake.run(op)
     put(lake, "transactions", [(2, None, 1.0), (3, 11, 1.0)], TX)
     with refused(
-        dsi.MainInputDataError,
+        dsi.errors.MainInputDataError,
         "'transactions'",
         "null key 'customer_id'",
         fix=['invalid=dsi.OutputTag("...")', "append-only"],
@@ -370,7 +376,7 @@ def test_null_key_in_a_landed_file_then_the_file_corrected(profiles, tmp_path):
         '{"tx_id": 2, "amount": 1}\n{"tx_id": 3, "customer_id": 11, "amount": 1}\n'
     )
     with refused(
-        dsi.MainInputDataError, "null key 'customer_id'", fix="fix the records at the source"
+        dsi.errors.MainInputDataError, "null key 'customer_id'", fix="fix the records at the source"
     ):
         lake.run(op)
     corrected = [
@@ -389,7 +395,9 @@ def test_corrupt_landed_file_then_moved_away(profiles, tmp_path):
     lake.spark.createDataFrame([(1, 10, 1.0)], TX).toPandas().to_parquet(folder / "good.parquet")
     (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
     op = landing_operator(lake, folder, "parquet")
-    with refused(dsi.CorruptDataFileError, "broken.parquet", "'landing'", fix="move the file out"):
+    with refused(
+        dsi.errors.CorruptDataFileError, "broken.parquet", "'landing'", fix="move the file out"
+    ):
         lake.run(op)
     shutil.move(folder / "broken.parquet", tmp_path / "broken.parquet")
     replanned(lake.run(op), op)
@@ -411,7 +419,10 @@ def test_truncated_main_data_file_then_restored_from_a_backup(profiles, tmp_path
     with open(damaged, "r+b") as handle:
         handle.truncate(20)
     with refused(
-        dsi.CorruptDataFileError, "transactions", "20 bytes", fix="restore the file from a backup"
+        dsi.errors.CorruptDataFileError,
+        "transactions",
+        "20 bytes",
+        fix="restore the file from a backup",
     ):
         lake.run(op)
     shutil.copy(tmp_path / "backup.parquet", damaged)
@@ -428,7 +439,7 @@ def test_main_version_that_deleted_rows_then_skipped_by_a_reset(profiles):
     DeltaTable(lake.storage.table_uri("transactions")).delete("tx_id = 1")  # version 2
     put(lake, "transactions", [(4, 11, 1.0)], TX)  # version 3
     with refused(
-        dsi.NonAppendOnlyChangeError,
+        dsi.errors.NonAppendOnlyChangeError,
         "'transactions'",
         "version 2",
         "DELETE",
@@ -449,7 +460,7 @@ def test_main_input_folder_that_is_not_delta_then_converted(profiles):
     uri = lake.storage.table_uri("transactions")
     lake.spark.createDataFrame([(1, 10, 1.0)], TX).write.parquet(uri)
     op = keyed(lake)
-    with refused(dsi.NotADeltaTableError, "transactions", fix="convert_to_deltalake"):
+    with refused(dsi.errors.NotADeltaTableError, "transactions", fix="convert_to_deltalake"):
         lake.run(op)
     convert_to_deltalake(uri)
     lake.run(op)
@@ -463,14 +474,16 @@ def test_pre_keyed_promise_broken_then_pre_keyed_dropped(lake):
     put(lake, "profiles", [(k, f"n{k}") for k in range(8)], PROFILES)
     frame = lake.spark.createDataFrame([(i, i % 8, 1.0) for i in range(16)], TX)
     wrong = frame.withColumn("key_group", (key_group("customer_id", 4) + 1) % 4)
-    dsi.write_dataframe(wrong, lake.storage.table_uri("transactions"), partition_by=["key_group"])
+    dsi.tables.write_dataframe(
+        wrong, lake.storage.table_uri("transactions"), partition_by=["key_group"]
+    )
     side = dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")
     pre_keyed = dsi.MainInput(
         "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(4, "key_group")
     )
     with no_broadcast(lake.spark):  # a shuffle join, as for a large side input
         with refused(
-            dsi.PreKeyedViolationError, "'transactions'", "hashes to", fix="drop pre_keyed="
+            dsi.errors.PreKeyedViolationError, "'transactions'", "hashes to", fix="drop pre_keyed="
         ):
             lake.run(keyed(lake, side, main=pre_keyed))
         op = keyed(lake, side, fn=lambda main, sides: enrich(main, sides).drop("key_group"))
@@ -487,7 +500,7 @@ def over_the_limit(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
     put(lake, "transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
     op = keyed(lake, buffer=dsi.BufferLimits(max_rows=1))
     with refused(
-        dsi.BufferLimitExceededError,
+        dsi.errors.BufferLimitExceededError,
         "'enriched'",
         "2 rows (limit 1)",
         fix=["make the side inputs ready", "BufferLimits(max_rows=", "on_exceed='overflow'"],
@@ -531,7 +544,7 @@ def test_function_raising_then_fixed(profiles):
     def broken(main, sides):
         raise ZeroDivisionError("division by zero in the enrichment")
 
-    with refused(dsi.FunctionError, "broken", "ZeroDivisionError", fix="fix the function"):
+    with refused(dsi.errors.FunctionError, "broken", "ZeroDivisionError", fix="fix the function"):
         lake.run(keyed(lake, fn=broken))
     op = keyed(lake)
     replanned(lake.run(op), op)
@@ -558,7 +571,7 @@ def test_undeclared_output_tag_then_declared(profiles):
         enriched = enrich(main, sides)
         return {dsi.MAIN: enriched, "named": enriched.select("tx_id")}
 
-    with refused(dsi.UndeclaredOutputTagError, "'named'", fix='dsi.OutputTag("named")'):
+    with refused(dsi.errors.UndeclaredOutputTagError, "'named'", fix='dsi.OutputTag("named")'):
         lake.run(keyed(lake, fn=split))
     op = keyed(lake, fn=split, side_outputs=[dsi.OutputTag("named")])
     replanned(lake.run(op), op)
@@ -573,7 +586,9 @@ def test_output_not_of_its_declared_schema_then_cast(profiles):
         [T.StructField("tx_id", T.LongType()), T.StructField("name", T.StringType())]
     )
     tag = dsi.OutputTag("enriched", schema)
-    with refused(dsi.SchemaMismatchError, "'enriched'", "'customer_id'", fix="select and cast"):
+    with refused(
+        dsi.errors.SchemaMismatchError, "'enriched'", "'customer_id'", fix="select and cast"
+    ):
         lake.run(keyed(lake, main_output=tag))
     op = keyed(
         lake, main_output=tag, fn=lambda main, sides: enrich(main, sides).drop("customer_id")
@@ -589,7 +604,9 @@ def test_output_gaining_a_column_then_schema_merge(profiles):
     put(lake, "transactions", [(1, 10, 1.0)], TX)
     lake.run(op)
     put(lake, "transactions", [(2, 10, 1.0, "web")], TX + ", channel string", schema_mode="merge")
-    with refused(dsi.SchemaMismatchError, "enriched", "'channel'", fix='schema_mode="merge"'):
+    with refused(
+        dsi.errors.SchemaMismatchError, "enriched", "'channel'", fix='schema_mode="merge"'
+    ):
         lake.run(op)
     merging = keyed(lake, fn=passthrough, schema_mode="merge")
     replanned(lake.run(merging), merging)
@@ -601,7 +618,9 @@ def test_void_output_column_then_typed(profiles):
     lake = profiles
     put(lake, "transactions", [(1, 10, 1.0)], TX)
     untyped = lambda main, sides: enrich(main, sides).withColumn("note", F.lit(None))  # noqa: E731
-    with refused(dsi.SchemaMismatchError, "'note'", "void", fix='F.lit(None).cast("string")'):
+    with refused(
+        dsi.errors.SchemaMismatchError, "'note'", "void", fix='F.lit(None).cast("string")'
+    ):
         lake.run(keyed(lake, fn=untyped))
     op = keyed(
         lake,
@@ -623,7 +642,7 @@ def test_row_function_yielding_wrong_values_then_fixed(profiles):
     def right(record, ctx):
         yield {"tx_id": record.tx_id}
 
-    with refused(dsi.FunctionError, fix="yield"):
+    with refused(dsi.errors.FunctionError, fix="yield"):
         lake.run(keyed(lake, fn=wrong, mode="rows", main_output=tag))
     op = keyed(lake, fn=right, mode="rows", main_output=tag)
     replanned(lake.run(op), op)
@@ -723,7 +742,7 @@ def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, targe
     lake.run(op, clock)  # creates both tables
     put(lake, "transactions", [(3, 10, 1.0), (4, 78, 1.0)], TX)
     race(target)
-    with refused(dsi.ConcurrentWriteError, target, fix="rerun"):
+    with refused(dsi.errors.ConcurrentWriteError, target, fix="rerun"):
         lake.run(op, clock)
     monkeypatch.undo()
     result = lake.run(op, clock)
@@ -736,12 +755,15 @@ def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, targe
 def test_pre_keyed_file_holding_several_key_groups_then_pre_keyed_dropped(profiles):
     lake = profiles
     frame = lake.spark.createDataFrame([(1, 10, 1.0, 0), (2, 11, 1.0, 3)], TX + ", key_group int")
-    dsi.write_dataframe(frame.coalesce(1), lake.storage.table_uri("transactions"))
+    dsi.tables.write_dataframe(frame.coalesce(1), lake.storage.table_uri("transactions"))
     pre_keyed = dsi.MainInput(
         "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(4, "key_group")
     )
     with refused(
-        dsi.PreKeyedViolationError, "transactions", "exactly one key group", fix="drop pre_keyed="
+        dsi.errors.PreKeyedViolationError,
+        "transactions",
+        "exactly one key group",
+        fix="drop pre_keyed=",
     ):
         lake.run(keyed(lake, main=pre_keyed))
     op = keyed(lake, fn=lambda main, sides: enrich(main, sides))

@@ -91,7 +91,7 @@ def test_row_function_emitting_to_an_undeclared_tag_is_an_error_and_writes_nothi
         ctx.output("alert", {"tx_id": record.tx_id, "why": "x"})
         yield {"tx_id": record.tx_id, "name": None, "segment": None}
 
-    with pytest.raises(dsi.UndeclaredOutputTagError, match=r"'alert'.*\['alerts'\]"):
+    with pytest.raises(dsi.errors.UndeclaredOutputTagError, match=r"'alert'.*\['alerts'\]"):
         row_operator(lake, fn=fn).run(lake.spark)
     assert not lake.exists("enriched")
 
@@ -154,7 +154,7 @@ def test_broadcast_map_with_duplicate_keys_is_an_error_in_row_mode_too(lake):
     lake.append("profiles", [(10, "ann"), (10, "anne")], "customer_id long, name string")
     lake.append("cards", [(10, "c1")], "customer_id long, card string")
     lake.append("transactions", [(1, 10, 1.0)], TX)
-    with pytest.raises(dsi.DuplicateKeyError, match=r"key\(s\) \[10\]"):
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"key\(s\) \[10\]"):
         broadcast_lookup_operator(lake).run(lake.spark)
     assert not lake.exists("names")
 

@@ -238,7 +238,7 @@ def test_empty_singleton_without_default_is_an_error(lake):
         fn=lambda main, sides: main.withColumn("t", F.lit(sides["rules"].threshold)),
         main_output="out",
     )
-    with pytest.raises(dsi.EmptySingletonError, match="declares no default"):
+    with pytest.raises(dsi.errors.EmptySingletonError, match="declares no default"):
         lake.run(op)
 
 
@@ -602,7 +602,7 @@ def test_emitting_to_an_undeclared_tag_is_an_error_naming_it_and_the_declared_on
         side_outputs=[dsi.OutputTag("suspicious")],
     )
     with pytest.raises(
-        dsi.UndeclaredOutputTagError, match=r"'suspicous'.*\['suspicious'\].*Did you mean"
+        dsi.errors.UndeclaredOutputTagError, match=r"'suspicous'.*\['suspicious'\].*Did you mean"
     ):
         lake.run(op)
     assert not lake.exists("all")

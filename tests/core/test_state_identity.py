@@ -84,7 +84,7 @@ def test_main_table_deleted_and_created_again_is_refused_then_read_from_its_begi
     put(lake, "transactions", [(5, 10, 1.0)], TX)  # version 0 of a new table
     put(lake, "transactions", [(6, 11, 1.0)], TX)  # version 1: the old position
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "'transactions'",
         "deleted and created again",
         old_id,
@@ -102,7 +102,9 @@ def test_main_table_deleted_is_refused_then_restored(running, clock, tmp_path):
     uri = lake.storage.table_uri("transactions")
     shutil.copytree(uri, tmp_path / "backup")
     shutil.rmtree(uri)
-    with refused(dsi.OperatorStateError, "'transactions'", "is gone", fix="restore the table"):
+    with refused(
+        dsi.errors.OperatorStateError, "'transactions'", "is gone", fix="restore the table"
+    ):
         lake.run(op, clock)
     shutil.copytree(tmp_path / "backup", uri)
     put(lake, "transactions", [(5, 10, 1.0)], TX)
@@ -138,7 +140,7 @@ def test_landed_file_that_grew_after_it_was_read_is_refused_then_landed_anew(lan
     with open(folder / "a.json", "a") as handle:
         handle.write(lines(3))  # its new line used to be never read
     with refused(
-        dsi.MainInputDataError,
+        dsi.errors.MainInputDataError,
         "'a.json'",
         "changed after the operator read it",
         fix="land its new lines as a new file",
@@ -156,7 +158,7 @@ def test_landed_file_rewritten_with_the_same_size_is_refused(landed, clock):
     path.write_text(lines(3, 4))  # same size, another content, a later modification time
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10_000_000))
-    with refused(dsi.MainInputDataError, "'a.json'", "changed after", fix="new files"):
+    with refused(dsi.errors.MainInputDataError, "'a.json'", "changed after", fix="new files"):
         lake.run(op, clock)
     path.rename(folder.parent / "a.json")
     (folder / "b.json").write_text(lines(3, 4))
@@ -168,7 +170,7 @@ def test_ledger_of_landed_files_deleted_is_refused_then_reset_to_latest(landed, 
     lake, op, folder = landed
     shutil.rmtree(state_path(op, "files_seen"))  # every file would be read again
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "files_seen",
         "was deleted",
         fix=["operator.reset(main_from='latest')", "main_from='beginning'"],
@@ -187,7 +189,7 @@ def test_two_operators_sharing_an_operator_id_is_refused_then_separated(running,
     lake, op = running
     other = waiting_operator(lake, main_output="enriched_copy", operator_id="enriched")
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "'enriched'",
         "'enriched_copy'",
         fix="give one of them its own operator_id",
@@ -206,7 +208,7 @@ def test_derived_operator_ids_that_collide_are_refused_then_named(lake, clock):
     flat = waiting_operator(lake, main_output="a__b")
     assert nested.operator_id == flat.operator_id == "a__b"
     lake.run(nested, clock)
-    with refused(dsi.OperatorStateError, "'a/b'", "'a__b'", fix="its own operator_id"):
+    with refused(dsi.errors.OperatorStateError, "'a/b'", "'a__b'", fix="its own operator_id"):
         lake.run(flat, clock)
     named = waiting_operator(lake, main_output="a__b", operator_id="flat")
     lake.run(named, clock)
@@ -218,7 +220,9 @@ def test_same_operator_id_on_another_main_input_is_refused(running, clock):
     lake, op = running
     put(lake, "payments", [(9, 10, 1.0)], TX)
     moved = waiting_operator(lake, main=dsi.MainInput("payments", key="customer_id"))
-    with refused(dsi.OperatorStateError, "transactions", "payments", fix="use a new operator_id"):
+    with refused(
+        dsi.errors.OperatorStateError, "transactions", "payments", fix="use a new operator_id"
+    ):
         lake.run(moved, clock)
     renamed = waiting_operator(
         lake,
@@ -258,7 +262,7 @@ def test_buffer_deleted_with_records_is_refused_then_restored(running, clock, tm
     shutil.rmtree(op.spec.buffer_uri)
     put(lake, "transactions", [(5, 10, 1.0)], TX)
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "buffer",
         "was deleted",
         fix=["restore the buffer folder", "reset(drop_buffered=True)"],
@@ -272,7 +276,7 @@ def test_buffer_deleted_with_records_is_refused_then_restored(running, clock, tm
 def test_buffer_deleted_with_records_then_the_loss_acknowledged(running, clock):
     lake, op = running
     shutil.rmtree(op.spec.buffer_uri)
-    with refused(dsi.OperatorStateError, "buffer", fix="reset(drop_buffered=True)"):
+    with refused(dsi.errors.OperatorStateError, "buffer", fix="reset(drop_buffered=True)"):
         lake.run(op, clock)
     op.reset(drop_buffered=True)
     put(lake, "transactions", [(5, 10, 1.0), (6, 78, 1.0)], TX)
@@ -304,13 +308,15 @@ def test_plans_and_commits_deleted_is_refused_then_reset_to_latest(running, cloc
     shutil.rmtree(state_path(op, "commits"))
     put(lake, "transactions", [(5, 10, 1.0)], TX)
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "holds batch 1",
         "knows batches up to -1",
         fix="main_from='latest'",
     ):
         lake.run(op, clock)  # it used to read everything again, or skip batches as done
-    with refused(dsi.OperatorStateError, "no recorded position", fix="main_from='beginning'"):
+    with refused(
+        dsi.errors.OperatorStateError, "no recorded position", fix="main_from='beginning'"
+    ):
         op.reset(main_from="keep")  # nothing to keep: it used to read from the beginning
     op.reset(main_from=1)  # the operator had read versions 0 and 1; tx 5 is version 2
     lake.run(op, clock)
@@ -321,7 +327,7 @@ def test_state_folder_deleted_while_outputs_remain_is_refused_then_reset_to_late
     lake, op = running
     shutil.rmtree(op.state_uri)
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "no state",
         "'enriched'",
         "holds its batch 1",
@@ -399,7 +405,7 @@ def test_truncated_plan_of_a_batch_written_in_part_is_refused_then_restored(
     shutil.copy(plan, tmp_path / "plan.json")
     plan.write_text(plan.read_text()[:40])
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         plan.name,
         "cannot be replayed exactly",
         fix=["restore the plan file", "main_from='keep'"],
@@ -416,7 +422,7 @@ def test_truncated_plan_of_a_batch_written_in_part_then_reset_keeps_every_record
     crash_before_any_commit(lake, clock, crash_after=1)  # enriched holds tx 5, not the buffer
     plan = newest(state_path(op, "plans"))
     plan.write_text(plan.read_text()[:40])
-    with refused(dsi.OperatorStateError, "cannot be replayed exactly"):
+    with refused(dsi.errors.OperatorStateError, "cannot be replayed exactly"):
         lake.run(op, clock)
     op.reset(main_from="keep")
     lake.run(op, clock)
@@ -433,7 +439,9 @@ def test_truncated_plan_of_a_batch_written_in_part_then_reset_keeps_every_record
 def test_corrupt_operator_json_is_refused_then_reset_keeping_the_position(running, clock):
     lake, op = running
     state_path(op, "operator.json").write_text('{"operator_id": "enri')
-    with refused(dsi.OperatorStateError, "operator.json", "cannot be read", fix="operator.reset("):
+    with refused(
+        dsi.errors.OperatorStateError, "operator.json", "cannot be read", fix="operator.reset("
+    ):
         lake.run(op, clock)
     op.reset(main_from="keep")
     put(lake, "transactions", [(5, 10, 1.0)], TX)
@@ -446,7 +454,7 @@ def test_deleted_operator_json_is_refused_then_reset_keeping_the_position(runnin
     state_path(op, "operator.json").unlink()
     # Without it, another main input or a replaced buffer would go unnoticed.
     with refused(
-        dsi.OperatorStateError, "operator.json", "is missing", fix="reset(main_from='keep')"
+        dsi.errors.OperatorStateError, "operator.json", "is missing", fix="reset(main_from='keep')"
     ):
         lake.run(op, clock)
     op.reset(main_from="keep")
@@ -494,7 +502,7 @@ def test_side_table_replaced_while_a_batch_is_written_in_part_is_refused_then_re
     shutil.move(uri, tmp_path / "profiles")
     put(lake, "profiles", [(10, "ANN"), (11, "BOB")], PROFILES)
     with refused(
-        dsi.OperatorStateError,
+        dsi.errors.OperatorStateError,
         "'profile'",
         "was deleted and created again",
         fix="restore the side table",

@@ -103,7 +103,7 @@ def test_records_after_the_side_horizon_wait_until_it_passes_them(lake, mode):
     first = lake.run(op).batches[0]
     assert first.routes["key_wait"] == 1
     assert priced(lake) == {1: 1.0}
-    buffered = dsi.read_table(lake.spark, op.spec.buffer_uri).select("_dsi_reason").first()
+    buffered = dsi.tables.read_table(lake.spark, op.spec.buffer_uri).select("_dsi_reason").first()
     assert buffered[0].startswith("waiting for side input 'price' to reach 2024-05-01T01:30")
     assert "known up to 2024-05-01T00:20:00+00:00" in first.readiness["price"]["global"]["reason"]
 
@@ -141,7 +141,7 @@ def test_a_late_record_gets_the_row_of_its_own_time_not_the_newest(lake, mode):
 def test_overlapping_validity_is_an_error_naming_the_keys_unless_pick_says_which(lake):
     lake.append("prices", [("a", 1.0, at(0)), ("a", 2.0, at(0)), ("b", 5.0, at(0))], PRICES)
     lake.append("orders", [(1, "b", at(0))], ORDERS)
-    with pytest.raises(dsi.DuplicateKeyError, match=r"as-of map.*\('a'"):
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"as-of map.*\('a'"):
         lake.run(operator(lake))
     assert not lake.exists("priced")
     lake.run(operator(lake, pick="price"))

@@ -285,7 +285,7 @@ def test_empty_singleton_side_window_without_default_is_an_error(lake, mode):
     lake.append("limits", [(5.0, at(5)), (7.0, at(125))], LIMITS)
     op = limits_operator(lake, mode)
     with pytest.raises(
-        dsi.EmptySingletonError,
+        dsi.errors.EmptySingletonError,
         match=r"'limits'.*namespace\(s\) \['2024-05-01T01:00:00Z'\].*declares no default",
     ):
         lake.run(op)
@@ -325,6 +325,6 @@ def test_singleton_with_two_rows_is_reported_even_when_the_function_does_not_rea
         output=IDS,
     )
     where = "2024-05-01T00:00:00Z" if windowed else "global"
-    with pytest.raises(dsi.SingletonCardinalityError, match=f"more than one row.*{where}"):
+    with pytest.raises(dsi.errors.SingletonCardinalityError, match=f"more than one row.*{where}"):
         lake.run(op)
     assert not lake.exists("seen")

@@ -350,7 +350,7 @@ def test_dg_lists_scaffolds_checks_and_materializes_the_component(project, spark
         assert run.success
     written = {
         table: sorted(
-            tuple(r) for r in dsi.read_table(spark, str(project / "data" / table)).collect()
+            tuple(r) for r in dsi.tables.read_table(spark, str(project / "data" / table)).collect()
         )
         for table in ("enriched_orders", "unmatched_orders")
     }

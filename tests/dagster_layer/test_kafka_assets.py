@@ -60,7 +60,7 @@ def env(tmp_path, kafka_broker: KafkaBroker) -> Iterator[dict]:
         spark = dsi.SparkResource(
             master="local[2]",
             ui_enabled=False,
-            packages=[dsi.SPARK_KAFKA_PACKAGE],
+            packages=["kafka"],
         )
         io = dsi.DeltaIOManager(root=str(tmp_path / "lake"), spark=spark)
         resources = {"spark": spark, "io_manager": io}

@@ -159,7 +159,7 @@ def rows(env: dict, table: str, *columns: str) -> list[tuple]:
     uri = storage.table_uri(table)
     if not storage.delta.exists(uri):
         return []
-    frame = dsi.read_table(env["resources"]["spark"].spark_session, uri)
+    frame = dsi.tables.read_table(env["resources"]["spark"].spark_session, uri)
     return sorted(tuple(r) for r in frame.select(*(columns or frame.columns)).collect())
 
 
@@ -390,7 +390,7 @@ def test_windowed_side_input_releases_hour_by_hour_as_partitions_materialize(env
         [(1, "EUR", T0 + dt.timedelta(minutes=10)), (2, "EUR", T0 + dt.timedelta(minutes=70))],
         "tx_id long, currency string, ts timestamp",
     )
-    dsi.write_dataframe(frame, env["storage"].table_uri("fx_tx"))
+    dsi.tables.write_dataframe(frame, env["storage"].table_uri("fx_tx"))
 
     def convert_now() -> dg.ExecuteInProcessResult:
         result = dg.materialize(

@@ -61,7 +61,7 @@ def rows(env: dict) -> list[tuple]:
     if not storage.delta.exists(uri):
         return []
     spark = env["resources"]["spark"].spark_session
-    return sorted(tuple(r) for r in dsi.read_table(spark, uri).collect())
+    return sorted(tuple(r) for r in dsi.tables.read_table(spark, uri).collect())
 
 
 def test_a_partition_materialized_with_no_rows_is_final_and_empty(env):
@@ -70,7 +70,7 @@ def test_a_partition_materialized_with_no_rows_is_final_and_empty(env):
         [(1, T0 + dt.timedelta(minutes=10)), (2, T0 + dt.timedelta(minutes=70))],
         "tx_id long, ts timestamp",
     )
-    dsi.write_dataframe(frame, env["io"].storage.table_uri("rate_tx"))
+    dsi.tables.write_dataframe(frame, env["io"].storage.table_uri("rate_tx"))
     materialize(env, selection=[dg.AssetKey("rated")])
     assert rows(env) == []  # neither partition is materialized: both records wait
 

@@ -345,9 +345,9 @@ def test_delta_spark_reads_deletion_vectors_and_column_mapping_the_bridge_refuse
     assert sorted_rows(unmatched.select("tx_id")) == [(3,)]
 
     bridge = storage(tmp_path, "delta-rs", spark)
-    with pytest.raises(dsi.UnsupportedTableFeatureError, match="deletion vectors"):
+    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="deletion vectors"):
         bridge.delta.read_snapshot(spark, bridge.delta.snapshot(bridge.table_uri("profiles")))
-    with pytest.raises(dsi.UnsupportedTableFeatureError, match="columnMapping"):
+    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="columnMapping"):
         bridge.delta.snapshot(bridge.table_uri("transactions"))
 
 
@@ -504,7 +504,7 @@ def test_an_output_tables_check_constraint_stops_the_batch_under_both_engines(
     before = store.delta.snapshot(path).version
 
     later = dt.datetime.now(dt.timezone.utc) + 2 * DAY
-    with pytest.raises(dsi.SchemaMismatchError) as caught:
+    with pytest.raises(dsi.errors.SchemaMismatchError) as caught:
         op.run(spark, clock=lambda: later)
     message = str(caught.value)
     assert "CHECK constraint known" in message
@@ -556,7 +556,7 @@ def test_the_bridge_refuses_writer_features_it_cannot_honour_before_writing(
     frame = spark.createDataFrame([(1, 10, "ann")], ENRICHED)
     if refused == "generatedColumns":
         frame = frame.withColumn("tx2", F.lit(5).cast("long"))  # not tx_id * 2
-    with pytest.raises(dsi.UnsupportedTableFeatureError) as caught:
+    with pytest.raises(dsi.errors.UnsupportedTableFeatureError) as caught:
         store.delta.write(frame, path)
     assert refused in str(caught.value)
     assert "delta-spark" in caught.value.fix
@@ -582,7 +582,7 @@ def test_the_bridge_appends_to_tables_with_writer_features_it_honours(spark, tmp
     assert sorted_rows(spark.read.format("delta").load(path).select("tx_id")) == [
         (tx,) for tx in range(1, 13)
     ]
-    with pytest.raises(dsi.SchemaMismatchError, match="CHECK constraint positive"):
+    with pytest.raises(dsi.errors.SchemaMismatchError, match="CHECK constraint positive"):
         store.delta.write(spark.createDataFrame([(0, 10, "ann")], ENRICHED), path)
 
 
@@ -615,7 +615,7 @@ def test_delta_spark_fills_an_output_tables_identity_and_generated_columns(spark
         operator_id="wrong",
     )
     with pytest.raises(
-        dsi.SchemaMismatchError, match=r"Generated Column \(tx2 <=> \(tx_id \* 2\)\)"
+        dsi.errors.SchemaMismatchError, match=r"Generated Column \(tx2 <=> \(tx_id \* 2\)\)"
     ):
         wrong.run(spark)
     assert spark.read.format("delta").load(path).count() == 3
@@ -633,7 +633,7 @@ def test_a_nested_not_null_field_is_enforced_by_both_engines(spark, tmp_path, en
     ddl = "id int, s struct<a: int, b: int>"
     before = store.delta.snapshot(path).version
     for bad in [(1, None), (2, (None, 1))]:
-        with pytest.raises(dsi.SchemaMismatchError, match="NOT NULL"):
+        with pytest.raises(dsi.errors.SchemaMismatchError, match="NOT NULL"):
             store.delta.write(spark.createDataFrame([(0, (5, 5)), bad], ddl), path)
     assert store.delta.snapshot(path).version == before
     store.delta.write(spark.createDataFrame([(3, (1, None))], ddl), path)

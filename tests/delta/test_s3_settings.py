@@ -203,7 +203,7 @@ def test_bridge_tables_on_s3_are_delta_tables_for_delta_rs(spark, s3_server):
     assert (result.version, result.num_rows) == (0, 2)
     table = DeltaTable(uri, storage_options=storage.storage_options)
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == [1, 2]
-    again = dsi.read_table(spark, uri, storage_options=storage.storage_options)
+    again = dsi.tables.read_table(spark, uri, storage_options=storage.storage_options)
     assert sorted(tuple(r) for r in again.collect()) == [(1, "a"), (2, "b")]
 
 
@@ -217,4 +217,4 @@ def test_a_session_without_the_s3a_filesystem_is_named_with_the_fix(spark, s3_se
             configure_spark(spark, "s3://lake/x", s3_server.storage_options)
     finally:
         spark.conf.unset("fs.s3a.impl")
-    assert "dsi.S3A_PACKAGES" in str(raised.value)
+    assert 'packages=["s3"]' in str(raised.value)

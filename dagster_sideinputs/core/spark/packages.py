@@ -59,25 +59,45 @@ KAFKA_PACKAGES: tuple[str, ...] = (KAFKA,)
 AVRO_PACKAGES: tuple[str, ...] = (AVRO,)
 S3A_PACKAGES: tuple[str, ...] = (HADOOP_AWS, AWS_SDK_BUNDLE)
 OPTIONAL_PACKAGES: tuple[str, ...] = KAFKA_PACKAGES + AVRO_PACKAGES + S3A_PACKAGES
+BUNDLES: dict[str, tuple[str, ...]] = {
+    "kafka": KAFKA_PACKAGES,
+    "avro": AVRO_PACKAGES,
+    "s3": S3A_PACKAGES,
+}
+"""Short names ``packages=`` takes for the optional packages (``packages=["kafka", "s3"]``):
+the versions that match this Spark are chosen here, not by the user."""
 
 _COORDINATE = re.compile(r"^([^:/\s]+)[:/]([^:\s]+):([^:\s]+)$")
 
 
 def parse_packages(value: str | Iterable[str] | None) -> list[str]:
-    """Coordinates from a ``spark.jars.packages`` value or a list, in order, without repeats.
+    """Coordinates from a ``spark.jars.packages`` value or a list, in order, without repeats;
+    a short name of :data:`BUNDLES` (``"kafka"``, ``"avro"``, ``"s3"``) stands for its
+    coordinates.
 
     Raises:
-        ValueError: a coordinate that is not ``group:artifact:version``.
+        ValueError: neither a short name nor a coordinate ``group:artifact:version``.
+
+    Examples:
+        >>> parse_packages(["s3", "org.example:lib:1.0"])[-1]
+        'org.example:lib:1.0'
+        >>> parse_packages("kafka") == list(KAFKA_PACKAGES)
+        True
     """
     items = value.split(",") if isinstance(value, str) else list(value or ())
     found: list[str] = []
     for item in (text.strip() for text in items):
         if not item:
             continue
-        if _COORDINATE.match(item) is None:
-            raise ValueError(f"{item!r} is not a Maven coordinate group:artifact:version")
-        if item not in found:
-            found.append(item)
+        expanded = BUNDLES.get(item.lower())
+        if expanded is None and _COORDINATE.match(item) is None:
+            raise ValueError(
+                f"{item!r} is neither a Maven coordinate group:artifact:version nor one of "
+                f"{sorted(BUNDLES)}"
+            )
+        for coordinate in expanded or (item,):
+            if coordinate not in found:
+                found.append(coordinate)
     return found
 
 

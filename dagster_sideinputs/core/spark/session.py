@@ -237,7 +237,8 @@ def build_spark_session(
     delta: DeltaMode = "auto",
     packages: Sequence[str] = (),
 ) -> SparkSession:
-    """Start (or reuse) a SparkSession configured for the Delta bridge.
+    """Start (or reuse) a SparkSession for the operator: with Delta Lake (delta-spark) where
+    its jar can be had, and the packages asked for.
 
     Args:
         master: Spark master URL: ``local[*]``, ``local[2]``, ``spark://host:7077``, ...
@@ -262,8 +263,9 @@ def build_spark_session(
             warning (Delta tables then go through the delta-rs bridge); ``True``: fail
             instead; ``False``: leave it out. Over Spark Connect the server decides:
             ``True`` checks that it runs with Delta.
-        packages: more Maven coordinates to load (``spark.jars.packages``), e.g.
-            :data:`~dagster_sideinputs.core.spark.packages.KAFKA_PACKAGES` or ``S3A_PACKAGES``;
+        packages: more Maven packages to load (``spark.jars.packages``): coordinates, or
+            the short names ``"kafka"``, ``"avro"`` and ``"s3"`` (the versions that match
+            this Spark, :data:`~dagster_sideinputs.core.spark.packages.BUNDLES`);
             merged with any ``spark.jars.packages`` in ``configs``. Fetched into the Ivy
             cache before the JVM starts, once (``make install`` fetches them all).
             Not possible over Spark Connect (start the server with ``--packages``).

@@ -173,8 +173,7 @@ def missing_connector(label: str) -> KafkaSourceError:
     return KafkaSourceError(
         f"{label}: this Spark session cannot read Kafka: Spark's Kafka connector is not "
         "loaded. Nothing was written.",
-        fix=f'start the session with spark.jars.packages="{SPARK_KAFKA_PACKAGE}", e.g. '
-        f'dsi.SparkResource(packages=["{SPARK_KAFKA_PACKAGE}"]) or '
-        f'build_spark_session(packages=["{SPARK_KAFKA_PACKAGE}"]); over Spark Connect, '
-        "start the server with --packages",
+        fix='start the session with the connector: dsi.SparkResource(packages=["kafka"]) or '
+        'dsi.build_spark_session(packages=["kafka"]) (spark.jars.packages='
+        f'"{SPARK_KAFKA_PACKAGE}"); over Spark Connect, start the server with --packages',
     )
