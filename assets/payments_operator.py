@@ -58,8 +58,7 @@ def declarations() -> dict[str, Any]:
         ),
         "side_outputs": [SUSPICIOUS],
         "window": dsi.Window.tumbling(dt.timedelta(hours=1), watermark=dt.timedelta(hours=2)),
-        "late": LATE,
-        "unmatched": UNMATCHED,
+        "routes": dsi.Routes(late=LATE, unmatched=UNMATCHED),
     }
 
 

@@ -19,7 +19,7 @@ from dagster_sideinputs import tables as tables
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, SideInputs
+from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, Routes, SideInputs
 from dagster_sideinputs.core.records import Record
 from dagster_sideinputs.core.rows import RowContext
 from dagster_sideinputs.core.sideinputs.as_of import AsOf
@@ -128,6 +128,7 @@ __all__ = [  # noqa: RUF022 (grouped by concern, not sorted)
     "KeyGroups",
     "MainInput",
     "OutputTag",
+    "Routes",
     "SideInput",
     "Window",
     # What the function gets and returns

@@ -29,7 +29,7 @@ from dagster_sideinputs.airflow.readiness import (
 )
 from dagster_sideinputs.core.metrics import BatchMetrics, figures_line, record_figures
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.options import OperatorOptions
+from dagster_sideinputs.core.options import MOVED_KEYWORDS, OperatorOptions, fold_moved_keywords
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
@@ -45,7 +45,9 @@ from dagster_sideinputs.run_report import (
 
 DECLARATIONS = frozenset(f.name for f in dataclasses.fields(OperatorOptions))
 """The core's declaration keywords (``main``, ``side_inputs``, ``fn``, ``main_output``,
-``side_outputs``, ``window``, ``late``, ...): the task takes them as the core does."""
+``side_outputs``, ``window``, ``routes``, ...): the task takes them as the core does (and
+the keywords they replaced, :data:`~dagster_sideinputs.core.options.MOVED_KEYWORDS`, with
+a warning)."""
 
 
 class SideInputOperatorTask(BaseOperator):
@@ -53,7 +55,7 @@ class SideInputOperatorTask(BaseOperator):
 
     Takes the core's declarations (the keywords of
     :class:`~dagster_sideinputs.SideInputOperator`: ``main``, ``side_inputs``, ``fn``,
-    ``main_output``, ``side_outputs``, ``window``, ``late``, ``unmatched``, ...) and
+    ``main_output``, ``side_outputs``, ``window``, ``routes``, ``buffer``, ...) and
     Airflow's task arguments (``task_id``, ``retries``, ...), plus:
 
     Args:
@@ -88,6 +90,8 @@ class SideInputOperatorTask(BaseOperator):
         **kwargs: Any,
     ) -> None:
         declared = {name: kwargs.pop(name) for name in list(kwargs) if name in DECLARATIONS}
+        moved = {name: kwargs.pop(name) for name in list(kwargs) if name in MOVED_KEYWORDS}
+        declared = fold_moved_keywords(declared, moved, "SideInputOperatorTask")
         missing = sorted({"main", "side_inputs", "fn", "main_output"} - set(declared))
         if missing:
             raise DeclarationError(

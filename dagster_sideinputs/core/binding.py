@@ -36,13 +36,6 @@ def build_spec(
         raise DeclarationError(f"cache={options.cache!r} is not 'auto', 'always' or 'never'.")
     if options.schema_mode not in (None, "merge"):
         raise DeclarationError(f"schema_mode={options.schema_mode!r} is not None or 'merge'.")
-    for limit in ("max_versions_per_batch", "max_files_per_batch"):
-        value = getattr(options, limit)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise DeclarationError(
-                f"{limit} must be an integer >= 1, got {value!r}.",
-                fix=f"pass {limit}=None (no limit) or an integer >= 1",
-            )
     if not callable(options.fn):
         raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
     main = options.main
@@ -81,14 +74,16 @@ def build_spec(
         )
     for bound in sides:
         _check_side(bound, options, readiness)
-    if options.buffer.on_exceed == "overflow" and options.overflow is None:
+    if options.buffer.on_exceed == "overflow" and options.routes.overflow is None:
         raise DeclarationError(
             "BufferLimits(on_exceed='overflow') needs an overflow tag.",
-            fix='pass overflow=dsi.OutputTag("<name>") to the operator',
+            fix='pass routes=dsi.Routes(overflow=dsi.OutputTag("<name>")) to the operator',
         )
     if options.mode == "rows":
         missing = [
-            t for t in spec.all_tags if t.schema is None and t not in options.routes.values()
+            t
+            for t in spec.all_tags
+            if t.schema is None and t not in options.routes.declared().values()
         ]
         if missing:
             raise DeclarationError(
@@ -140,7 +135,7 @@ def _effective_window(
 
 def _tags(options: OperatorOptions) -> tuple[OutputTag, ...]:
     tags: list[OutputTag] = list(options.side_outputs)
-    for tag in options.routes.values():
+    for tag in options.routes.declared().values():
         if tag not in tags:
             tags.append(tag)
     names = [options.main_output.name, *[t.name for t in tags]]
@@ -192,19 +187,19 @@ def _check_side(
     needs_unmatched = side.missing == "unmatched" or (
         side.missing == "wait" and side.on_timeout == "unmatched"
     )
-    if needs_unmatched and options.unmatched is None:
+    if needs_unmatched and options.routes.unmatched is None:
         raise DeclarationError(
             f"{bound.label} sends records without a side row to the unmatched tag, but the "
             "operator declares none.",
-            fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
-            'on_timeout="null" to join them with nulls',
+            fix='pass routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched_...")) to the '
+            'operator, or on_timeout="null" to join them with nulls',
         )
-    if side.on_empty == "unmatched" and options.unmatched is None:
+    if side.on_empty == "unmatched" and options.routes.unmatched is None:
         raise DeclarationError(
             f"{bound.label} sends records whose side namespace holds no rows to the "
             "unmatched tag (on_empty='unmatched'), but the operator declares none.",
-            fix='pass unmatched=dsi.OutputTag("unmatched_...") to the operator, or '
-            "on_empty='release' to release them with the view's empty value",
+            fix='pass routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched_...")) to the '
+            "operator, or on_empty='release' to release them with the view's empty value",
         )
     if side.as_of is not None:
         as_of = side.as_of
@@ -239,12 +234,6 @@ def _check_side(
 def _check_kafka(main: MainInput, options: OperatorOptions) -> None:
     kafka = main.kafka_input
     assert kafka is not None
-    if options.max_versions_per_batch is not None or options.max_files_per_batch is not None:
-        raise DeclarationError(
-            f"Main input {main.asset!r} is Kafka: max_versions_per_batch / max_files_per_batch "
-            "do not apply.",
-            fix="pass MainInput.kafka(..., max_records_per_batch=N)",
-        )
     if kafka.value_format != "json" or not isinstance(kafka.schema, T.StructType):
         return  # a DDL string is parsed by Spark: the read checks it then
     from dagster_sideinputs.core.sources.kafka.declaration import METADATA_COLUMNS

@@ -111,10 +111,14 @@ class MainInput:
         event_time: event-time column (for windows and lateness).
         pre_keyed: declare the table already partitioned by key group.
         path: table location when it is not ``<storage root>/<asset>``.
+        max_versions_per_batch: most table versions one batch reads, so a backlog is
+            worked through in bounded batches (default: all new versions).
 
     Examples:
         >>> MainInput("transactions", key="customer_id", event_time="ts")
         MainInput('transactions', key='customer_id', event_time='ts')
+        >>> MainInput("transactions", max_versions_per_batch=10)
+        MainInput('transactions', max_versions_per_batch=10)
     """
 
     asset: str
@@ -126,9 +130,12 @@ class MainInput:
     schema: T.StructType | str | None = field(default=None, compare=False, hash=False)
     read_options: tuple[tuple[str, str], ...] = ()
     kafka_input: KafkaInput | None = None
+    max_versions_per_batch: int | None = None
+    max_files_per_batch: int | None = None
 
     def __post_init__(self) -> None:
         asset_path(self.asset)
+        self._check_batch_limits()
         if self.format == "kafka" or self.kafka_input is not None:
             if self.format != "kafka" or self.kafka_input is None:
                 raise DeclarationError(
@@ -154,6 +161,31 @@ class MainInput:
                 fix="land the files in a Delta table partitioned by key group",
             )
 
+    def _check_batch_limits(self) -> None:
+        """A batch's share of a backlog is counted in the source's own unit: Delta versions,
+        landed files (Kafka records: ``MainInput.kafka(max_records_per_batch=)``)."""
+        unit = "kafka" if self.format == "kafka" else "delta" if self.format == "delta" else "files"
+        allowed = {"delta": "max_versions_per_batch", "files": "max_files_per_batch"}.get(unit)
+        for limit in ("max_versions_per_batch", "max_files_per_batch"):
+            value = getattr(self, limit)
+            if value is None:
+                continue
+            if limit != allowed:
+                fix = {
+                    "delta": "MainInput(..., max_versions_per_batch=N)",
+                    "files": "MainInput.files(..., max_files_per_batch=N)",
+                    "kafka": "MainInput.kafka(..., max_records_per_batch=N)",
+                }[unit]
+                raise DeclarationError(
+                    f"MainInput {self.asset!r} ({unit}): {limit} does not apply to it.",
+                    fix=f"bound its batches with {fix}",
+                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DeclarationError(
+                    f"MainInput {self.asset!r}: {limit} must be an integer >= 1, got {value!r}.",
+                    fix=f"pass {limit}=None (no limit) or an integer >= 1",
+                )
+
     @classmethod
     def files(
         cls,
@@ -165,6 +197,7 @@ class MainInput:
         event_time: str | None = None,
         asset: str | None = None,
         options: dict[str, str] | None = None,
+        max_files_per_batch: int | None = None,
     ) -> "MainInput":
         """A landing folder: every new file is read once, in the micro-batch that finds it.
 
@@ -176,6 +209,8 @@ class MainInput:
             key / event_time: as for Delta main inputs.
             asset: the asset name shown in lineage (default: the folder's name).
             options: Spark reader options (e.g. ``{"header": "true"}`` for CSV).
+            max_files_per_batch: most new files one batch reads, oldest first (default:
+                every file found).
         """
         if not isinstance(schema, str | T.StructType):
             raise DeclarationError(
@@ -200,6 +235,7 @@ class MainInput:
             format=format,
             schema=schema,
             read_options=tuple(sorted((options or {}).items())),
+            max_files_per_batch=max_files_per_batch,
         )
 
     @classmethod
@@ -337,6 +373,8 @@ class MainInput:
                 ("key", self.key),
                 ("event_time", self.event_time),
                 ("pre_keyed", self.pre_keyed),
+                ("max_versions_per_batch", self.max_versions_per_batch),
+                ("max_files_per_batch", self.max_files_per_batch),
             )
             if value is not None
         ]

@@ -25,8 +25,13 @@ from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.callbacks import clock_time, report_batch
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
-from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
-from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.options import (
+    CachePolicy,
+    Mode,
+    OperatorOptions,
+    fold_moved_keywords,
+)
+from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.readiness import ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
@@ -72,17 +77,16 @@ class SideInputOperator:
         side_outputs: the declared side-output tags.
         window: main windows (event time); by default the finest window of a windowed
             side input, else none (one global namespace).
-        late / unmatched / overflow / invalid: tags for the records the operator routes
-            itself: behind the watermark, without a side row after waiting, pushed out
-            of a full buffer, unprocessable (null key, corrupt line).
-        buffer: buffer limits.
+        routes: where the records the operator routes itself go (late, unmatched,
+            overflow, invalid): :class:`~dagster_sideinputs.core.outputs.Routes`.
+        buffer: buffer limits. (A batch's share of a backlog is the main input's:
+            ``MainInput(max_versions_per_batch=)`` and its kin.)
         mode: ``frames`` (Spark-native, fast) or ``rows`` (per record, Flink style).
         operator_id: identity of the operator's state and transactions (default: the
             main output's name). Changing it starts from scratch.
         readiness: who decides readiness (default: the side Delta tables themselves).
         schema_mode: ``"merge"`` lets outputs gain columns; by default a schema change
             of an output is an error.
-        max_versions_per_batch / max_files_per_batch: bound a batch's share of a backlog.
         future_tolerance: in a windowed operator, a record whose event time is further
             ahead of the batch's clock than this is invalid: one bogus year-9999
             timestamp would otherwise push the watermark past every window.
@@ -114,30 +118,27 @@ class SideInputOperator:
         readiness: ReadinessProvider | None = None,
         side_outputs: Sequence[OutputTag] = (),
         window: Window | None = None,
-        late: OutputTag | None = None,
-        unmatched: OutputTag | None = None,
-        overflow: OutputTag | None = None,
-        invalid: OutputTag | None = None,
+        routes: Routes | None = None,
         buffer: BufferLimits | None = None,
         mode: Mode = "frames",
         operator_id: str | None = None,
         schema_mode: Literal["merge"] | None = None,
-        max_versions_per_batch: int | None = None,
-        max_files_per_batch: int | None = None,
         future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
         cache: CachePolicy = "auto",
+        **moved: Any,
     ) -> None:
         tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
-        declared = OperatorOptions(
-            main=main, side_inputs=side_inputs, fn=fn, main_output=tag,
-            side_outputs=tuple(side_outputs), window=window, late=late, unmatched=unmatched,
-            overflow=overflow, invalid=invalid, buffer=buffer or BufferLimits(), mode=mode,
-            operator_id=operator_id, schema_mode=schema_mode,
-            max_versions_per_batch=max_versions_per_batch,
-            max_files_per_batch=max_files_per_batch, future_tolerance=future_tolerance,
-            cache=cache,
+        declared = fold_moved_keywords(
+            dict(
+                main=main, side_inputs=side_inputs, fn=fn, main_output=tag,
+                side_outputs=tuple(side_outputs), window=window, routes=routes or Routes(),
+                buffer=buffer or BufferLimits(), mode=mode, operator_id=operator_id,
+                schema_mode=schema_mode, future_tolerance=future_tolerance, cache=cache,
+            ),
+            moved,
+            "SideInputOperator",
         )  # fmt: skip
-        self._bind(declared, storage, readiness)
+        self._bind(OperatorOptions(**declared), storage, readiness)
 
     @classmethod
     def from_options(

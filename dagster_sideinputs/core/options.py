@@ -4,19 +4,29 @@
 arguments (their public signatures), build one ``OperatorOptions``, and everything
 after that (validation, the Dagster layer, replays) works on this value. A replay of a
 route derives its options with ``dataclasses.replace``.
+
+Options that belong together are one value, declared once and shared by every entry
+point: where the operator's own routes go (:class:`~dagster_sideinputs.core.outputs.Routes`),
+the buffer's bounds (:class:`~dagster_sideinputs.core.declarations.BufferLimits`), and a
+batch's share of a backlog, which the main input declares in its own unit
+(``MainInput(max_versions_per_batch=)``, ``MainInput.files(max_files_per_batch=)``,
+``MainInput.kafka(max_records_per_batch=)``). The keywords these replaced still work
+until 0.2 (:func:`fold_moved_keywords`).
 """
 
+import dataclasses
 import datetime as dt
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
-from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
-from dagster_sideinputs.errors import DeclarationError
+from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 Mode = Literal["frames", "rows"]
 CachePolicy = Literal["auto", "always", "never"]
@@ -38,16 +48,11 @@ class OperatorOptions:
     main_output: OutputTag
     side_outputs: tuple[OutputTag, ...] = ()
     window: Window | None = None
-    late: OutputTag | None = None
-    unmatched: OutputTag | None = None
-    overflow: OutputTag | None = None
-    invalid: OutputTag | None = None
+    routes: Routes = field(default_factory=Routes)
     buffer: BufferLimits = field(default_factory=BufferLimits)
     mode: Mode = "frames"
     operator_id: str | None = None
     schema_mode: SchemaModeOption | None = None
-    max_versions_per_batch: int | None = None
-    max_files_per_batch: int | None = None
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1)
     cache: CachePolicy = "auto"
 
@@ -76,7 +81,14 @@ class OperatorOptions:
                 )
         object.__setattr__(self, "side_inputs", MappingProxyType(dict(self.side_inputs)))
         object.__setattr__(self, "side_outputs", tuple(self.side_outputs))
-        for tag in (*self.side_outputs, self.late, self.unmatched, self.overflow, self.invalid):
+        if self.routes is None:
+            object.__setattr__(self, "routes", Routes())
+        if not isinstance(self.routes, Routes):
+            raise DeclarationError(
+                f"routes= takes a dsi.Routes, got {type(self.routes).__name__}.",
+                fix='routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched"))',
+            )
+        for tag in self.side_outputs:
             if tag is not None and not isinstance(tag, OutputTag):
                 raise DeclarationError(
                     f"Outputs are declared with dsi.OutputTag, got {tag!r}.",
@@ -90,16 +102,52 @@ class OperatorOptions:
         values["side_inputs"] = dict(self.side_inputs)
         return (_rebuild, (values,))
 
-    @property
-    def routes(self) -> dict[str, OutputTag]:
-        """Built-in route -> its declared tag (only the declared ones)."""
-        routes = {
-            "late": self.late,
-            "unmatched": self.unmatched,
-            "overflow": self.overflow,
-            "invalid": self.invalid,
-        }
-        return {route: tag for route, tag in routes.items() if tag is not None}
+
+MOVED_KEYWORDS: dict[str, str] = {
+    "late": "routes=dsi.Routes(late=...)",
+    "unmatched": "routes=dsi.Routes(unmatched=...)",
+    "overflow": "routes=dsi.Routes(overflow=...)",
+    "invalid": "routes=dsi.Routes(invalid=...)",
+    "max_versions_per_batch": "main=dsi.MainInput(..., max_versions_per_batch=N)",
+    "max_files_per_batch": "main=dsi.MainInput.files(..., max_files_per_batch=N)",
+}
+"""Keywords of ``SideInputOperator`` / ``side_input_assets`` before 0.2, and their new
+spelling."""
+_WARNED: set[tuple[str, str]] = set()
+
+
+def fold_moved_keywords(
+    declared: dict[str, Any], moved: Mapping[str, Any], where: str
+) -> dict[str, Any]:
+    """``declared`` with the keywords of :data:`MOVED_KEYWORDS` folded into their groups
+    (a ``DeprecationWarning`` once per keyword and entry point, with the new spelling).
+
+    Raises:
+        TypeError: a keyword that neither the entry point nor an older release took.
+    """
+    for name, value in moved.items():
+        if name not in MOVED_KEYWORDS:
+            raise TypeError(
+                f"{where}() got an unexpected keyword argument {name!r}."
+                + did_you_mean(name, [*declared, *MOVED_KEYWORDS])
+            )
+        if (where, name) not in _WARNED:
+            _WARNED.add((where, name))
+            warnings.warn(
+                f"{where}({name}=...) is deprecated and goes in 0.2: use {MOVED_KEYWORDS[name]}",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        if value is None:
+            continue
+        if name.startswith("max_"):
+            if not isinstance(declared.get("main"), MainInput):
+                continue  # OperatorOptions names what main= should be
+            declared["main"] = dataclasses.replace(declared["main"], **{name: value})
+        else:
+            routes = declared.get("routes") or Routes()
+            declared["routes"] = dataclasses.replace(routes, **{name: value})
+    return declared
 
 
 def _rebuild(values: dict[str, Any]) -> OperatorOptions:

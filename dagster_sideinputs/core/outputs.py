@@ -52,6 +52,53 @@ class OutputTag:
         return "MAIN" if self.name == _MAIN_NAME else f"OutputTag({self.name!r})"
 
 
+@dataclass(frozen=True)
+class Routes:
+    """Where the records the operator routes itself go: each route a side output.
+
+    A route left ``None`` does what the declaration says instead (a late record is
+    processed with the windows it falls in, an unmatched one is what ``missing=`` says,
+    a full buffer fails the batch, an invalid record fails it too).
+
+    Args:
+        late: records behind the watermark (windowed operators).
+        unmatched: records whose side row did not come in time (``missing="wait"`` with
+            ``on_timeout="unmatched"``, ``missing="unmatched"``, ``on_empty="unmatched"``).
+        overflow: records pushed out of a full buffer (``BufferLimits(on_exceed="overflow")``).
+        invalid: records the operator cannot process (a null or NaN key, a null event time,
+            a corrupt line, a value that cannot be decoded).
+
+    Examples:
+        >>> Routes(unmatched=OutputTag("unmatched_transactions")).declared()
+        {'unmatched': OutputTag('unmatched_transactions')}
+    """
+
+    late: OutputTag | None = None
+    unmatched: OutputTag | None = None
+    overflow: OutputTag | None = None
+    invalid: OutputTag | None = None
+
+    def __post_init__(self) -> None:
+        for route, tag in self.declared().items():
+            if isinstance(tag, str):
+                object.__setattr__(self, route, OutputTag(tag))
+            elif not isinstance(tag, OutputTag):
+                raise DeclarationError(
+                    f"Routes({route}=...) takes an OutputTag (or its name), got {tag!r}.",
+                    fix=f'Routes({route}=dsi.OutputTag("{route}_records"))',
+                )
+
+    def declared(self) -> dict[str, OutputTag]:
+        """The declared routes, by route name."""
+        routes = {
+            "late": self.late,
+            "unmatched": self.unmatched,
+            "overflow": self.overflow,
+            "invalid": self.invalid,
+        }
+        return {route: tag for route, tag in routes.items() if tag is not None}
+
+
 _MAIN_NAME = "__main__"
 MAIN = OutputTag(_MAIN_NAME, description="The untagged main output of the operator.")
 """The main output. Use it as a key of the mapping a function returns: ``{MAIN: df}``."""

@@ -98,11 +98,12 @@ def route_tag_error(name: str, route: str) -> DeclarationError:
     """The row function emitted to a route tag it cannot emit to (one without a schema)."""
     return DeclarationError(
         f"The row function emitted to output {name!r}, the operator's own {route} route "
-        f"(declared as {route}=). In row mode the function may emit to a route tag only when "
-        "the tag declares a schema (its records and the routed ones, the main columns plus "
-        "'reason', are written with it); this one declares none. Nothing was written.",
-        fix=f'declare {route}=dsi.OutputTag("{name}", schema=<the main columns plus reason '
-        "string>) to emit there too, or emit to a side output of its own: "
+        f"(declared as routes=dsi.Routes({route}=...)). In row mode the function may emit to a "
+        "route tag only when the tag declares a schema (its records and the routed ones, the "
+        "main columns plus 'reason', are written with it); this one declares none. Nothing "
+        "was written.",
+        fix=f'declare routes=dsi.Routes({route}=dsi.OutputTag("{name}", schema=<the main columns '
+        "plus reason string>)) to emit there too, or emit to a side output of its own: "
         'side_outputs=[dsi.OutputTag("<other name>", schema=...)]',
     )
 

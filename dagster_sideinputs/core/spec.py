@@ -102,7 +102,7 @@ class OperatorSpec:
 
     @property
     def routes(self) -> dict[str, OutputTag]:
-        return self.options.routes
+        return self.options.routes.declared()
 
     def side(self, name: str) -> BoundSide:
         return next(b for b in self.sides if b.name == name)

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
-from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions
-from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions, fold_moved_keywords
+from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.dagster_layer.declaration import (
@@ -96,18 +96,14 @@ def side_input_assets(
     tags: Mapping[str, str] | None = None,
     side_outputs: Sequence[OutputTag] = (),
     window: Window | None = None,
-    late: OutputTag | None = None,
-    unmatched: OutputTag | None = None,
-    overflow: OutputTag | None = None,
-    invalid: OutputTag | None = None,
+    routes: Routes | None = None,
     buffer: BufferLimits | None = None,
     mode: Mode = "frames",
     operator_id: str | None = None,
     schema_mode: Literal["merge"] | None = None,
-    max_versions_per_batch: int | None = None,
-    max_files_per_batch: int | None = None,
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
     cache: CachePolicy = "auto",
+    **moved: Any,
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
     """Turn a side-input function into Dagster assets: one per output.
 
@@ -139,31 +135,22 @@ def side_input_assets(
                 return main
     """
     main_tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
+    declared = fold_moved_keywords(
+        dict(
+            main=main, side_inputs=side_inputs, main_output=main_tag,
+            side_outputs=tuple(side_outputs), window=window, routes=routes or Routes(),
+            buffer=buffer or BufferLimits(), mode=mode, operator_id=operator_id,
+            schema_mode=schema_mode, future_tolerance=future_tolerance, cache=cache,
+        ),
+        moved,
+        "side_input_assets",
+    )  # fmt: skip
 
     def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
         op_name = name or fn.__name__
         decl = SideInputAssets(
             name=op_name,
-            options=OperatorOptions(
-                main=main,
-                side_inputs=side_inputs,
-                fn=fn,
-                main_output=main_tag,
-                side_outputs=tuple(side_outputs),
-                window=window,
-                late=late,
-                unmatched=unmatched,
-                overflow=overflow,
-                invalid=invalid,
-                buffer=buffer or BufferLimits(),
-                mode=mode,
-                operator_id=operator_id,
-                schema_mode=schema_mode,
-                max_versions_per_batch=max_versions_per_batch,
-                max_files_per_batch=max_files_per_batch,
-                future_tolerance=future_tolerance,
-                cache=cache,
-            ),
+            options=OperatorOptions(fn=fn, **declared),
             spark_resource_key=spark_resource_key,
             io_manager_key=io_manager_key,
             group_name=group_name,

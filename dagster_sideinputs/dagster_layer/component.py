@@ -17,7 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
-from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.dagster_layer.assets import side_input_assets
@@ -171,12 +171,20 @@ class RoutesModel(dg.Resolvable, dg.Model):
     invalid: Output | None = Field(default=None, description="Null key, unreadable record.")
 
 
+_BUFFER = BufferLimits()  # the defaults are BufferLimits', declared there only
+
+
 class BufferModel(dg.Resolvable, dg.Model):
     """Bounds on the records waiting in the buffer (``BufferLimits``)."""
 
-    max_rows: int | None = Field(default=10_000_000, description="Most buffered records.")
-    max_age: Duration | None = Field(default="7d", description="Oldest a record may get.")
-    on_exceed: Literal["fail", "overflow"] = Field(default="fail", description="Then what.")
+    max_rows: int | None = Field(default=_BUFFER.max_rows, description="Most buffered records.")
+    max_age: Duration | None = Field(
+        default=None if _BUFFER.max_age is None else _BUFFER.max_age.total_seconds(),
+        description='Oldest a record may get (seconds, or e.g. "7d").',
+    )
+    on_exceed: Literal["fail", "overflow"] = Field(
+        default=_BUFFER.on_exceed, description="Then what."
+    )
 
 
 class JobModel(dg.Resolvable, dg.Model):
@@ -338,7 +346,7 @@ class SideInputPipeline(dg.Component, dg.Resolvable, dg.Model):
             "pool": self.pool,
             "spark_resource_key": self.spark_resource_key,
             "io_manager_key": self.io_manager_key,
-            **routes,
+            "routes": Routes(**routes),
         }
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:

@@ -15,7 +15,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.operator import POLL_INTERVAL, SideInputOperator
 from dagster_sideinputs.core.options import OperatorOptions
-from dagster_sideinputs.core.outputs import OutputTag
+from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.delta.storage import DeltaStorage
@@ -156,13 +156,8 @@ class SideInputAssets:
             side_inputs=sides,
             fn=without_reason if self.options.mode == "frames" else fn,
             side_outputs=tuple(t for t in self.options.side_outputs if t != tag),
-            late=None,
-            unmatched=None,
-            overflow=None,
-            invalid=routes.get("invalid") if tag != routes.get("invalid") else None,
+            routes=Routes(invalid=routes.get("invalid") if tag != routes.get("invalid") else None),
             operator_id=f"{self.spec.operator_id}__replay__{tag.name.replace('/', '__')}",
-            max_versions_per_batch=None,
-            max_files_per_batch=None,
         )
         return SideInputOperator.from_options(options, storage, readiness)
 

@@ -58,8 +58,9 @@ def operator(root: str, bootstrap: str, topic: str) -> dsi.SideInputOperator:
         fn=enrich,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        invalid=INVALID,
-        # The bridge: the kill points name its commit (the session has Delta configured,
+        routes=dsi.Routes(
+            invalid=INVALID
+        ),  # The bridge: the kill points name its commit (the session has Delta configured,
         # so engine="auto" would pick delta-spark and no kill would land).
         storage=dsi.DeltaStorage(root, engine="delta-rs"),
     )

@@ -161,7 +161,13 @@ def test_landing_line_with_a_mistyped_field_goes_to_the_invalid_tag(ready, tmp_p
         '{"tx_id": 2, "customer_id": "ten", "amount": 1}',
     ]
     (folder / "a.json").write_text("\n".join(lines))
-    ready.run(landing(ready, folder, invalid=INVALID))
+    ready.run(
+        landing(
+            ready,
+            folder,
+            routes=dsi.Routes(invalid=INVALID),
+        )
+    )
     assert ready.rows("enriched", "tx_id") == [(1,)]
     ((reason,),) = ready.rows("invalid", "reason")
     assert reason.startswith('corrupt record: {"tx_id": 2, "customer_id": "ten"')
@@ -173,7 +179,13 @@ def test_landing_line_missing_the_key_field_is_invalid(ready, tmp_path):
     (folder / "a.json").write_text(
         '{"tx_id": 1, "amount": 1}\n{"tx_id": 2, "customer_id": 10, "amount": 1}\n'
     )
-    ready.run(landing(ready, folder, invalid=INVALID))
+    ready.run(
+        landing(
+            ready,
+            folder,
+            routes=dsi.Routes(invalid=INVALID),
+        )
+    )
     assert ready.rows("invalid", "tx_id", "reason") == [(1, "null key 'customer_id'")]
 
 
@@ -216,7 +228,7 @@ def test_side_table_deleted_after_use_is_an_error_and_buffer_is_kept(ready):
                 "profiles", key="customer_id", missing="wait", timeout=hours(1)
             )
         },
-        unmatched=dsi.OutputTag("unmatched"),
+        routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
     )
     ready.append("transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
     ready.run(op)
@@ -393,7 +405,10 @@ def test_event_times_far_in_the_future_are_invalid_not_a_watermark_jump(ready):
         TXT,
     )
     batch = (
-        windowed(ready, invalid=INVALID, late=dsi.OutputTag("late"))
+        windowed(
+            ready,
+            routes=dsi.Routes(invalid=INVALID, late=dsi.OutputTag("late")),
+        )
         .run(ready.spark, clock=clock)
         .batches[0]
     )
@@ -401,7 +416,10 @@ def test_event_times_far_in_the_future_are_invalid_not_a_watermark_jump(ready):
     assert "ahead of the batch" in ready.rows("invalid", "reason")[0][0]
     assert batch.max_event_time == T0
     ready.append("transactions", [(3, 10, 1.0, T0 + hours(1))], TXT)
-    windowed(ready, invalid=INVALID, late=dsi.OutputTag("late")).run(ready.spark, clock=clock)
+    windowed(
+        ready,
+        routes=dsi.Routes(invalid=INVALID, late=dsi.OutputTag("late")),
+    ).run(ready.spark, clock=clock)
     assert ready.rows("enriched", "tx_id") == [(1,), (3,)]
 
 

@@ -384,7 +384,7 @@ def test_row_mode_emitting_to_the_unmatched_route_tag_says_it_is_the_route(lake)
             "rows",
             fn=rows_big_to_unmatched,
             side_inputs={"profile": side},
-            unmatched=unmatched,
+            routes=dsi.Routes(unmatched=unmatched),
             side_outputs=[unmatched],
         )
 

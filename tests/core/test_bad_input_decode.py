@@ -54,7 +54,11 @@ def refused_then_routed(
     op = enrich(lake, main)
     with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, *names, fix=fix):
         op.run(lake.spark)
-    fixed = enrich(lake, main, invalid=INVALID)
+    fixed = enrich(
+        lake,
+        main,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     fixed.run(lake.spark)
     accounted(lake, fixed, ids, column=column)
     found = [r[0] for r in lake.rows("invalid", "reason")]
@@ -169,7 +173,10 @@ def test_kafka_string_and_bytes_tombstones_and_non_utf8_strings_are_invalid(lake
         with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, name, fix=FIX):
             op.run(lake.spark)
         fixed = enrich(
-            lake, main, main_output=f"out_{fmt}", invalid=dsi.OutputTag(f"invalid_{fmt}")
+            lake,
+            main,
+            main_output=f"out_{fmt}",
+            routes=dsi.Routes(invalid=dsi.OutputTag(f"invalid_{fmt}")),
         )
         fixed.run(lake.spark)
         accounted(lake, fixed, range(5), column="kafka_offset")
@@ -282,7 +289,11 @@ def test_landed_json_lines_of_no_object_of_the_schema_are_invalid(lake, tmp_path
         ),
     ):
         op.run(lake.spark)
-    fixed = enrich(lake, main, invalid=INVALID)
+    fixed = enrich(
+        lake,
+        main,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     fixed.run(lake.spark)
     placed(lake, fixed, {1: 1, 7: 1, 8: 1, None: 4})  # undecodable lines have no id
     assert sorted(lake.rows("enriched", "tx_id")) == [(1,), (8,)]
@@ -301,7 +312,11 @@ def test_landed_csv_lines_of_separators_or_extra_fields_are_invalid(lake, tmp_pa
         refused(dsi.errors.MainInputDataError, "2 record(s)", "'in'", fix=FIX),
     ):
         op.run(lake.spark)
-    fixed = enrich(lake, main, invalid=INVALID)
+    fixed = enrich(
+        lake,
+        main,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     fixed.run(lake.spark)
     placed(lake, fixed, {1: 1, 4: 1, 3: 1, None: 1})  # tx 3 keeps its id in the route
     assert sorted(lake.rows("enriched", "tx_id")) == [(1,), (4,)]
@@ -322,7 +337,11 @@ def test_landed_xml_records_spark_cannot_parse_or_of_no_field_are_invalid(lake, 
     op = enrich(lake, main)
     with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, "2 record(s)", "'in'"):
         op.run(lake.spark)
-    fixed = enrich(lake, main, invalid=INVALID)
+    fixed = enrich(
+        lake,
+        main,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     fixed.run(lake.spark)
     placed(lake, fixed, {1: 1, 4: 1, None: 2})
     assert sorted(lake.rows("enriched", "tx_id", "amount")) == [(1, None), (4, 4.5)]
@@ -338,7 +357,11 @@ def test_landed_text_lines_that_are_not_utf8_are_invalid(lake, tmp_path: Path):
     op = enrich(lake, main)
     with nothing_committed(lake, op), refused(dsi.errors.MainInputDataError, "1 record(s)", "'in'"):
         op.run(lake.spark)
-    fixed = enrich(lake, main, invalid=INVALID)
+    fixed = enrich(
+        lake,
+        main,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     fixed.run(lake.spark)
     accounted(lake, fixed, ["a", "", "\ufffd\ufffd", "b"], column="value")
     assert lake.rows("invalid", "reason") == [

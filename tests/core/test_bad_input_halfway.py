@@ -53,7 +53,13 @@ def with_big(lake: Lake, big_amount, **kwargs: Any) -> dsi.SideInputOperator:
 
     wait = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=DAY)
     kwargs.setdefault("side_inputs", {"profile": wait})
-    return operator(lake, side_outputs=[BIG], fn=fn, unmatched=dsi.OutputTag("unmatched"), **kwargs)
+    return operator(
+        lake,
+        side_outputs=[BIG],
+        fn=fn,
+        routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,7 +169,11 @@ def test_a_route_tag_with_a_schema_must_fit_the_records_routed_there(lake, mode)
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0), (2, None, 1.0)], TX)
     narrow = dsi.OutputTag("invalid", schema=T.StructType([T.StructField("tx_id", T.LongType())]))
-    op = operator(lake, mode, invalid=narrow)
+    op = operator(
+        lake,
+        mode,
+        routes=dsi.Routes(invalid=narrow),
+    )
     with (
         refused(
             dsi.errors.SchemaMismatchError, "routed to 'invalid'", "'customer_id' is not declared"
@@ -180,7 +190,11 @@ def test_a_route_tag_with_a_schema_must_fit_the_records_routed_there(lake, mode)
             ("reason", T.StringType()),
         )
     ]
-    fixed = operator(lake, mode, invalid=dsi.OutputTag("invalid", schema=T.StructType(fields)))
+    fixed = operator(
+        lake,
+        mode,
+        routes=dsi.Routes(invalid=dsi.OutputTag("invalid", schema=T.StructType(fields))),
+    )
     lake.run(fixed)
     accounted(lake, fixed, [1, 2])
     assert lake.rows("invalid", "tx_id") == [(2,)]

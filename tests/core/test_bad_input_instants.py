@@ -113,7 +113,12 @@ def test_a_null_valid_from_is_refused_even_when_no_record_would_be_released(lake
     the operator wait for a row that is there)."""
     put(lake, "prices", [("a", 1.0, at(0)), ("b", 7.0, None)], PRICES)
     put(lake, "orders", [(1, "b", at(10))], ORDERS)
-    op = operator(lake, "frames", missing="unmatched", unmatched=UNMATCHED)
+    op = operator(
+        lake,
+        "frames",
+        missing="unmatched",
+        routes=dsi.Routes(unmatched=UNMATCHED),
+    )
     refused_null_valid_from(lake, op, "b")
     put(lake, "prices", [("a", 1.0, at(0)), ("b", 7.0, at(5)), Z], PRICES, mode="overwrite")
     lake.run(op)
@@ -173,7 +178,11 @@ def test_a_null_main_event_time_with_an_as_of_side_input_is_invalid(lake):
         nothing_committed(lake, op),
     ):
         lake.run(op)
-    fixed = operator(lake, "frames", invalid=INVALID)
+    fixed = operator(
+        lake,
+        "frames",
+        routes=dsi.Routes(invalid=INVALID),
+    )
     lake.run(fixed)
     assert priced(lake) == {1: 1.0}
     assert lake.rows("invalid", "order_id", "reason") == [(2, "null event time 'ts'")]

@@ -42,7 +42,7 @@ def waiting(
 ) -> dsi.SideInputOperator:
     """Records wait: the profiles side table does not exist yet."""
     if limits.on_exceed == "overflow":
-        kwargs["overflow"] = OVERFLOW
+        kwargs["routes"] = dsi.Routes(overflow=OVERFLOW)
     return operator(lake, mode, buffer=limits, **kwargs)
 
 
@@ -128,8 +128,10 @@ def test_a_batch_limit_below_one_is_refused_and_one_reads_everything_in_one_run(
     put(lake, "transactions", [], TX)  # a version adding no rows
     put(lake, "transactions", [(2, 10, 1.0)], TX)
     with refused(dsi.DeclarationError, "max_versions_per_batch", repr(limit), fix="None"):
-        operator(lake, max_versions_per_batch=limit)
-    op = operator(lake, max_versions_per_batch=1)
+        dsi.MainInput("transactions", key="customer_id", max_versions_per_batch=limit)
+    op = operator(
+        lake, main=dsi.MainInput("transactions", key="customer_id", max_versions_per_batch=1)
+    )
     result = lake.run(op)
     assert [b.main_range for b in result.batches] == [
         "versions (-1, 0]",
@@ -150,10 +152,15 @@ def test_one_file_per_batch_reads_past_an_empty_file_in_one_run(lake, tmp_path):
         path = folder / f"{index}.json"
         path.write_text(text)
         os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
-    main = dsi.MainInput.files(str(folder), schema=TX, key="customer_id")
+
+    def landed(limit: int) -> dsi.MainInput:
+        return dsi.MainInput.files(
+            str(folder), schema=TX, key="customer_id", max_files_per_batch=limit
+        )
+
     with refused(dsi.DeclarationError, "max_files_per_batch", "0", fix=">= 1"):
-        operator(lake, main=main, max_files_per_batch=0)
-    op = operator(lake, main=main, max_files_per_batch=1)
+        landed(0)
+    op = operator(lake, main=landed(1))
     assert len(lake.run(op).batches) == 3
     accounted(lake, op, [1, 2])
 
@@ -176,7 +183,7 @@ def test_huge_limits_timeouts_and_tolerances_mean_never(lake, mode):
         window=dsi.Window.tumbling(hours(1), watermark=MAX_WINDOW),
         buffer=dsi.BufferLimits(max_rows=10**15, max_age=forever),
         future_tolerance=forever,
-        unmatched=UNMATCHED,
+        routes=dsi.Routes(unmatched=UNMATCHED),
     )
     clock = Clock(T0 + hours(3))
     lake.run(op, clock)

@@ -426,7 +426,7 @@ def test_dots_spaces_and_backticks_in_key_time_and_side_columns_are_supported(la
         side_inputs={"profile": dsi.SideInput.map("profiles", key=key)},
         fn=_odd_frames if mode == "frames" else _odd_rows,
         window=dsi.Window.tumbling(hours(1)),
-        invalid=INVALID,
+        routes=dsi.Routes(invalid=INVALID),
     )
     lake.run(fixed, Clock(T0 + hours(3)))
     accounted(lake, fixed, [1, 2, 3])

@@ -177,7 +177,7 @@ def test_records_waiting_for_a_side_table_that_never_existed_overflow_by_the_buf
         main_output=PROFILE_NAME,
         readiness=AlwaysReady(),
         buffer=dsi.BufferLimits(max_age=hours(1), on_exceed="overflow"),
-        overflow=overflow,
+        routes=dsi.Routes(overflow=overflow),
     )
     clock = Clock(T0)
     lake.run(op, clock)

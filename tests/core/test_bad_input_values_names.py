@@ -68,8 +68,7 @@ def test_a_late_record_of_year_999_goes_to_the_late_route(lake: Lake):
         lake,
         main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
         window=dsi.Window.tumbling(hours(1), watermark=hours(1)),
-        late=late,
-        invalid=INVALID,
+        routes=dsi.Routes(late=late, invalid=INVALID),
     )
     clock = Clock(T0 + hours(3))
     lake.run(op, clock)
@@ -202,7 +201,12 @@ def test_a_batch_refused_by_a_check_constraint_leaves_no_file_in_the_output(lake
     with nothing_committed(lake, op), refused(dsi.errors.SchemaMismatchError, "enriched", "small"):
         lake.run(op)
     assert _parquet_files(lake, "enriched") == _logged_files(lake, "enriched")
-    fixed = operator(lake, fn=_capped, main_output="enriched", invalid=INVALID)
+    fixed = operator(
+        lake,
+        fn=_capped,
+        main_output="enriched",
+        routes=dsi.Routes(invalid=INVALID),
+    )
     lake.run(fixed)
     assert _parquet_files(lake, "enriched") == _logged_files(lake, "enriched")
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == [*range(13), 14, 15]

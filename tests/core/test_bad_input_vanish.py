@@ -69,7 +69,11 @@ def test_null_event_time_is_invalid_not_dropped_by_the_window_assignment(ready, 
         nothing_committed(ready, windowed(ready, mode)),
     ):
         ready.run(windowed(ready, mode), Clock(NOW))
-    fixed = windowed(ready, mode, invalid=INVALID)
+    fixed = windowed(
+        ready,
+        mode,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     ready.run(fixed, Clock(NOW))
     accounted(ready, fixed, [1, 2])
     assert ready.rows("invalid", "tx_id", "reason") == [(2, "null event time 'ts'")]
@@ -91,7 +95,12 @@ def test_an_invalid_record_in_sliding_windows_is_routed_once_not_once_per_window
     put(ready, "transactions", [(1, 10, 1.0, T0), bad], TXT)
     with refused(dsi.errors.MainInputDataError, "'transactions'", reason, fix="invalid="):
         ready.run(windowed(ready, mode, SLIDING), Clock(NOW))
-    fixed = windowed(ready, mode, SLIDING, invalid=INVALID)
+    fixed = windowed(
+        ready,
+        mode,
+        SLIDING,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     ready.run(fixed, Clock(NOW))
     placed(ready, fixed, {1: 2, 2: 1})  # a valid record is released once per window
     ((why,),) = ready.rows("invalid", "reason")
@@ -115,7 +124,7 @@ def test_an_event_time_whose_window_does_not_fit_in_timestamps_is_invalid(
     build = lambda **kw: windowed(ready, mode, future_tolerance=tolerance, **kw)  # noqa: E731
     with refused(dsi.errors.MainInputDataError, "event time 'ts' outside", fix="invalid="):
         ready.run(build(), Clock(NOW))
-    fixed = build(invalid=INVALID)
+    fixed = build(routes=dsi.Routes(invalid=INVALID))
     batch = ready.run(fixed, Clock(NOW)).batches[0]
     accounted(ready, fixed, [1, 2])
     assert ready.rows("invalid", "tx_id") == [(2,)]
@@ -155,7 +164,13 @@ def test_a_date_typed_event_time_works_and_a_null_date_is_invalid(ready, mode):
     day = dsi.Window.tumbling(dt.timedelta(days=1))
     with refused(dsi.errors.MainInputDataError, "null event time 'd'", fix="invalid="):
         ready.run(operator(ready, mode, main=main, window=day), Clock(T0 + hours(30)))
-    fixed = operator(ready, mode, main=main, window=day, invalid=INVALID)
+    fixed = operator(
+        ready,
+        mode,
+        main=main,
+        window=day,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     batch = ready.run(fixed, Clock(T0 + hours(30))).batches[0]
     accounted(ready, fixed, [1, 2])
     assert batch.max_event_time == T0
@@ -196,7 +211,13 @@ def test_a_landed_line_corrupt_in_a_column_the_routing_does_not_read_is_invalid(
     (folder / f"a.{fmt}").write_text("\n".join(lines) + "\n")
     with refused(dsi.errors.MainInputDataError, "'landed'", "corrupt record", fix="invalid="):
         ready.run(landing(ready, mode, folder, fmt))
-    fixed = landing(ready, mode, folder, fmt, invalid=INVALID)
+    fixed = landing(
+        ready,
+        mode,
+        folder,
+        fmt,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     ready.run(fixed)
     accounted(ready, fixed, [1, 2])
     assert ready.rows("enriched", "tx_id") == [(1,)]
@@ -211,7 +232,11 @@ def test_a_nan_key_is_invalid_in_both_modes(lake, mode):
     put(lake, "transactions", [(1, 10.0), (2, float("nan"))], "tx_id long, customer_id double")
     with refused(dsi.errors.MainInputDataError, "NaN key 'customer_id'", fix="invalid="):
         lake.run(operator(lake, mode))
-    fixed = operator(lake, mode, invalid=INVALID)
+    fixed = operator(
+        lake,
+        mode,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     lake.run(fixed)
     accounted(lake, fixed, [1, 2])
     assert lake.rows("enriched") == [(1, "ann")]  # NaN matched no side row, not even NaN
@@ -235,7 +260,12 @@ def test_a_key_that_does_not_survive_the_cast_to_the_side_key_type_matches_nothi
     profile = dsi.SideInput.map("profiles", key="customer_id", missing="unmatched")
     with pytest.raises(dsi.DeclarationError, match=r"(?s)'profile'.*unmatched="):
         operator(lake, mode, side_inputs={"profile": profile})
-    op = operator(lake, mode, side_inputs={"profile": profile}, unmatched=UNMATCHED)
+    op = operator(
+        lake,
+        mode,
+        side_inputs={"profile": profile},
+        routes=dsi.Routes(unmatched=UNMATCHED),
+    )
     lake.run(op)
     accounted(lake, op, [1, 2])
     assert lake.rows("enriched") == [(1, "ann")]
@@ -252,7 +282,12 @@ def test_a_key_translator_returning_null_waits_then_times_out_to_unmatched(ready
         missing="wait",
         timeout=hours(1),
     )
-    op = operator(ready, mode, side_inputs={"profile": profile}, unmatched=UNMATCHED)
+    op = operator(
+        ready,
+        mode,
+        side_inputs={"profile": profile},
+        routes=dsi.Routes(unmatched=UNMATCHED),
+    )
     clock = Clock(T0)
     ready.run(op, clock)
     accounted(ready, op, [1, 2])
@@ -272,7 +307,13 @@ def test_a_null_key_in_a_pre_keyed_input_is_invalid(ready, mode):
     keyed = {"profile": dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")}
     with refused(dsi.errors.MainInputDataError, "null key 'customer_id'", fix="invalid="):
         ready.run(operator(ready, mode, main=main, side_inputs=keyed))
-    fixed = operator(ready, mode, main=main, side_inputs=keyed, invalid=INVALID)
+    fixed = operator(
+        ready,
+        mode,
+        main=main,
+        side_inputs=keyed,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     ready.run(fixed)
     accounted(ready, fixed, [1, 2])
 
@@ -291,7 +332,13 @@ def test_a_null_event_time_does_not_wait_for_a_side_window(lake, mode):
     main = dsi.MainInput("transactions", key="customer_id", event_time="ts")
     with refused(dsi.errors.MainInputDataError, "null event time 'ts'", fix="invalid="):
         lake.run(operator(lake, mode, main=main, side_inputs={"rate": rates}), Clock(NOW))
-    fixed = operator(lake, mode, main=main, side_inputs={"rate": rates}, invalid=INVALID)
+    fixed = operator(
+        lake,
+        mode,
+        main=main,
+        side_inputs={"rate": rates},
+        routes=dsi.Routes(invalid=INVALID),
+    )
     lake.run(fixed, Clock(NOW))
     accounted(lake, fixed, [1, 2])  # 1 waits for its side window, 2 is invalid
     assert fixed.buffer().rows() == 1
@@ -303,7 +350,12 @@ def test_identical_records_overflow_each_exactly_once(lake, mode):
     tie, and each must still land exactly once (one overflows, one waits)."""
     put(lake, "transactions", [(5, 10, 1.0), (5, 10, 1.0), (6, 11, 1.0)], TX)
     limits = dsi.BufferLimits(max_rows=2, on_exceed="overflow")
-    op = operator(lake, mode, buffer=limits, overflow=OVERFLOW)  # no profiles: all wait
+    op = operator(
+        lake,
+        mode,
+        buffer=limits,
+        routes=dsi.Routes(overflow=OVERFLOW),
+    )  # no profiles: all wait
     clock = Clock(T0)
     lake.run(op, clock)
     placed(lake, op, {5: 2, 6: 1})
@@ -329,7 +381,7 @@ def test_sliding_window_records_routed_again_after_a_declaration_change_keep_the
     )
     lake.run(build(), Clock(NOW))
     placed(lake, build(), {1: 2, 2: 4})  # two windows each; 2 is there twice
-    changed = build(invalid=INVALID)
+    changed = build(routes=dsi.Routes(invalid=INVALID))
     assert "routed again" in lake.run(changed, Clock(NOW)).batches[0].notes[0]
     placed(lake, changed, {1: 2, 2: 4})
     put(

@@ -75,7 +75,7 @@ def operator(storage: dsi.DeltaStorage) -> dsi.SideInputOperator:
         fn=enrich,
         main_output="enriched",
         side_outputs=[SUSPICIOUS],
-        unmatched=UNMATCHED,
+        routes=dsi.Routes(unmatched=UNMATCHED),
         storage=storage,
     )
 

@@ -267,7 +267,11 @@ def test_waiting_rule_changed_applies_to_the_waiting_records(lake, clock, change
     unmatched = dsi.OutputTag("unmatched")
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
-    before = enriched_operator(lake, waiting_side(), unmatched=unmatched)
+    before = enriched_operator(
+        lake,
+        waiting_side(),
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     lake.run(before, clock)
     assert before.buffer().slots() == ["key=global"]
 
@@ -277,7 +281,11 @@ def test_waiting_rule_changed_applies_to_the_waiting_records(lake, clock, change
         side = {"profile": dsi.SideInput.map("profiles", key="customer_id", **options)}
     else:
         side = waiting_side(**options)
-    after = enriched_operator(lake, side, unmatched=unmatched)
+    after = enriched_operator(
+        lake,
+        side,
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     clock.advance(advance)
     batch = lake.run(after, clock).batches[0]
     assert batch.routes[route] == 1  # tx 2, first seen when it was first read
@@ -289,12 +297,19 @@ def test_main_key_changed_joins_waiting_records_by_the_new_key(lake, clock):
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 77, 10)], schema)
     unmatched = dsi.OutputTag("unmatched")
-    by_customer = enriched_operator(lake, waiting_side(), unmatched=unmatched)
+    by_customer = enriched_operator(
+        lake,
+        waiting_side(),
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     lake.run(by_customer, clock)
     assert by_customer.buffer().rows() == 1
     side = waiting_side(key_translator="account_id")
     by_account = enriched_operator(
-        lake, side, main=dsi.MainInput("transactions", key="account_id"), unmatched=unmatched
+        lake,
+        side,
+        main=dsi.MainInput("transactions", key="account_id"),
+        routes=dsi.Routes(unmatched=unmatched),
     )
     lake.run(by_account, clock)
     assert lake.rows("enriched", "tx_id", "name") == [(1, "ann")]
@@ -344,7 +359,11 @@ def test_late_tag_added_never_makes_buffered_records_late(lake, clock):
     put(lake, "transactions", [(1, "EUR", at(0, 10)), (2, "EUR", at(5, 10))], TXT)
     before = rules_operator(lake, window)
     lake.run(before, clock)  # both wait for the rules; the watermark moves to 05:10
-    after = rules_operator(lake, window, late=late)
+    after = rules_operator(
+        lake,
+        window,
+        routes=dsi.Routes(late=late),
+    )
     put(lake, "rules", [(1.0,)], "limit double")
     put(lake, "transactions", [(3, "EUR", at(1, 10))], TXT)  # new and behind: late
     lake.run(after, clock)
@@ -385,13 +404,17 @@ def test_declaration_changed_while_a_batch_is_written_in_part_is_refused_until_f
     crashing = enriched_operator(
         lake,
         waiting_side(),
-        unmatched=unmatched,
+        routes=dsi.Routes(unmatched=unmatched),
         storage=dsi.DeltaStorage(lake.storage.root, engine=engine),
     )
     with pytest.raises(InjectedCrash):
         lake.run(crashing, clock)
     nulls = {"profile": dsi.SideInput.map("profiles", key="customer_id")}
-    changed = enriched_operator(lake, nulls, unmatched=unmatched)
+    changed = enriched_operator(
+        lake,
+        nulls,
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     with refused(
         dsi.errors.OperatorStateError,
         "written in part",
@@ -399,7 +422,14 @@ def test_declaration_changed_while_a_batch_is_written_in_part_is_refused_until_f
         fix="restore the previous declaration",
     ):
         lake.run(changed, clock)  # tx 2 would have been released and buffered
-    lake.run(enriched_operator(lake, waiting_side(), unmatched=unmatched), clock)
+    lake.run(
+        enriched_operator(
+            lake,
+            waiting_side(),
+            routes=dsi.Routes(unmatched=unmatched),
+        ),
+        clock,
+    )
     lake.run(changed, clock)
     assert lake.rows("enriched", "tx_id", "name") == [(1, "ann"), (2, None)]
     assert_accounted(lake.spark, changed, [1, 2])

@@ -54,7 +54,13 @@ def test_corrupt_lines_and_empty_files_go_to_the_invalid_tag(lake, tmp_path):
     land(folder, "a.json", '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n')
     land(folder, "empty.json", "")
     invalid = dsi.OutputTag("invalid_transactions")
-    lake.run(landing_operator(lake, folder, invalid=invalid))
+    lake.run(
+        landing_operator(
+            lake,
+            folder,
+            routes=dsi.Routes(invalid=invalid),
+        )
+    )
     assert lake.rows("enriched") == [(1, "ann")]
     rows = lake.rows("invalid_transactions", "reason")
     assert rows == [("corrupt record: {not json",)]
@@ -101,7 +107,9 @@ def test_buffer_over_its_row_limit_routes_the_oldest_to_overflow(lake):
     clock = Clock()
     overflow = dsi.OutputTag("overflow")
     op = limited_operator(
-        lake, dsi.BufferLimits(max_rows=3, on_exceed="overflow"), overflow=overflow
+        lake,
+        dsi.BufferLimits(max_rows=3, on_exceed="overflow"),
+        routes=dsi.Routes(overflow=overflow),
     )
     lake.append("transactions", [(1, 10, 1.0), (2, 10, 1.0)], TX)
     lake.run(op, clock)
@@ -284,7 +292,13 @@ def test_landed_parquet_footers_that_do_not_settle_the_counts_leave_them_to_a_jo
     invalid = dsi.OutputTag("invalid_transactions")
     lake.append("profiles", [(10, "ann")], PROFILES)
     land_parquet(folder, "a.parquet", landed())
-    [batch] = lake.run(parquet_landing(lake, folder, invalid=invalid)).batches
+    [batch] = lake.run(
+        parquet_landing(
+            lake,
+            folder,
+            routes=dsi.Routes(invalid=invalid),
+        )
+    ).batches
     assert not any(FOOTERS in note for note in batch.notes)
     assert batch.accounted
     assert batch.rows_in == 2

@@ -58,7 +58,7 @@ def kafka_main(broker: KafkaBroker, name: str, **options: Any) -> dsi.MainInput:
 def operator(lake: Lake, main: dsi.MainInput, **kwargs: Any) -> dsi.SideInputOperator:
     if not lake.exists("profiles"):
         lake.append("profiles", [(c, f"customer {c}") for c in range(CUSTOMERS)], PROFILES)
-    kwargs.setdefault("invalid", INVALID)
+    kwargs.setdefault("routes", dsi.Routes(invalid=INVALID))
     return lake.operator(
         main=main,
         side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
@@ -441,7 +441,11 @@ def test_malformed_json_without_an_invalid_route_stops_the_batch(lake, kafka_bro
     name = topic(kafka_broker, partitions=1)
     kafka_broker.produce_json(name, tx(range(3)), key="customer_id")
     kafka_broker.produce(name, [("1", "{not json")])
-    op = operator(lake, kafka_main(kafka_broker, name), invalid=None)
+    op = operator(
+        lake,
+        kafka_main(kafka_broker, name),
+        routes=dsi.Routes(invalid=None),
+    )
 
     with pytest.raises(dsi.errors.MainInputDataError, match=rf"{name}\[0\]@3: {{not json"):
         op.run(lake.spark)
@@ -538,7 +542,7 @@ def test_a_batch_no_table_committed_is_planned_again_with_the_offsets_there_are_
         side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
         fn=broken,
         main_output="enriched",
-        invalid=INVALID,
+        routes=dsi.Routes(invalid=INVALID),
     )
     with pytest.raises(dsi.errors.FunctionError):
         failing.run(lake.spark)

@@ -4,10 +4,12 @@ round trips, options and limits, state files. These run in milliseconds."""
 import datetime as dt
 import inspect
 import pickle
+import warnings
 
 import pytest
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import options as options_module
 from dagster_sideinputs.core.batch.buffer import (
     BufferState,
     is_keywait,
@@ -310,7 +312,7 @@ def test_the_routing_fingerprint_follows_the_declaration_not_the_function(tmp_pa
                     "profiles", key="customer_id", missing="wait", timeout=HOUR
                 )
             },
-            unmatched=dsi.OutputTag("unmatched"),
+            routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
         ),
         storage,
     )
@@ -351,15 +353,67 @@ def keywords(function) -> list[str]:
     return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
 
 
-def test_operator_and_side_input_assets_declare_the_same_operator_keywords():
-    """Both public entry points list every option (help(), completion, type checks), and
-    both build the one OperatorOptions value from them: none is missing on either side."""
-    fields = set(OperatorOptions.__dataclass_fields__)
-    operator = set(keywords(dsi.SideInputOperator))
-    assets = set(keywords(dsi.side_input_assets))
-    assert fields <= operator, fields - operator
-    assert fields - {"fn"} <= assets, fields - {"fn"} - assets
-    assert operator - fields == {"storage", "readiness"}
+@pytest.mark.parametrize(
+    ("old", "value", "grouped"),
+    [
+        ("late", dsi.OutputTag("late"), lambda o: o.routes.late),
+        ("unmatched", "unmatched", lambda o: o.routes.unmatched),
+        ("overflow", dsi.OutputTag("overflow"), lambda o: o.routes.overflow),
+        ("invalid", dsi.OutputTag("invalid"), lambda o: o.routes.invalid),
+        ("max_versions_per_batch", 3, lambda o: o.main.max_versions_per_batch),
+    ],
+)
+def test_a_keyword_that_moved_into_a_group_still_works_and_warns_once(
+    tmp_path, old, value, grouped
+):
+    """Before 0.2 these were the operator's own keywords; each now lives in one group
+    (``Routes``, the main input), declared once for every entry point."""
+    storage = dsi.DeltaStorage(str(tmp_path))
+    options_module._WARNED.discard(("SideInputOperator", old))
+
+    def declare() -> dsi.SideInputOperator:
+        return dsi.SideInputOperator(
+            main=dsi.MainInput("transactions", key="customer_id"),
+            side_inputs={},
+            fn=lambda main, sides: main,
+            main_output="enriched",
+            storage=storage,
+            **{old: value},
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = declare()
+        declare()
+    assert [w.category for w in caught] == [DeprecationWarning]
+    assert f"SideInputOperator({old}=...)" in str(caught[0].message)
+    assert options_module.MOVED_KEYWORDS[old] in str(caught[0].message)
+    assert caught[0].filename == __file__
+    assert grouped(op.spec.options) in (value, dsi.OutputTag(str(value)))
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_the_close_one(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'unmached'.*unmatched"):
+        dsi.SideInputOperator(
+            main=dsi.MainInput("transactions"),
+            side_inputs={},
+            fn=lambda main, sides: main,
+            main_output="enriched",
+            storage=dsi.DeltaStorage(str(tmp_path)),
+            unmached=dsi.OutputTag("x"),
+        )
+
+
+def test_routes_are_tags_and_a_batch_limit_is_the_main_inputs_own():
+    assert dsi.Routes(late="late").declared() == {"late": dsi.OutputTag("late")}
+    with pytest.raises(dsi.DeclarationError, match=r"Routes\(invalid=.*OutputTag"):
+        dsi.Routes(invalid=3)
+    with pytest.raises(dsi.DeclarationError, match="max_files_per_batch must be an integer >= 1"):
+        dsi.MainInput.files("/x", schema="a int", max_files_per_batch=True)
+    with pytest.raises(
+        dsi.DeclarationError, match=r"(?s)\(delta\).*MainInput\(\.\.\., max_versions"
+    ):
+        dsi.MainInput("transactions", max_files_per_batch=1)
 
 
 @pytest.mark.parametrize("view", ["singleton", "list", "map", "multimap"])

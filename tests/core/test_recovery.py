@@ -235,7 +235,11 @@ def test_side_input_named_like_a_main_column_then_renamed(profiles):
 def test_side_table_deleted_after_use_then_rematerialized(profiles):
     lake = profiles
     waiting = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
-    op = keyed(lake, waiting, unmatched=UNMATCHED)
+    op = keyed(
+        lake,
+        waiting,
+        routes=dsi.Routes(unmatched=UNMATCHED),
+    )
     clock = Clock()
     put(lake, "transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
     lake.run(op, clock)
@@ -351,7 +355,10 @@ def test_null_key_in_a_delta_main_input_then_an_invalid_tag(profiles):
         lake.run(op)
     # A Delta main input is append-only: correcting the record in place is not a fix.
     assert "fix the records at the source" not in (caught.value.fix or "")
-    fixed = keyed(lake, invalid=INVALID)
+    fixed = keyed(
+        lake,
+        routes=dsi.Routes(invalid=INVALID),
+    )
     replanned(lake.run(fixed), fixed)
     assert lake.rows("invalid", "tx_id") == [(2,)]
     assert_accounted(lake.spark, fixed, [1, 2, 3])
@@ -527,7 +534,11 @@ def test_buffer_over_its_limit_then_the_limit_raised(lake):
 
 def test_buffer_over_its_limit_then_overflow_declared(lake):
     over_the_limit(lake)
-    op = keyed(lake, buffer=dsi.BufferLimits(max_rows=1, on_exceed="overflow"), overflow=OVERFLOW)
+    op = keyed(
+        lake,
+        buffer=dsi.BufferLimits(max_rows=1, on_exceed="overflow"),
+        routes=dsi.Routes(overflow=OVERFLOW),
+    )
     replanned(lake.run(op), op)
     assert op.buffer().rows() == 1
     assert len(lake.rows("overflow")) == 1
@@ -737,7 +748,11 @@ def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, targe
     waiting = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
-    op = keyed(lake, waiting, unmatched=UNMATCHED)
+    op = keyed(
+        lake,
+        waiting,
+        routes=dsi.Routes(unmatched=UNMATCHED),
+    )
     clock = Clock()
     lake.run(op, clock)  # creates both tables
     put(lake, "transactions", [(3, 10, 1.0), (4, 78, 1.0)], TX)
@@ -812,7 +827,7 @@ DECLARATIONS = {
                     "profiles", key="customer_id", missing="wait", timeout=hours(1)
                 ),
             },
-            unmatched=UNMATCHED,
+            routes=dsi.Routes(unmatched=UNMATCHED),
         ),
     ),
     "option-of-another-view": (
@@ -832,11 +847,11 @@ DECLARATIONS = {
             lake,
             side_inputs={**RULES, "profile": NO_ROW_UNMATCHED},
         ),
-        'pass unmatched=dsi.OutputTag("unmatched_...")',
+        'pass routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched_...")',
         lambda lake: declared(
             lake,
             side_inputs={**RULES, "profile": NO_ROW_UNMATCHED},
-            unmatched=UNMATCHED,
+            routes=dsi.Routes(unmatched=UNMATCHED),
         ),
     ),
     "fresh-without-max-age": (
@@ -851,9 +866,11 @@ DECLARATIONS = {
     ),
     "overflow-without-tag": (
         lambda lake: declared(lake, buffer=dsi.BufferLimits(max_rows=5, on_exceed="overflow")),
-        "pass overflow=",
+        "pass routes=dsi.Routes(overflow=",
         lambda lake: declared(
-            lake, buffer=dsi.BufferLimits(max_rows=5, on_exceed="overflow"), overflow=OVERFLOW
+            lake,
+            buffer=dsi.BufferLimits(max_rows=5, on_exceed="overflow"),
+            routes=dsi.Routes(overflow=OVERFLOW),
         ),
     ),
     "rows-without-schema": (

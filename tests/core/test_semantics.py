@@ -375,7 +375,11 @@ def test_per_key_wait_then_timeout_goes_to_unmatched(lake):
     unmatched = dsi.OutputTag("unmatched_transactions")
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0), (3, 12, 7.0)], TX)
-    op = keyed_operator(lake, side={"missing": "wait", "timeout": hours(1)}, unmatched=unmatched)
+    op = keyed_operator(
+        lake,
+        side={"missing": "wait", "timeout": hours(1)},
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     first = lake.run(op, clock).batches[0]
     assert first.routes["released"] == 1
     assert first.routes["key_wait"] == 2
@@ -515,7 +519,7 @@ def test_late_records_go_to_the_late_tag(lake):
         fn=lambda main, sides: main.select("tx_id"),
         main_output="processed",
         window=dsi.Window.tumbling(hours(1), watermark=dt.timedelta(minutes=10)),
-        late=late,
+        routes=dsi.Routes(late=late),
     )
     lake.append("transactions", [(1, "EUR", at(30)), (2, "EUR", at(200))], TXT)
     lake.run(op)
@@ -622,7 +626,11 @@ def test_every_record_is_accounted_for_in_the_metrics(lake):
     unmatched = dsi.OutputTag("unmatched")
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0)], TX)
-    op = keyed_operator(lake, side={"missing": "wait", "timeout": hours(1)}, unmatched=unmatched)
+    op = keyed_operator(
+        lake,
+        side={"missing": "wait", "timeout": hours(1)},
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     for _ in range(2):
         for batch in lake.run(op, clock).batches:
             assert batch.accounted
@@ -637,7 +645,10 @@ def test_a_batch_releasing_every_record_counts_them_from_delta_statistics(lake):
     lake.append("profiles", [(10, "ann")], PROFILES)
     lake.append("transactions", [(1, 10, 5.0), (2, 11, 6.0)], TX)
     lake.append("transactions", [(3, 10, 7.0)], TX)
-    op = keyed_operator(lake, invalid=invalid)
+    op = keyed_operator(
+        lake,
+        routes=dsi.Routes(invalid=invalid),
+    )
     [batch] = lake.run(op).batches
     assert any(statistics in note for note in batch.notes)
     assert (batch.rows_in, batch.routes["released"], batch.accounted) == (3, 3, True)

@@ -58,7 +58,7 @@ def test_a_batch_builds_no_trivially_true_predicate(lake: Lake, tmp_path):
         side_inputs={"profile": side},
         fn=_names,
         main_output="enriched",
-        unmatched=dsi.OutputTag("unmatched"),
+        routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
     )
     with jvm_warnings(lake.spark, COLUMN_LOGGER, tmp_path / "warnings.log") as log:
         lake.run(op, Clock(T0 + hours(2)))

@@ -41,7 +41,7 @@ def waiting_operator(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
         side_inputs={"profile": side},
         fn=enrich,
         main_output=kwargs.pop("main_output", "enriched"),
-        unmatched=UNMATCHED,
+        routes=dsi.Routes(unmatched=UNMATCHED),
         **kwargs,
     )
 

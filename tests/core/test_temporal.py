@@ -243,14 +243,19 @@ def test_a_replayed_as_of_history_batch_reads_its_pinned_versions(lake):
         lake,
         as_of=dsi.AsOf.history(),
         missing="unmatched",
-        unmatched=unmatched,
+        routes=dsi.Routes(unmatched=unmatched),
         storage=dsi.DeltaStorage(lake.storage.root, engine=engine),
     )
     with pytest.raises(InjectedCrash):
         crashing.run(lake.spark, clock=clock)  # the main output is committed, not the rest
 
     lake.overwrite("prices", [("c", 9.0)], HISTORY)  # a new version: a re-plan would differ
-    op = operator(lake, as_of=dsi.AsOf.history(), missing="unmatched", unmatched=unmatched)
+    op = operator(
+        lake,
+        as_of=dsi.AsOf.history(),
+        missing="unmatched",
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     result = lake.run(op, clock)
     assert result.batches[0].replayed
     assert priced(lake) == {1: 1.0, 2: 2.0}

@@ -216,7 +216,12 @@ def test_empty_final_side_window_can_send_its_records_to_unmatched(lake, mode):
     unmatched = dsi.OutputTag("unmatched_tx")
     lake.append("transactions", [(1, at(10)), (2, at(70))], TX)
     lake.append("events", [("a", at(5)), ("z", at(125))], EVENTS)
-    op = operator(lake, mode, events(on_empty="unmatched"), unmatched=unmatched)
+    op = operator(
+        lake,
+        mode,
+        events(on_empty="unmatched"),
+        routes=dsi.Routes(unmatched=unmatched),
+    )
     batch = lake.run(op).batches[0]
     assert seen(lake) == {1: ["a"]}
     assert lake.rows("unmatched_tx", "tx_id", "reason") == [

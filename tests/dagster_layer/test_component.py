@@ -92,8 +92,7 @@ def the_same_with_the_decorator() -> tuple[dg.AssetsDefinition, list, list]:
         main_output=dsi.OutputTag("enriched", description="Enriched transactions."),
         side_outputs=[dsi.OutputTag("flagged")],
         window=dsi.Window.tumbling(dt.timedelta(hours=1), watermark=dt.timedelta(hours=2)),
-        late=dsi.OutputTag("late_tx"),
-        unmatched=dsi.OutputTag("unmatched_tx"),
+        routes=dsi.Routes(late=dsi.OutputTag("late_tx"), unmatched=dsi.OutputTag("unmatched_tx")),
         buffer=dsi.BufferLimits(max_rows=1000, max_age=dt.timedelta(days=2)),
         group_name="payments",
     )(enrich)

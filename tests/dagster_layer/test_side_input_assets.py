@@ -82,7 +82,7 @@ def fx(context: dg.AssetExecutionContext, spark: dsi.SparkResource) -> DataFrame
     },
     main_output="enriched",
     side_outputs=[FLAGGED],
-    unmatched=UNMATCHED,
+    routes=dsi.Routes(unmatched=UNMATCHED),
     group_name="test_payments",
 )
 def enrich(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:

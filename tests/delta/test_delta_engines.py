@@ -302,7 +302,7 @@ def test_pre_keyed_tables_are_not_read_as_buckets_past_column_mapping_or_deletio
         },
         fn=enrich,
         main_output="enriched",
-        unmatched=dsi.OutputTag("unmatched"),
+        routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
         storage=native,
     )
     previous = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
@@ -334,7 +334,7 @@ def test_delta_spark_reads_deletion_vectors_and_column_mapping_the_bridge_refuse
         },
         fn=enrich,
         main_output="enriched",
-        unmatched=dsi.OutputTag("unmatched"),
+        routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
         storage=native,
     )
     op.run(spark)

@@ -98,7 +98,7 @@ def invalid_reason(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[
 
 def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> None:
     invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")
-    if invalid and spec.options.invalid is None:
+    if invalid and spec.options.routes.invalid is None:
         samples = [
             r[0]
             for r in classified.filter(F.col(ROUTE) == "invalid").select(REASON).limit(3).collect()
@@ -111,7 +111,10 @@ def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> 
 
 
 def _invalid_fix(spec: OperatorSpec) -> str:
-    tag = 'declare invalid=dsi.OutputTag("...") to route such records to their own table'
+    tag = (
+        'declare routes=dsi.Routes(invalid=dsi.OutputTag("...")) to route such records to '
+        "their own table"
+    )
     if spec.main.is_kafka:  # a record in a topic cannot be changed; only routed
         return (
             f"{tag}; a Kafka record cannot be corrected in place, and producing a corrected "

@@ -94,7 +94,7 @@ class Planner:
                 side_namespaces=mapping[ns],
                 ready=all(decisions[side][mapping[ns][side]].ready for side in mapping[ns]),
                 late=bool(
-                    spec.options.late is not None
+                    spec.options.routes.late is not None
                     and watermark is not None
                     and end is not None
                     and as_utc(end) <= watermark

@@ -60,7 +60,7 @@ def with_routes(
     route = F.when(lie, F.raise_error(message))
     route = route.when(invalid, F.lit("invalid"))
     late = plan.late_namespaces
-    if spec.options.late is not None and late:
+    if spec.options.routes.late is not None and late:
         route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
     route = route.when(~F.col(NS_ID).isin(plan.ready_namespaces), F.lit("buffered"))
     # Side inputs declaring on_empty="unmatched" whose namespace holds no rows.

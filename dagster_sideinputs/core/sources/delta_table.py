@@ -66,8 +66,8 @@ class DeltaTableSource:
                 "holds only new records, `operator.reset(main_from='beginning')`",
             )
         end = latest.version
-        if spec.options.max_versions_per_batch is not None:
-            end = min(end, start + spec.options.max_versions_per_batch)
+        if spec.main.max_versions_per_batch is not None:
+            end = min(end, start + spec.main.max_versions_per_batch)
         if end <= start:
             return SourceSlice(
                 MainRange("delta", start, start, table_id=latest.table_id), (), latest

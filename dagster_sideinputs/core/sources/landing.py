@@ -119,8 +119,8 @@ class LandingFolder:
                     "changed file away and land its new lines as a new file, then rerun",
                 )
         fresh.sort(key=lambda e: (e.modification_time_ms, e.path))
-        if self.spec.options.max_files_per_batch is not None:
-            fresh = fresh[: self.spec.options.max_files_per_batch]
+        if self.spec.main.max_files_per_batch is not None:
+            fresh = fresh[: self.spec.main.max_files_per_batch]
         listed = tuple(
             {"path": e.path, "size": e.size, "mtime_ms": e.modification_time_ms} for e in fresh
         )
