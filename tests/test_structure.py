@@ -210,6 +210,30 @@ def test_the_stages_of_a_batch_do_not_import_each_other():
     assert {k: v for k, v in helpers.items() if v} == {}
 
 
+def test_what_differs_between_main_inputs_lives_in_their_sources():
+    """A source's own behaviour (reading, resetting, checking, tidying) sits behind the
+    MainSource protocol: outside ``core/sources`` nothing asks whether the main input is
+    Kafka or a landing folder, and the batch's stages do not branch on the main input's
+    kind at all (a pre-keyed topic is ``MainInput.keyed_by_partition``, a declaration)."""
+    asks = re.compile(r"\bis_kafka\b|\bis_files\b")
+    outside = [
+        f"{name}:{n}"
+        for name, path in MODULES.items()
+        if not _inside(name, f"{CORE}.sources")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if asks.search(line)
+    ]
+    assert outside == []
+    stages = [
+        f"{name}:{n}"
+        for name, path in MODULES.items()
+        if _inside(name, f"{CORE}.batch")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "spec.main.kind" in line
+    ]
+    assert stages == []
+
+
 def test_the_code_layout_names_every_module():
     testing = (ROOT / "docs" / "testing.md").read_text()
     section = testing[testing.index("## The code") :]

@@ -11,8 +11,6 @@ declaration was written.
 import re
 from collections.abc import Sequence
 
-from pyspark.sql import types as T
-
 from dagster_sideinputs.core.declarations import MainInput, asset_path
 from dagster_sideinputs.core.options import OperatorOptions
 from dagster_sideinputs.core.outputs import OutputTag
@@ -41,8 +39,6 @@ def build_spec(
     main = options.main
     operator_id = options.operator_id or default_operator_id(options.main_output)
     tags = _tags(options)
-    if main.is_kafka:
-        _check_kafka(main, options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
         for name, side in options.side_inputs.items()
@@ -161,7 +157,7 @@ def kafka_uri(main: MainInput) -> str | None:
 
 def _check_tables(spec: OperatorSpec) -> None:
     """Names usable as paths, and no output that is also an input of the operator."""
-    if not spec.main.is_kafka:
+    if spec.main.kind != "kafka":
         check_location(spec.main_uri, what=f"Main input {spec.main.asset!r}")
     inputs = {normalize_uri(spec.main_uri): f"main input {spec.main.asset!r}"}
     for bound in spec.sides:
@@ -228,20 +224,4 @@ def _check_side(
             f"Side input name {bound.name!r} starts with '_dsi_', which the operator reserves "
             "for its own columns.",
             fix="rename the side input in side_inputs={...}",
-        )
-
-
-def _check_kafka(main: MainInput, options: OperatorOptions) -> None:
-    kafka = main.kafka_input
-    assert kafka is not None
-    if kafka.value_format != "json" or not isinstance(kafka.schema, T.StructType):
-        return  # a DDL string is parsed by Spark: the read checks it then
-    from dagster_sideinputs.core.sources.kafka.declaration import METADATA_COLUMNS
-
-    clashes = sorted(set(kafka.schema.fieldNames()) & set(METADATA_COLUMNS))
-    if clashes:
-        raise DeclarationError(
-            f"Main input {main.asset!r}: JSON field(s) {clashes} have the names of the Kafka "
-            "coordinate columns the operator adds.",
-            fix="rename the field(s) in the schema",
         )

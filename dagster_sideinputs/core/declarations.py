@@ -37,6 +37,7 @@ Missing = Literal["null", "wait", "unmatched"]
 OnTimeout = Literal["unmatched", "null"]
 OnEmpty = Literal["release", "unmatched"]
 OnExceed = Literal["fail", "overflow"]
+MainKind = Literal["delta", "files", "kafka"]
 KeyTranslator: TypeAlias = str | Column | Callable[[DataFrame], Column]
 
 READINESS = ("present", "complete", "fresh")
@@ -164,7 +165,7 @@ class MainInput:
     def _check_batch_limits(self) -> None:
         """A batch's share of a backlog is counted in the source's own unit: Delta versions,
         landed files (Kafka records: ``MainInput.kafka(max_records_per_batch=)``)."""
-        unit = "kafka" if self.format == "kafka" else "delta" if self.format == "delta" else "files"
+        unit = self.kind if self.format != "kafka" else "kafka"
         allowed = {"delta": "max_versions_per_batch", "files": "max_files_per_batch"}.get(unit)
         for limit in ("max_versions_per_batch", "max_files_per_batch"):
             value = getattr(self, limit)
@@ -353,17 +354,24 @@ class MainInput:
         )
 
     @property
-    def is_files(self) -> bool:
-        return self.format not in ("delta", "kafka")
+    def kind(self) -> MainKind:
+        """What the declaration reads: a Delta table, a landing folder or Kafka topics (its
+        source: :func:`~dagster_sideinputs.core.sources.choice.source_for`)."""
+        if self.kafka_input is not None:
+            return "kafka"
+        return "delta" if self.format == "delta" else "files"
 
     @property
-    def is_kafka(self) -> bool:
-        return self.kafka_input is not None
+    def keyed_by_partition(self) -> bool:
+        """Whether the records are pre-keyed by the source's own partitions (a pre-keyed
+        Kafka topic: a record's key group is its partition, checked on each record), rather
+        than by the key-group column of a Delta table's files (checked from statistics)."""
+        return self.kafka_input is not None and self.pre_keyed is not None
 
     def __repr__(self) -> str:
         if self.kafka_input is not None:
             head = f"MainInput.kafka({self.kafka_input!r}"
-        elif self.is_files:
+        elif self.kind == "files":
             head = f"MainInput.files({self.path!r}, format={self.format!r}"
         else:
             head = f"MainInput({self.asset!r}"

@@ -84,7 +84,7 @@ class OperatorSpec:
     def written_tables(self) -> list[str]:
         """Every table a batch may commit to: outputs, buffer, and a landing folder's ledger."""
         tables = [self.table_uri(tag) for tag in self.all_tags] + [self.buffer_uri]
-        if self.main.is_files:
+        if self.main.kind == "files":
             tables.append(self.files_seen_uri)
         return tables
 
@@ -117,13 +117,12 @@ class OperatorSpec:
         """What the operator's recorded position and transactions refer to: changing any
         of it under the same operator id would skip or repeat records."""
         main = self.main
-        kind = "kafka" if main.is_kafka else "files" if main.is_files else "delta"
         return {
             "operator_id": self.operator_id,
             "main_output": self.main_tag.name,
             "main_input": {
-                "kind": kind,
-                "uri": self.main_uri if main.is_kafka else normalize_uri(self.main_uri),
+                "kind": main.kind,
+                "uri": self.main_uri if main.kind == "kafka" else normalize_uri(self.main_uri),
                 "format": main.format,
             },
         }

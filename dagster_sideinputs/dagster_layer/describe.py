@@ -47,7 +47,7 @@ def describe_main_input(main: MainInput) -> str:
     """``transactions: read incrementally (new Delta versions); key customer_id; ...``."""
     source = (
         f"each new {main.format} file landing in {main.path} read once"
-        if main.is_files
+        if main.kind == "files"
         else "new Delta versions (appends) read incrementally"
     )
     parts = [f"{main.asset}: {source}"]

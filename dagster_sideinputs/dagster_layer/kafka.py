@@ -75,7 +75,7 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def kafka_run_metadata(op: SideInputOperator, batches: Sequence[BatchMetrics]) -> dict[str, Any]:
     """Offsets read by a run's batches and the lag now, per partition (empty if not Kafka)."""
-    if not op.spec.main.is_kafka:
+    if op.spec.main.kind != "kafka":
         return {}
     read: dict[tuple[str, int], dict[str, Any]] = {}
     for batch in batches:

@@ -156,7 +156,7 @@ def _evaluate(
             f"Kafka unreachable: cannot ask the brokers for new offsets: {exc.message}"
         )
     except (OperatorStateError, KafkaOffsetsLostError) as exc:
-        if op.spec.main.is_kafka:
+        if op.spec.main.kind == "kafka":
             # A run fails with the full error (topic, partition, offsets, fix); one per
             # distinct problem, so the sensor does not start a failing run every tick.
             digest = hashlib.sha1(exc.message.encode()).hexdigest()[:12]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.sources.kafka.admin import (
@@ -103,8 +104,13 @@ def test_kafka_timestamp_is_the_default_event_time_and_the_topic_the_asset():
     main = dsi.MainInput.kafka("payments", bootstrap_servers="b:9092", schema=TX)
     assert main.event_time == "kafka_timestamp"
     assert main.asset == "payments"
-    assert main.is_kafka
-    assert not main.is_files
+    assert main.kind == "kafka"
+
+
+def test_a_json_field_named_like_a_kafka_coordinate_is_refused_where_it_is_declared():
+    schema = T.StructType([T.StructField("kafka_offset", T.LongType())])
+    with pytest.raises(dsi.DeclarationError, match=r"(?s)\['kafka_offset'\].*rename"):
+        dsi.MainInput.kafka("payments", bootstrap_servers="b:9092", schema=schema)
 
 
 def test_secrets_are_redacted_in_reprs():

@@ -10,6 +10,7 @@ from dagster_sideinputs.core.batch.buffer import Counts
 from dagster_sideinputs.core.columns import CORRUPT, REASON, ROUTE, quoted
 from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.sideinputs.windows import shifted, time_range
+from dagster_sideinputs.core.sources.main_source import MainSource
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.errors import MainInputDataError, preview
@@ -96,7 +97,9 @@ def invalid_reason(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[
     return invalid, reason
 
 
-def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> None:
+def check_invalid(
+    spec: OperatorSpec, source: MainSource, classified: DataFrame, counts: Counts
+) -> None:
     invalid = sum(v["n"] for (route, _), v in counts.items() if route == "invalid")
     if invalid and spec.options.routes.invalid is None:
         samples = [
@@ -106,21 +109,8 @@ def check_invalid(spec: OperatorSpec, classified: DataFrame, counts: Counts) -> 
         raise MainInputDataError(
             f"{invalid} record(s) of main input {spec.main.asset!r} cannot be processed: "
             f"{preview(samples, 3)}. Nothing was written; buffered records are intact.",
-            fix=_invalid_fix(spec),
+            fix=source.invalid_fix(
+                'declare routes=dsi.Routes(invalid=dsi.OutputTag("...")) to route such records '
+                "to their own table"
+            ),
         )
-
-
-def _invalid_fix(spec: OperatorSpec) -> str:
-    tag = (
-        'declare routes=dsi.Routes(invalid=dsi.OutputTag("...")) to route such records to '
-        "their own table"
-    )
-    if spec.main.is_kafka:  # a record in a topic cannot be changed; only routed
-        return (
-            f"{tag}; a Kafka record cannot be corrected in place, and producing a corrected "
-            "record does not remove the bad one, whose offsets the next batch reads again"
-        )
-    if spec.main.is_files:  # a landed file not read yet can still be corrected
-        return f"fix the records at the source (the landed file), or {tag}"
-    # Correcting a Delta main input in place is a non-append change, which is refused.
-    return f"{tag} (a Delta main input is append-only: its records cannot be corrected in place)"

@@ -61,7 +61,7 @@ def read(context: StageContext, batch: Batch) -> Batch:
     spec, plan = context.spec, batch.plan
     piece = batch.source or context.source.files(plan.main)
     notes: list[str] = []
-    kafka_keyed = spec.main.is_kafka and spec.main.pre_keyed is not None
+    kafka_keyed = spec.main.keyed_by_partition
     if kafka_keyed:
         raw, note = _kafka_pre_keyed_read(context, piece)
         notes.append(note)
@@ -102,7 +102,7 @@ def _decoded_whole(spec: OperatorSpec) -> bool:
     prune), so the batch need not persist its parsed records."""
     kafka = spec.main.kafka_input
     if kafka is None:
-        return spec.main.is_files and spec.main.format == "text"
+        return spec.main.format == "text"
     return kafka.value_format in ("string", "bytes")
 
 

@@ -40,20 +40,8 @@ def record(context: StageContext, batch: Batch) -> BatchMetrics:
     context.state.prune()
     if plan.batch_id % VACUUM_EVERY == VACUUM_EVERY - 1:
         spec.engine.vacuum(spec.buffer_uri, retention_hours=0)
-        if spec.main.is_files:
-            _compact_ledger(context)
+        context.source.tidy()
     return metrics
-
-
-def _compact_ledger(context: StageContext) -> None:
-    """Rewrite the ledger's one-file-per-batch into one file. The batch is committed
-    already: a failure here only leaves the ledger as it was (read whole, but correct)."""
-    spec = context.spec
-    try:
-        spec.engine.compact(spec.files_seen_uri, name=f"{spec.operator_id} files_seen")
-        spec.engine.vacuum(spec.files_seen_uri, retention_hours=0)
-    except Exception as exc:
-        log.warning("%s: the ledger of landed files was not compacted (%s)", spec.operator_id, exc)
 
 
 def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:

@@ -70,7 +70,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
         counts = translated(context, lambda: count_routes(spec, classified), views=views)
     else:
         notes.append("every record released: routes counted from file statistics")
-    check_invalid(spec, classified, counts)
+    check_invalid(spec, context.source, classified, counts)
     limited, counts = enforce_limits(
         spec, plan, classified, counts, batch.buffer, lambda frame: count_routes(spec, frame)
     )
@@ -137,7 +137,7 @@ def co_partitioned(spec: OperatorSpec, bound: BoundSide, main: DataFrame) -> boo
     """Whether a side input could join a pre-keyed Delta main input without a shuffle: a
     keyed, non-broadcast, non-windowed view joined on the main key itself."""
     side, key, keyed = bound.side, spec.main.key, spec.main.pre_keyed
-    if keyed is None or key is None or spec.main.is_kafka or side.key is None:
+    if keyed is None or key is None or spec.main.keyed_by_partition or side.key is None:
         return False
     joined_on = side.key if side.key_translator is None else side.key_translator
     return (
@@ -201,7 +201,7 @@ def _key_group_scan(
 
 def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
     """How main records of a pre-keyed Kafka topic are bucketed (None: not such a topic)."""
-    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and spec.main.key):
+    if not (spec.main.keyed_by_partition and spec.main.key):
         return None
     from dagster_sideinputs.core.sources.kafka.keyed import partition_count
 
@@ -234,7 +234,7 @@ def plainly_released(spec: OperatorSpec, plan: BatchPlan, joins: Mapping[str, Jo
         not plan.read_slots
         and spec.window is None
         and spec.main.event_time is None
-        and not (spec.main.is_kafka and spec.main.pre_keyed is not None)
+        and not spec.main.keyed_by_partition
         and GLOBAL in plan.ready_namespaces
         and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
     )

@@ -117,7 +117,7 @@ def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tupl
     topic's records, checked on their routes. A Delta main input's rows are checked when
     they are read (:func:`~dagster_sideinputs.core.batch.read.read`)."""
     key = spec.main.key
-    if not (spec.main.is_kafka and spec.main.pre_keyed is not None and key is not None):
+    if not (spec.main.keyed_by_partition and key is not None):
         return F.lit(False), F.lit("")
     from dagster_sideinputs.core.sources.kafka.keyed import partition_count, violation
 

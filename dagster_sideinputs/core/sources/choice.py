@@ -8,9 +8,9 @@ from dagster_sideinputs.core.spec import OperatorSpec
 
 def source_for(spec: OperatorSpec) -> MainSource:
     """The main input's source: a Kafka topic, a landing folder or a Delta table."""
-    if spec.main.is_kafka:
+    if spec.main.kind == "kafka":
         # Local: an operator without Kafka never loads the Kafka modules.
         from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 
         return KafkaSource(spec)
-    return LandingFolder(spec) if spec.main.is_files else DeltaTableSource(spec)
+    return LandingFolder(spec) if spec.main.kind == "files" else DeltaTableSource(spec)

@@ -7,11 +7,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.keyed import check_pre_keyed
-from dagster_sideinputs.core.sources.main_source import SourceSlice
+from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 from dagster_sideinputs.errors import (
+    DeclarationError,
     NonAppendOnlyChangeError,
     OperatorStateError,
     TableNotFoundError,
@@ -150,3 +151,33 @@ class DeltaTableSource:
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
+
+    def reset_to(self, main_from: StartFrom) -> MainRange:
+        spec = self.spec
+        exists = self.engine.exists(spec.main_uri)
+        latest = self.engine.snapshot(spec.main_uri, name=self.name) if exists else None
+        if isinstance(main_from, int):
+            if latest is None or not -1 <= main_from <= latest.version:
+                newest = "none" if latest is None else latest.version
+                raise DeclarationError(
+                    f"main_from={main_from}: main input {self.name!r} has no such version "
+                    f"(latest: {newest}).",
+                    fix="pass a version of the table (-1 reads it from its beginning)",
+                )
+            return MainRange("delta", main_from, main_from, table_id=latest.table_id)
+        if main_from == "latest" and latest is not None:
+            return MainRange("delta", latest.version, latest.version, table_id=latest.table_id)
+        return MainRange("delta", -1, -1)
+
+    def keep(self, kept: MainRange) -> tuple[MainRange, list[str]]:
+        return kept, []  # the next batch checks the table's id and versions
+
+    def invalid_fix(self, declare_route: str) -> str:
+        # Correcting a Delta main input in place is a non-append change, which is refused.
+        return (
+            f"{declare_route} (a Delta main input is append-only: its records cannot be "
+            "corrected in place)"
+        )
+
+    def tidy(self) -> None:
+        return None

@@ -1,6 +1,7 @@
 """A folder where parquet (or text) files land, as the main input: a slice is the list
 of new files; the files read are recorded in a small Delta table (the ledger)."""
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,12 +13,14 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
 from dagster_sideinputs.core.decoded import CORRUPT_FORMATS, checked_lines, checked_text
-from dagster_sideinputs.core.sources.main_source import SourceSlice
+from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom, no_version_position
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
 from dagster_sideinputs.errors import MainInputDataError
+
+log = logging.getLogger("dagster_sideinputs")
 
 _HIDDEN = (".", "_")
 _GLOB = re.compile(r"([\\*?\[\]{}])")
@@ -205,6 +208,29 @@ class LandingFolder:
         if main.format == "text":
             return checked_text(reader.schema(schema).load(uris), schema)
         return reader.schema(schema).load(uris)
+
+    def reset_to(self, main_from: StartFrom) -> MainRange:
+        no_version_position("a landing folder", self.spec.main.asset, main_from)
+        return MainRange("files")  # the ledger says which files were read (reset.py)
+
+    def keep(self, kept: MainRange) -> tuple[MainRange, list[str]]:
+        return kept, []
+
+    def invalid_fix(self, declare_route: str) -> str:
+        # A landed file not read yet can still be corrected.
+        return f"fix the records at the source (the landed file), or {declare_route}"
+
+    def tidy(self) -> None:
+        """Rewrite the ledger's one-file-per-batch into one file. The batch is committed
+        already: a failure here only leaves the ledger as it was (read whole, but correct)."""
+        spec = self.spec
+        try:
+            self.engine.compact(spec.files_seen_uri, name=f"{spec.operator_id} files_seen")
+            self.engine.vacuum(spec.files_seen_uri, retention_hours=0)
+        except Exception as exc:
+            log.warning(
+                "%s: the ledger of landed files was not compacted (%s)", spec.operator_id, exc
+            )
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         if not main.files:

@@ -8,13 +8,18 @@ The sources themselves: Delta tables and landing folders in
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
+from dagster_sideinputs.errors import DeclarationError
+
+StartFrom = Literal["beginning", "latest"] | int
+"""Where a reset may start a main input: its beginning, its latest position, or (a Delta
+table) the version after which to read."""
 
 
 @dataclass(frozen=True)
@@ -46,3 +51,35 @@ class MainSource(Protocol):
         ...
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None: ...
+
+    def reset_to(self, main_from: StartFrom) -> MainRange:
+        """Where the next batch reads from after a reset to ``main_from``: the beginning,
+        the latest position, or (a Delta table) the version after which to read.
+
+        Raises:
+            DeclarationError: a position this source does not have.
+        """
+        ...
+
+    def keep(self, kept: MainRange) -> tuple[MainRange, list[str]]:
+        """A reset keeping the recorded position: it checked against the source now, with
+        a note per part it had to move (what the source no longer holds)."""
+        ...
+
+    def invalid_fix(self, declare_route: str) -> str:
+        """How to get past an invalid record of this source (``declare_route``: the words
+        declaring the invalid route)."""
+        ...
+
+    def tidy(self) -> None:
+        """Now-and-then housekeeping after a committed batch (a failure only costs time)."""
+        ...
+
+
+def no_version_position(kind: str, asset: str, main_from: StartFrom) -> None:
+    """Refuse a Delta version as the start of a source that has none."""
+    if isinstance(main_from, int):
+        raise DeclarationError(
+            f"main_from={main_from} is a Delta version, but main input {asset!r} is {kind}.",
+            fix="pass main_from='beginning', 'latest' or 'keep'",
+        )

@@ -100,7 +100,7 @@ def record_buffer(spec: OperatorSpec, state: OperatorState) -> None:
 def table_ids(spec: OperatorSpec) -> dict[str, str | None]:
     """The Delta table ids of the operator's own tables (None: not created yet)."""
     ids = {"buffer_table_id": buffer_id(spec)}
-    if spec.main.is_files:
+    if spec.main.kind == "files":
         ids["ledger_table_id"] = _table_id(spec, spec.files_seen_uri)
     return ids
 
@@ -212,7 +212,7 @@ def _check_ledger(spec: OperatorSpec, recorded: dict[str, Any]) -> None:
     """A landing folder's ledger of files read is the position: without it every landed
     file would be read again."""
     known = recorded.get("ledger_table_id")
-    if not spec.main.is_files or not known:
+    if spec.main.kind != "files" or not known:
         return
     current = _table_id(spec, spec.files_seen_uri)
     if current == known:

@@ -147,46 +147,8 @@ def _position(
             lost=(),
             anchor=False,
         )
-        if spec.main.is_kafka and kept.kind == "kafka":
-            # Local: an operator without Kafka never loads the Kafka modules.
-            from dagster_sideinputs.core.sources.kafka.offsets import keep_position
-            from dagster_sideinputs.core.sources.kafka.source import KafkaSource
-
-            source = KafkaSource(spec)
-            return keep_position(source.metadata, source.label, kept)
-        return kept, []
-    if isinstance(main_from, int) and (spec.main.is_kafka or spec.main.is_files):
-        kind = "a Kafka topic" if spec.main.is_kafka else "a landing folder"
-        raise DeclarationError(
-            f"main_from={main_from} is a Delta version, but main input "
-            f"{spec.main.asset!r} is {kind}.",
-            fix="pass main_from='beginning', 'latest' or 'keep'",
-        )
-    if spec.main.is_kafka:
-        if main_from == "latest":
-            # Every partition's position at its log end, under the topics' current ids.
-            now = source_for(spec).next_range(None).range
-            ends = tuple(
-                replace(r, start=r.log_end or r.end, end=r.log_end or r.end) for r in now.offsets
-            )
-            return replace(now, offsets=ends, lost=(), anchor=False), []
-        return MainRange("kafka"), []  # no position: every partition from its earliest offset
-    if spec.main.is_files:
-        return MainRange("files"), []
-    exists = spec.engine.exists(spec.main_uri)
-    latest = spec.engine.snapshot(spec.main_uri, name=spec.main.asset) if exists else None
-    if isinstance(main_from, int):
-        if latest is None or not -1 <= main_from <= latest.version:
-            newest = "none" if latest is None else latest.version
-            raise DeclarationError(
-                f"main_from={main_from}: main input {spec.main.asset!r} has no such version "
-                f"(latest: {newest}).",
-                fix="pass a version of the table (-1 reads it from its beginning)",
-            )
-        return MainRange("delta", main_from, main_from, table_id=latest.table_id), []
-    if main_from == "latest" and latest is not None:
-        return MainRange("delta", latest.version, latest.version, table_id=latest.table_id), []
-    return MainRange("delta", -1, -1), []
+        return source_for(spec).keep(kept)
+    return source_for(spec).reset_to(main_from), []
 
 
 def _reset_ledger(spec: OperatorSpec, main_from: MainFrom, txn: AppTransaction) -> None:

@@ -159,6 +159,15 @@ class KafkaInput:
             )
         if self.poll_timeout <= dt.timedelta(0):
             raise DeclarationError(f"{where}: poll_timeout must be positive.")
+        if self.value_format == "json" and isinstance(self.schema, T.StructType):
+            # (A DDL string is parsed by Spark: the read checks it then.)
+            clashes = sorted(set(self.schema.fieldNames()) & set(METADATA_COLUMNS))
+            if clashes:
+                raise DeclarationError(
+                    f"{where}: JSON field(s) {clashes} have the names of the Kafka coordinate "
+                    "columns the operator adds.",
+                    fix="rename the field(s) in the schema",
+                )
         for name, _ in self.reader_options:
             if name.lower() in _RESERVED_READER_OPTIONS or name.lower().startswith("kafka."):
                 raise DeclarationError(

@@ -9,6 +9,7 @@ and JSON ``startingOffsets`` / ``endingOffsets``: the connector returns exactly
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -30,8 +31,8 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
     buckets,
     partitioned_read,
 )
-from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, plan_ranges
-from dagster_sideinputs.core.sources.main_source import SourceSlice
+from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, keep_position, plan_ranges
+from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom, no_version_position
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
@@ -151,6 +152,33 @@ class KafkaSource:
         return record_schema(self.kafka)
 
     # --- lag ---------------------------------------------------------------------------------
+
+    def reset_to(self, main_from: StartFrom) -> MainRange:
+        no_version_position("a Kafka topic", self.spec.main.asset, main_from)
+        if main_from == "latest":
+            # Every partition's position at its log end, under the topics' current ids.
+            now = self.next_range(None).range
+            ends = tuple(
+                replace(r, start=r.log_end or r.end, end=r.log_end or r.end) for r in now.offsets
+            )
+            return replace(now, offsets=ends, lost=(), anchor=False)
+        return MainRange("kafka")  # no position: every partition from its earliest offset
+
+    def keep(self, kept: MainRange) -> tuple[MainRange, list[str]]:
+        if kept.kind != "kafka":
+            return kept, []
+        return keep_position(self.metadata, self.label, kept)
+
+    def invalid_fix(self, declare_route: str) -> str:
+        # A record in a topic cannot be changed; only routed.
+        return (
+            f"{declare_route}; a Kafka record cannot be corrected in place, and producing a "
+            "corrected record does not remove the bad one, whose offsets the next batch reads "
+            "again"
+        )
+
+    def tidy(self) -> None:
+        return None
 
     def lag(self, position: MainRange) -> list[dict[str, Any]]:
         """Per partition read so far: the committed end offset, the log end now, the lag."""
