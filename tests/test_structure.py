@@ -234,6 +234,23 @@ def test_what_differs_between_main_inputs_lives_in_their_sources():
     assert stages == []
 
 
+def test_the_library_imports_its_own_modules_at_the_top_of_each_module():
+    """A dependency between two of our modules is stated where a reader looks for it; an
+    import inside a function hides it (optional third-party packages may still be
+    imported where they are used)."""
+    hidden = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                hidden += [
+                    f"{name}:{inner.lineno}"
+                    for inner in ast.walk(node)
+                    if isinstance(inner, ast.ImportFrom)
+                    and (inner.module or "").startswith("dagster_sideinputs")
+                ]
+    assert hidden == []
+
+
 def test_the_code_layout_names_every_module():
     testing = (ROOT / "docs" / "testing.md").read_text()
     section = testing[testing.index("## The code") :]

@@ -33,6 +33,7 @@ from pyspark.errors import AnalysisException, PySparkException
 
 from dagster_sideinputs import errors
 from dagster_sideinputs.core.columns import DUPLICATE_MARK, PRE_KEYED_MARK, ROW_ERROR_MARK
+from dagster_sideinputs.core.sideinputs.joins import duplicate_error
 from dagster_sideinputs.delta.s3 import store_label
 from dagster_sideinputs.delta.store_errors import describe as describe_store_fault
 from dagster_sideinputs.delta.store_errors import is_store_error
@@ -155,8 +156,6 @@ def translate(
     if DUPLICATE_MARK in text:
         name = text.split(DUPLICATE_MARK + ":", 1)[1].split()[0].strip("'\".,")
         if views is not None and name in views.joins:
-            from dagster_sideinputs.core.sideinputs.joins import duplicate_error
-
             data = views.data[name]
             return duplicate_error(data.bound, views.joins[name], data.version)
     if PRE_KEYED_MARK in text:

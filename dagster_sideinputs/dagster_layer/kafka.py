@@ -16,6 +16,7 @@ import dagster as dg
 from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.operator import SideInputOperator
+from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.errors import DeclarationError, SideInputError
@@ -125,8 +126,6 @@ def kafka_batch_metadata(metrics: BatchMetrics) -> dict[str, Any]:
 def _lag_now(op: SideInputOperator) -> list[dict[str, Any]]:
     """Per partition: the committed end offset, the log end now and the lag (brokers or
     store unreachable: none, with a warning; metadata never fails a run that succeeded)."""
-    from dagster_sideinputs.core.sources.kafka.source import KafkaSource
-
     try:
         committed = op.last_committed_batch()
         if committed is None:

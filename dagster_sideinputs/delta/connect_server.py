@@ -30,7 +30,7 @@ import pyspark
 
 from dagster_sideinputs.core.spark.connect import CONNECT_DEFAULT_PORT
 from dagster_sideinputs.core.spark.java_runtime import check_java
-from dagster_sideinputs.core.spark.session import default_shuffle_partitions
+from dagster_sideinputs.core.spark.session import build_spark_session, default_shuffle_partitions
 from dagster_sideinputs.delta.spark_setup import (
     CATALOG_KEY,
     DELTA_CATALOG,
@@ -209,9 +209,6 @@ class LocalConnectServer:
 def write_and_read_a_table(url: str) -> None:
     """Through a Connect session on ``url``: write, append to and read a small Delta table
     in a temporary folder (:meth:`LocalConnectServer.warm_up`'s client)."""
-    # Local: the Connect client is an extra (pyspark[connect]).
-    from dagster_sideinputs.core.spark.session import build_spark_session
-
     with tempfile.TemporaryDirectory(prefix="dsi-connect-warm-up-") as folder:
         spark = build_spark_session(remote=url, delta=True)
         try:

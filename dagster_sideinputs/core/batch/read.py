@@ -41,6 +41,13 @@ from dagster_sideinputs.core.sideinputs.windows import (
     check_time_column,
     in_window,
 )
+from dagster_sideinputs.core.sources.kafka.keyed import (
+    bucket_of,
+    key_bytes,
+    murmur2_partition,
+    partition_count,
+)
+from dagster_sideinputs.core.sources.kafka.source import KafkaSource
 from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
@@ -107,8 +114,6 @@ def _decoded_whole(spec: OperatorSpec) -> bool:
 
 
 def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:
-    from dagster_sideinputs.core.sources.kafka.source import KafkaSource
-
     source = context.source
     assert isinstance(source, KafkaSource)
     frame, note = source.read_partitioned(context.spark, piece)
@@ -127,13 +132,6 @@ def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[Da
 def _with_kafka_bucket(spec: OperatorSpec, buffered: DataFrame, plan: BatchPlan) -> DataFrame:
     """Buffered records of a pre-keyed topic get the bucket of their key under the
     topic's current partition count (the side rows are bucketed the same way)."""
-    from dagster_sideinputs.core.sources.kafka.keyed import (
-        bucket_of,
-        key_bytes,
-        murmur2_partition,
-        partition_count,
-    )
-
     count, key = partition_count(plan.main), spec.main.key
     assert key is not None
     if not count:

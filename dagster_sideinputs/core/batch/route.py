@@ -37,6 +37,7 @@ from dagster_sideinputs.core.sideinputs.windows import (
     as_utc,
     namespace_id_column,
 )
+from dagster_sideinputs.core.sources.kafka.keyed import partition_count
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
@@ -203,8 +204,6 @@ def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
     """How main records of a pre-keyed Kafka topic are bucketed (None: not such a topic)."""
     if not (spec.main.keyed_by_partition and spec.main.key):
         return None
-    from dagster_sideinputs.core.sources.kafka.keyed import partition_count
-
     count = partition_count(plan.main)
     return Bucketing(count, spec.main.key) if count else None
 

@@ -20,6 +20,7 @@ from dagster_sideinputs.core.columns import (
 from dagster_sideinputs.core.sideinputs.joins import JoinSpec
 from dagster_sideinputs.core.sideinputs.temporal import main_time_column, waits_for_horizon
 from dagster_sideinputs.core.sideinputs.windows import shifted
+from dagster_sideinputs.core.sources.kafka.keyed import partition_count, violation
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan
 
@@ -119,8 +120,6 @@ def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tupl
     key = spec.main.key
     if not (spec.main.keyed_by_partition and key is not None):
         return F.lit(False), F.lit("")
-    from dagster_sideinputs.core.sources.kafka.keyed import partition_count, violation
-
     count = partition_count(plan.main)
     if not count:
         return F.lit(False), F.lit("")

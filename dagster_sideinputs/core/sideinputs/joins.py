@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.core.columns import SIDE_NS, forward_key, matched, quoted, side_key
+from dagster_sideinputs.core.columns import (
+    KAFKA_BUCKET,
+    SIDE_NS,
+    forward_key,
+    matched,
+    quoted,
+    side_key,
+)
 from dagster_sideinputs.core.sideinputs.join_keys import main_key
 from dagster_sideinputs.core.sideinputs.side_data import SideData
 from dagster_sideinputs.core.sideinputs.temporal import (
@@ -26,6 +33,7 @@ from dagster_sideinputs.core.sideinputs.temporal import (
 )
 from dagster_sideinputs.core.sideinputs.views import has_join_relation, value_struct, view_of
 from dagster_sideinputs.core.sideinputs.windows import WindowSpan
+from dagster_sideinputs.core.sources.kafka.keyed import bucket_of, key_bytes, murmur2_partition
 from dagster_sideinputs.core.spec import BoundSide
 from dagster_sideinputs.core.state.plan import AsOfPlan
 from dagster_sideinputs.errors import (
@@ -164,9 +172,6 @@ def _bucketed(
     rows' bucket comes from the string form of their key, which is then the Kafka key of
     the main records they match.
     """
-    from dagster_sideinputs.core.columns import KAFKA_BUCKET
-    from dagster_sideinputs.core.sources.kafka.keyed import bucket_of, key_bytes, murmur2_partition
-
     side = bound.side
     column = side_key(bound.name)
     same_key = side.key == bucketing.main_key and side.key_translator in (None, side.key)

@@ -14,6 +14,12 @@ import pyspark
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
+from dagster_sideinputs.delta.spark_setup import (
+    DELTA_CATALOG,
+    DELTA_SQL_EXTENSION,
+    delta_package,
+    is_delta_configured,
+)
 from dagster_sideinputs.errors import SparkStartupError
 
 CONNECT_DEFAULT_PORT = 15002
@@ -108,14 +114,6 @@ def apply_remote_settings(
 
 def check_remote_delta(spark: SparkSession, remote: str) -> None:
     """delta=True over Spark Connect: the server must run with Delta's extension and catalog."""
-    # Local: spark_setup imports delta-spark's pip package, which may not be installed.
-    from dagster_sideinputs.delta.spark_setup import (
-        DELTA_CATALOG,
-        DELTA_SQL_EXTENSION,
-        delta_package,
-        is_delta_configured,
-    )
-
     if is_delta_configured(spark):
         return
     raise SparkStartupError(

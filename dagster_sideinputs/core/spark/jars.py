@@ -16,6 +16,7 @@ from dagster_sideinputs.core.spark.packages import (
     fetch_packages,
     missing_packages,
 )
+from dagster_sideinputs.delta.spark_setup import delta_package
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,8 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     coordinates = list(OPTIONAL_PACKAGES)
     if not getattr(args, "no_delta", False):
         # Ours, not the pip package: the coordinate follows the installed delta-spark.
-        from dagster_sideinputs.delta.spark_setup import delta_package
-
         coordinates.insert(0, delta_package())
     if args.command == "list":
         print("\n".join(coordinates))

@@ -39,6 +39,7 @@ from typing import Literal
 
 import pyspark
 
+from dagster_sideinputs.delta.spark_setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
 
 log = logging.getLogger("dagster_sideinputs")
@@ -351,8 +352,6 @@ def resolve_session_packages(
     if want_delta:
         try:
             # Our wrapper of delta-spark's pip package; core never imports `delta` itself.
-            from dagster_sideinputs.delta.spark_setup import delta_package
-
             coordinates.insert(0, delta_package())
         except ImportError as exc:
             if delta is True:

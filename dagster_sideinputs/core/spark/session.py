@@ -34,6 +34,7 @@ from dagster_sideinputs.core.spark.packages import (
     remember_jar_list,
     resolve_session_packages,
 )
+from dagster_sideinputs.delta.spark_setup import configure_delta, delta_package
 from dagster_sideinputs.errors import SparkStartupError
 
 # Settings every session needs for the Delta bridge to be correct, not just fast:
@@ -144,8 +145,6 @@ def _coordinates(delta: bool, packages: list[str]) -> list[str]:
     """Every coordinate a session loads, in the order ``spark.jars.packages`` would get."""
     if not delta:
         return packages
-    from dagster_sideinputs.delta.spark_setup import delta_package
-
     return [delta_package(), *packages]
 
 
@@ -176,8 +175,6 @@ def _local_builder(
         own = [jar.strip() for jar in settings.get("spark.jars", "").split(",")]
         builder = builder.config("spark.jars", ",".join([*filter(None, own), *jars]))
     if delta:
-        from dagster_sideinputs.delta.spark_setup import configure_delta
-
         return configure_delta(
             builder,
             extensions=settings.get("spark.sql.extensions"),
