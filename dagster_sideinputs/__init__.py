@@ -17,11 +17,11 @@ from typing import Any
 from dagster_sideinputs import errors as errors
 from dagster_sideinputs import tables as tables
 from dagster_sideinputs.core.declarations import BufferLimits, KeyGroups, MainInput
+from dagster_sideinputs.core.functions import RowContext
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, Routes, SideInputs
 from dagster_sideinputs.core.records import Record
-from dagster_sideinputs.core.rows import RowContext
 from dagster_sideinputs.core.sideinputs.as_of import AsOf
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.readiness import Decision, DeltaReadiness, ReadinessProvider

@@ -24,6 +24,7 @@ from dagster_sideinputs.core.batch.run import peek, step
 from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.callbacks import clock_time, report_batch
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
+from dagster_sideinputs.core.functions import SideInputFunction
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
 from dagster_sideinputs.core.options import (
     CachePolicy,
@@ -112,7 +113,7 @@ class SideInputOperator:
         *,
         main: MainInput,
         side_inputs: Mapping[str, SideInput],
-        fn: Callable[..., Any],
+        fn: SideInputFunction,
         main_output: str | OutputTag,
         storage: DeltaStorage,
         readiness: ReadinessProvider | None = None,

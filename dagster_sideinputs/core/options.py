@@ -17,12 +17,13 @@ until 0.2 (:func:`fold_moved_keywords`).
 import dataclasses
 import datetime as dt
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
+from dagster_sideinputs.core.functions import SideInputFunction
 from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
@@ -44,7 +45,7 @@ class OperatorOptions:
 
     main: MainInput
     side_inputs: Mapping[str, SideInput]
-    fn: Callable[..., Any]
+    fn: SideInputFunction
     main_output: OutputTag
     side_outputs: tuple[OutputTag, ...] = ()
     window: Window | None = None

@@ -16,7 +16,7 @@ their values: :mod:`~dagster_sideinputs.core.records`; side views looked up in P
 :mod:`~dagster_sideinputs.core.sideinputs.lookups`.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +26,8 @@ from pyspark.sql import types as T
 from dagster_sideinputs.core.batch.tagged_layout import TaggedLayout
 from dagster_sideinputs.core.callbacks import prefixed
 from dagster_sideinputs.core.columns import ROW_ERROR_MARK
-from dagster_sideinputs.core.outputs import MAIN, OutputTag, undeclared_tag_error
+from dagster_sideinputs.core.functions import RowContext, RowsFunction
+from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.records import (
     Record,
     cyclic_gc_paused,
@@ -36,76 +37,7 @@ from dagster_sideinputs.core.records import (
 )
 from dagster_sideinputs.core.sideinputs.lookups import Lookup
 from dagster_sideinputs.core.spark_errors import encode
-from dagster_sideinputs.errors import DeclarationError, FunctionError, SideInputError, did_you_mean
-
-RowFunction = Callable[["Record", "RowContext"], Iterable[Any] | None]
-
-
-class RowContext:
-    """What a row function may ask while processing one record (executor side)."""
-
-    def __init__(
-        self,
-        tags: Mapping[str, OutputTag],
-        broadcast_values: Mapping[str, Any],
-        joined: Sequence[str],
-        main: str,
-        routes: Mapping[str, str] | None = None,
-    ) -> None:
-        self._tags = tags
-        self._main = main
-        self._routes = dict(routes or {})  # route tags it may not emit to -> their route
-        self._broadcast = broadcast_values
-        self._positions = {name: index for index, name in enumerate(joined)}
-        self._values: Sequence[Any] = ()  # the joined side values of the current record
-        self.emitted: dict[str, list[Any]] = {name: [] for name in tags}
-
-    def side_input(self, name: str) -> Any:
-        """A side input as this record sees it.
-
-        Keyed map / multimap views give the row (list of rows) for the record's key (an
-        as-of map: the row valid at the record's event time); singletons give their
-        value; windowed views give the view of the record's own side window (a list of
-        rows, or a dict key -> row / rows for maps and multimaps without a key
-        relation); other views give the whole view (a list of rows, or a dict key -> row
-        for maps without a key relation).
-        """
-        position = self._positions.get(name)
-        if position is not None:
-            return self._values[position]
-        if name in self._broadcast:
-            return self._broadcast[name]
-        known = sorted({*self._positions, *self._broadcast})
-        raise DeclarationError(
-            f"The row function asked for side input {name!r}, which the operator does not "
-            f"declare; declared: {known}.{did_you_mean(name, known)}",
-            fix="use one of the names given in side_inputs={...}",
-        )
-
-    def output(self, tag: OutputTag | str, record: Any) -> None:
-        """Emit a record to a declared side output (or to the main output: ``MAIN``)."""
-        name = tag.name if isinstance(tag, OutputTag) else tag
-        if name == MAIN.name:
-            name = self._main
-        if name in self._routes and name not in self.emitted:
-            raise route_tag_error(name, self._routes[name])
-        if name not in self.emitted:
-            raise undeclared_tag_error(name, [n for n in self._tags if n != self._main])
-        self.emitted[name].append(record)
-
-
-def route_tag_error(name: str, route: str) -> DeclarationError:
-    """The row function emitted to a route tag it cannot emit to (one without a schema)."""
-    return DeclarationError(
-        f"The row function emitted to output {name!r}, the operator's own {route} route "
-        f"(declared as routes=dsi.Routes({route}=...)). In row mode the function may emit to a "
-        "route tag only when the tag declares a schema (its records and the routed ones, the "
-        "main columns plus 'reason', are written with it); this one declares none. Nothing "
-        "was written.",
-        fix=f'declare routes=dsi.Routes({route}=dsi.OutputTag("{name}", schema=<the main columns '
-        "plus reason string>)) to emit there too, or emit to a side output of its own: "
-        'side_outputs=[dsi.OutputTag("<other name>", schema=...)]',
-    )
+from dagster_sideinputs.errors import FunctionError, SideInputError
 
 
 def _short(value: Any) -> str:
@@ -151,7 +83,7 @@ def _as_dict(record: Any, schema: T.StructType, name: str, main: bool) -> dict[s
 
 def run_row_function(
     released: DataFrame,
-    fn: RowFunction,
+    fn: RowsFunction,
     *,
     layout: TaggedLayout,
     broadcast_values: Mapping[str, Any],

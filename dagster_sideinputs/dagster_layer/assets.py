@@ -14,7 +14,13 @@ from typing import Any, Literal
 import dagster as dg
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
-from dagster_sideinputs.core.options import CachePolicy, Mode, OperatorOptions, fold_moved_keywords
+from dagster_sideinputs.core.functions import SideInputFunction
+from dagster_sideinputs.core.options import (
+    CachePolicy,
+    Mode,
+    OperatorOptions,
+    fold_moved_keywords,
+)
 from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
@@ -104,7 +110,7 @@ def side_input_assets(
     future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
     cache: CachePolicy = "auto",
     **moved: Any,
-) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+) -> Callable[[SideInputFunction], dg.AssetsDefinition]:
     """Turn a side-input function into Dagster assets: one per output.
 
     The function is the operator's: frames mode ``fn(main, sides) -> Outputs``, or rows
@@ -146,8 +152,8 @@ def side_input_assets(
         "side_input_assets",
     )  # fmt: skip
 
-    def decorator(fn: Callable[..., Any]) -> dg.AssetsDefinition:
-        op_name = name or fn.__name__
+    def decorator(fn: SideInputFunction) -> dg.AssetsDefinition:
+        op_name: str = name or getattr(fn, "__name__", None) or "side_inputs"
         decl = SideInputAssets(
             name=op_name,
             options=OperatorOptions(fn=fn, **declared),

@@ -11,7 +11,7 @@ anything is staged.
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
@@ -30,6 +30,7 @@ from dagster_sideinputs.core.columns import (
     SIDE_NS,
     quoted,
 )
+from dagster_sideinputs.core.functions import FramesFunction, RowsFunction
 from dagster_sideinputs.core.outputs import OutputTag, SideInputs, normalize_outputs
 from dagster_sideinputs.core.rows import run_row_function
 from dagster_sideinputs.core.sideinputs.joins import duplicate_error
@@ -128,7 +129,7 @@ def _frames(context: StageContext, batch: Batch) -> dict[OutputTag, DataFrame]:
     spec = context.spec
     main = function_input(context, batch)
     try:
-        result = spec.options.fn(main, side_inputs(batch))
+        result = cast(FramesFunction, spec.options.fn)(main, side_inputs(batch))
     except SideInputError:
         raise
     except PySparkException as exc:
@@ -210,7 +211,7 @@ def _rows(
     layout = TaggedLayout(user_tags)
     tagged = run_row_function(
         released,
-        spec.options.fn,
+        cast(RowsFunction, spec.options.fn),
         layout=layout,
         broadcast_values=translated(context, lambda: broadcast_values(batch.views)),
         joined_columns=joined,
