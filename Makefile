@@ -61,7 +61,7 @@ demo-kafka: install kafka-jars  ## the same pipeline with its transactions in Ka
 	$(BIN)/python -m assets.demo --kafka $(if $(VERBOSE),--verbose)
 
 # `make dev` starts a local Spark Connect server with Delta loaded once
-# (dagster_sideinputs.delta.connect_server; its log: data/connect-server.log), and the
+# (dagster_sideinputs.core.spark.connect_server; its log: data/connect-server.log), and the
 # code location's runs attach to it (DSI_SPARK_REMOTE, read by resources/): a run opens a
 # session in seconds instead of starting a JVM. `make dev SPARK=embedded`: every run
 # starts its own Spark, as `make demo` does.
@@ -74,7 +74,7 @@ dev: install  ## open the Dagster UI on the example code location (`dg dev`; SPA
 	mkdir -p $(DAGSTER_HOME) data
 	test -f $(DAGSTER_HOME)/dagster.yaml || printf 'telemetry:\n  enabled: false\npython_logs:\n  managed_python_loggers:\n    - dagster_sideinputs\n' > $(DAGSTER_HOME)/dagster.yaml
 ifeq ($(SPARK),connect)
-	$(DG_ENV) $(BIN)/python -m dagster_sideinputs.delta.connect_server --port $(CONNECT_PORT) --log data/connect-server.log --export DSI_SPARK_REMOTE -- $(BIN)/dg dev
+	$(DG_ENV) $(BIN)/python -m dagster_sideinputs.core.spark.connect_server --port $(CONNECT_PORT) --log data/connect-server.log --export DSI_SPARK_REMOTE -- $(BIN)/dg dev
 else
 	$(DG_ENV) $(BIN)/dg dev
 endif

@@ -55,8 +55,8 @@ from pyspark.sql import functions as F
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.state import identity
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.store.files import TableFiles
 
 ENGINE_CALLS = (
     "exists",

@@ -197,25 +197,25 @@ class Lake:
     code serves a local folder and an object store (options: the ``AWS_*`` environment)."""
 
     def __init__(self, root: str) -> None:
-        from dagster_sideinputs.delta.files import normalize_uri
-        from dagster_sideinputs.delta.s3 import resolve_storage_options
+        from dagster_sideinputs.delta.store.files import normalize_uri
+        from dagster_sideinputs.delta.store.s3 import resolve_storage_options
 
         self.root = normalize_uri(root)
         self.options = resolve_storage_options(self.root, None)
 
     @property
     def local(self) -> bool:
-        from dagster_sideinputs.delta.files import is_local
+        from dagster_sideinputs.delta.store.files import is_local
 
         return is_local(self.root)
 
     def uri(self, *parts: str) -> str:
-        from dagster_sideinputs.delta.files import join_uri
+        from dagster_sideinputs.delta.store.files import join_uri
 
         return join_uri(self.root, *parts)
 
     def files(self, *parts: str) -> Any:
-        from dagster_sideinputs.delta.files import TableFiles
+        from dagster_sideinputs.delta.store.files import TableFiles
 
         return TableFiles(self.uri(*parts), self.options)
 
@@ -335,15 +335,15 @@ def _append(lake: Lake, batch_index: int) -> None:
 
 KILL_POINTS = {
     "before-first-plan": "dagster_sideinputs.core.state.folder:OperatorState.create_plan:1",
-    "after-first-table": "dagster_sideinputs.delta.writer:commit_files:2",
+    "after-first-table": "dagster_sideinputs.delta.bridge.writer:commit_files:2",
     "before-publish-1": "dagster_sideinputs.delta.staging:Staging.publish:1",
-    "before-create-enriched": "dagster_sideinputs.delta.writer:commit_files:1",
-    "before-create-buffer": "dagster_sideinputs.delta.writer:commit_files:5",
-    "before-commit-8": "dagster_sideinputs.delta.writer:commit_directly:3",
+    "before-create-enriched": "dagster_sideinputs.delta.bridge.writer:commit_files:1",
+    "before-create-buffer": "dagster_sideinputs.delta.bridge.writer:commit_files:5",
+    "before-commit-8": "dagster_sideinputs.delta.bridge.writer:commit_directly:3",
     "before-commit-record-2": "dagster_sideinputs.core.state.folder:OperatorState.commit:2",
     # delta-spark's Delta commits: one DeltaSparkEngine.commit per staged table (it commits
     # through Delta's own writer, `save`, or its py4j fast path, `commit_staged_files`).
-    "after-first-table-spark": "dagster_sideinputs.delta.spark_engine:DeltaSparkEngine.commit:2",
+    "after-first-table-spark": "dagster_sideinputs.delta.spark.engine:DeltaSparkEngine.commit:2",
 }
 """Exact kill points (``--kill-at``): ``module:attribute:n`` kills the worker's process
 group with SIGKILL when ``attribute`` is called for the n-th time in that worker, before
@@ -352,7 +352,7 @@ and the bridge has already moved into the table (a new table was created empty j
 before: ``before-create-enriched`` once left a folder of files without a log, which every
 rerun refused); in the first job, calls 1-5 create
 the four output tables and the buffer (batch 0). Plain commits to existing local tables
-are the bridge's own (``commit_directly``, delta/log_commit.py): its call 3 is batch 1's
+are the bridge's own (``commit_directly``, delta/bridge/log_commit.py): its call 3 is batch 1's
 buffer write, the 8th commit of the job.
 ``before-create-enriched`` (batch 0 planned and staged, no table committed: the rerun
 plans it again) and ``after-first-table`` (one table committed: the rerun replays it) are
@@ -449,7 +449,7 @@ def _await_left_locks(trial: Path, lake: Lake) -> None:
     """
     if lake.local:
         return
-    from dagster_sideinputs.delta.lease import ObjectStoreLease
+    from dagster_sideinputs.delta.store.lease import ObjectStoreLease
 
     lease_s = float(os.environ.get("DSI_LOCK_LEASE_SECONDS", "60"))
     for entry in list(lake.files("_sideinputs").list_files("")):

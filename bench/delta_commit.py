@@ -8,14 +8,14 @@ turn, ``--repeats`` times:
 - ``writer``: ``df.write.format("delta").mode("append").save(uri)``, no transaction: the
   floor for a commit of these rows;
 - ``writer+txn``: the same with ``txnAppId`` / ``txnVersion``: how the engine committed
-  before delta/spark_direct.py (Delta reconstructs the table's state to look the
+  before delta/spark/direct.py (Delta reconstructs the table's state to look the
   transaction up, every commit);
 - ``engine``: ``DeltaSparkEngine.write`` with an ``AppTransaction``: the engine's commit,
   through Delta's transaction when the append qualifies (the same commit contents as
   ``writer+txn``), plus the engine's own log reads and checks.
 - ``stage+commit``: ``DeltaSparkEngine.stage`` then ``commit``, as a batch stages and
   commits each output: Spark writes the files at staging, their statistics come from the
-  footers, and Delta's transaction commits them (delta/spark_split.py);
+  footers, and Delta's transaction commits them (delta/spark/split.py);
 - ``stage(writeFiles)+commit``: the same through Delta's ``writeFiles`` (how a plain
   append was staged before, and how a table with CHECK constraints or NOT NULL fields
   still is): Delta computes the statistics from the rows as it writes them;
@@ -23,7 +23,7 @@ turn, ``--repeats`` times:
   commit also removes files (``removes_files=True``, the buffer's): the rows computed into
   Spark's cache and counted, then written from it at commit;
 - ``new table``: ``stage+commit`` creating a new table every commit (a first batch);
-  ``new table(writer)``: the same the way it was before delta/spark_split.py staged
+  ``new table(writer)``: the same the way it was before delta/spark/split.py staged
   single appends: the rows persisted and checked at staging, written by Delta's writer at
   commit.
 
@@ -50,9 +50,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta import spark_engine
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark import engine as spark_engine
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 
 
 def writer(frame: DataFrame, uri: str, batch: int) -> None:
@@ -80,7 +80,7 @@ def engine_write(spark: SparkSession) -> Callable[[DataFrame, str, int], None]:
 
 @contextlib.contextmanager
 def through_delta_writer() -> Iterator[None]:
-    """Stage as before delta/spark_split.py staged single appends: Delta's writeFiles for
+    """Stage as before delta/spark/split.py staged single appends: Delta's writeFiles for
     an existing table, the rows persisted and checked for a new one."""
     native = spark_engine.stage_append_native
     spark_engine.stage_append_native = lambda *args, **kwargs: None

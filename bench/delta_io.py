@@ -39,13 +39,13 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.spark.packages import S3A_PACKAGES
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.files import join_uri, spark_uri
-from dagster_sideinputs.delta.reader import read_table
-from dagster_sideinputs.delta.s3 import configure_spark
-from dagster_sideinputs.delta.source import register_delta_source
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-from dagster_sideinputs.delta.writer import write_dataframe
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.read import read_table
+from dagster_sideinputs.delta.bridge.source import register_delta_source
+from dagster_sideinputs.delta.bridge.writer import write_dataframe
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
+from dagster_sideinputs.delta.store.files import join_uri, spark_uri
+from dagster_sideinputs.delta.store.s3 import configure_spark
 
 REPO = Path(__file__).resolve().parents[1]
 

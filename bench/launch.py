@@ -12,7 +12,7 @@ lake:
 
 - embedded: every run starts its own Spark (a JVM, Delta's jars);
 - attached: runs attach to a local Spark Connect server with Delta, started once
-  (``make dev``'s: ``dagster_sideinputs.delta.connect_server``), through
+  (``make dev``'s: ``dagster_sideinputs.core.spark.connect_server``), through
   ``DSI_SPARK_REMOTE``. Its start-up is printed apart: it is paid once.
 
 The first run of each mode is printed apart from the others. The server is warmed up
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from assets.payments import FX_START, hourly  # noqa: E402
-from dagster_sideinputs.delta.connect_server import LocalConnectServer  # noqa: E402
+from dagster_sideinputs.core.spark.connect_server import LocalConnectServer  # noqa: E402
 from tests.cluster import free_port  # noqa: E402
 from tests.dagster_layer.webserver import ASSET_JOB, serve  # noqa: E402
 

@@ -82,7 +82,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "bridge_records_the_table_version_as_txn",
-        "dagster_sideinputs/delta/log_commit.py",
+        "dagster_sideinputs/delta/bridge/log_commit.py",
         '"version": app_transaction.version,',
         '"version": state.version,',
         "the bridge's direct commit records the batch's application transaction (batch id)",
@@ -93,7 +93,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "txn_check_spark_skipped",
-        "dagster_sideinputs/delta/spark_commit.py",
+        "dagster_sideinputs/delta/spark/commit.py",
         "return committed is not None and committed >= app_transaction.version",
         "return committed is not None and committed > app_transaction.version",
         "delta-spark commits nothing for an application transaction the table holds",
@@ -388,7 +388,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "lease_expiry_inverted",
-        "dagster_sideinputs/delta/lease.py",
+        "dagster_sideinputs/delta/store/lease.py",
         "if time.time() > record.expires_at + self.clock_skew_s:",
         "if time.time() < record.expires_at + self.clock_skew_s:",
         "an object-store lease is taken over only once it expired or was released",
@@ -426,7 +426,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- errors, callbacks, Dagster ---------------------------------------------------
     Mutation(
         "local_store_error_unmapped",
-        "dagster_sideinputs/delta/store_errors.py",
+        "dagster_sideinputs/delta/store/errors.py",
         "    if isinstance(exc, OSError | ObstoreError):\n        return True\n",
         "    if isinstance(exc, ObstoreError):\n        return True\n",
         "a failing filesystem is a StorageError naming the table, not a raw OSError",

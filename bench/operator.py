@@ -72,7 +72,7 @@ from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.context import Batch, StageContext
 from dagster_sideinputs.core.sources import landing as landing_module
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_session import session_setting
+from dagster_sideinputs.delta.session import session_setting
 
 MAIN_COLUMNS = ["tx_id", "customer_id", "amount", "currency", "ts"]
 THRESHOLD = 950.0  # about 5% of the amounts (uniform in [0, 1000))

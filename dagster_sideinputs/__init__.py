@@ -27,8 +27,8 @@ from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta.s3 import S3Store
 from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.store.s3 import S3Store
 from dagster_sideinputs.errors import (
     DeclarationError,
     OperatorBusyError,
@@ -78,7 +78,10 @@ _MOVED: dict[str, tuple[str, str]] = {
         "dagster_sideinputs.delta.engine",
         "dagster_sideinputs.delta.engine.DeltaEngine",
     ),
-    "DeltaRsEngine": ("dagster_sideinputs.delta.bridge", 'DeltaStorage(..., engine="delta-rs")'),
+    "DeltaRsEngine": (
+        "dagster_sideinputs.delta.bridge.engine",
+        'DeltaStorage(..., engine="delta-rs")',
+    ),
     "OperatorOptions": ("dagster_sideinputs.core.options", "SideInputOperator(...)'s keywords"),
     "KafkaInput": ("dagster_sideinputs.core.sources.kafka.declaration", "MainInput.kafka(...)"),
     "S3A_PACKAGES": ("dagster_sideinputs.core.spark.packages", 'packages=["s3"]'),

@@ -17,10 +17,10 @@ Examples:
     True
 """
 
+from dagster_sideinputs.delta.bridge.read import read_changes, read_table
+from dagster_sideinputs.delta.bridge.source import register_delta_source
+from dagster_sideinputs.delta.bridge.writer import write_dataframe
 from dagster_sideinputs.delta.engine import AppTransaction, WriteResult
-from dagster_sideinputs.delta.reader import read_changes, read_table
-from dagster_sideinputs.delta.source import register_delta_source
-from dagster_sideinputs.delta.writer import write_dataframe
 
 __all__ = [
     "AppTransaction",

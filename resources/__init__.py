@@ -27,7 +27,7 @@ from pathlib import Path
 import dagster as dg
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.s3 import is_s3
+from dagster_sideinputs.delta.store.s3 import is_s3
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

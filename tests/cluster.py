@@ -382,7 +382,7 @@ class ConnectServer(_Service):
 _DELTA_CLIENT = """
 import json, sys
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta.spark_setup import is_delta_configured
+from dagster_sideinputs.delta.spark.setup import is_delta_configured
 
 url, path, delta = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 report = {}

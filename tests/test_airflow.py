@@ -39,7 +39,7 @@ import dagster_sideinputs as dsi
 from assets.enrichment import payments_enrichment
 from assets.payments import customer_profiles, fraud_rules, fx_rates, hourly, transactions
 from bench.crash_harness import KILL_POINTS
-from dagster_sideinputs.delta.connect_server import LocalConnectServer
+from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
 from tests.cluster import OUTPUT_TABLES, free_port, table_rows
 from tests.dagster_layer.conftest import PREVIOUS_HOUR, THIS_HOUR, transactions_config
 

@@ -134,7 +134,7 @@ def test_starting_spark_knows_nothing_of_the_operator():
     else in the core: it imports only itself, the errors and the Delta setup it needs for
     Delta's package; nothing of the operator, its stages or its declarations."""
     allowed = ("dagster_sideinputs.core.spark", "dagster_sideinputs.errors")
-    allowed_delta = {"dagster_sideinputs.delta.spark_setup"}
+    allowed_delta = {"dagster_sideinputs.delta.spark.setup"}
     wrong = {
         name: sorted(
             m
@@ -249,6 +249,57 @@ def test_the_library_imports_its_own_modules_at_the_top_of_each_module():
                     and (inner.module or "").startswith("dagster_sideinputs")
                 ]
     assert hidden == []
+
+
+DELTA = "dagster_sideinputs.delta"
+
+
+def test_neither_delta_engine_imports_the_others_modules():
+    """The delta-rs bridge and the delta-spark engine share the layer's own pieces (the
+    engine interface, the log reader, the store, staging and reading files with Spark) and
+    nothing of each other; only the storage, which picks one, knows both."""
+    engines = {"bridge": f"{DELTA}.bridge", "spark": f"{DELTA}.spark"}
+    crossing = {
+        name: _reaches(name, other)
+        for mine, package in engines.items()
+        for name in GRAPH
+        if _inside(name, package)
+        for theirs, other in engines.items()
+        if theirs != mine and _reaches(name, other)
+    }
+    assert crossing == {}
+    shared = {
+        name: [t for package in engines.values() for t in _reaches(name, package)]
+        for name in GRAPH
+        if _inside(name, DELTA)
+        and not any(_inside(name, package) for package in engines.values())
+        and name != f"{DELTA}.storage"
+    }
+    assert {k: v for k, v in shared.items() if v} == {}
+    assert sum(_inside(n, f"{DELTA}.bridge") for n in GRAPH) >= 8
+    assert sum(_inside(n, f"{DELTA}.spark") for n in GRAPH) >= 8
+
+
+CORE_MAY_USE_OF_DELTA = (
+    f"{DELTA}.engine",  # the engine interface and the values that cross it
+    f"{DELTA}.storage",  # where tables live and which engine runs them
+    f"{DELTA}.store",  # the state store: files, leases, S3 settings, a store's errors
+    f"{DELTA}.schema",  # Spark's schema rules for appending (buffered records' schema)
+    f"{DELTA}.spark.setup",  # Delta's jar and settings, for starting a session with it
+)
+
+
+def test_the_core_reaches_delta_only_through_its_interfaces():
+    wrong = {
+        name: sorted(
+            t
+            for t in GRAPH[name]
+            if _inside(t, DELTA) and not any(_inside(t, a) for a in CORE_MAY_USE_OF_DELTA)
+        )
+        for name in GRAPH
+        if _inside(name, CORE)
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
 
 
 def test_the_code_layout_names_every_module():

@@ -17,8 +17,8 @@ from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.sideinputs.readiness import DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
-from dagster_sideinputs.delta.files import normalize_uri, unsafe_characters
 from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.store.files import normalize_uri, unsafe_characters
 from dagster_sideinputs.errors import DeclarationError
 
 _OPERATOR_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -98,7 +98,7 @@ def default_operator_id(main_output: OutputTag) -> str:
 
 def check_location(uri: str, *, what: str) -> None:
     """Refuse table locations Spark or object stores would read as something else
-    (:data:`~dagster_sideinputs.delta.files.UNSAFE_PATH_CHARACTERS`): checked for every
+    (:data:`~dagster_sideinputs.delta.store.files.UNSAFE_PATH_CHARACTERS`): checked for every
     table before anything is written, so a bad name never leaves a half-written batch."""
     found = unsafe_characters(uri)
     if found:

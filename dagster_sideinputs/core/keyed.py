@@ -37,7 +37,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.core.columns import quoted
 from dagster_sideinputs.core.declarations import KeyGroups
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import is_local, normalize_uri
+from dagster_sideinputs.delta.store.files import is_local, normalize_uri
 from dagster_sideinputs.errors import PreKeyedViolationError, preview
 
 

@@ -45,9 +45,9 @@ from dagster_sideinputs.core.state.lock import operator_lock
 from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.core.state.recovery import Recovery
 from dagster_sideinputs.core.state.reset import MainFrom, reset
-from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.store.files import TableFiles
+from dagster_sideinputs.delta.store.s3 import configure_spark
 from dagster_sideinputs.errors import DeclarationError
 
 Trigger = Literal["available_now", "continuous"]

@@ -34,9 +34,9 @@ from pyspark.errors import AnalysisException, PySparkException
 from dagster_sideinputs import errors
 from dagster_sideinputs.core.columns import DUPLICATE_MARK, PRE_KEYED_MARK, ROW_ERROR_MARK
 from dagster_sideinputs.core.sideinputs.joins import duplicate_error
-from dagster_sideinputs.delta.s3 import store_label
-from dagster_sideinputs.delta.store_errors import describe as describe_store_fault
-from dagster_sideinputs.delta.store_errors import is_store_error
+from dagster_sideinputs.delta.store.errors import describe as describe_store_fault
+from dagster_sideinputs.delta.store.errors import is_store_error
+from dagster_sideinputs.delta.store.s3 import store_label
 from dagster_sideinputs.errors import (
     CorruptDataFileError,
     DeclarationError,

@@ -18,8 +18,8 @@ from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.readiness import ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.files import join_uri, normalize_uri
 from dagster_sideinputs.delta.storage import DeltaStorage
+from dagster_sideinputs.delta.store.files import join_uri, normalize_uri
 
 STATE_FOLDER = "_sideinputs"
 

@@ -13,11 +13,11 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.spark_errors import storage_error
 from dagster_sideinputs.dagster_layer.resources import SparkResource
+from dagster_sideinputs.delta.bridge.writer import WriteResult
 from dagster_sideinputs.delta.engine import TableSnapshot
-from dagster_sideinputs.delta.s3 import store_label
 from dagster_sideinputs.delta.storage import DeltaStorage
-from dagster_sideinputs.delta.store_errors import is_store_error
-from dagster_sideinputs.delta.writer import WriteResult
+from dagster_sideinputs.delta.store.errors import is_store_error
+from dagster_sideinputs.delta.store.s3 import store_label
 from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError, SideInputError
 
 R = TypeVar("R")

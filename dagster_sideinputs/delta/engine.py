@@ -2,7 +2,7 @@
 
 Everything above the ``delta`` package (the operator's core, the Dagster layer) talks
 to Delta through :class:`DeltaEngine` and never imports a Delta library. Two engines
-implement it: the delta-rs bridge (:class:`~dagster_sideinputs.delta.bridge.DeltaRsEngine`:
+implement it: the delta-rs bridge (:class:`~dagster_sideinputs.delta.bridge.engine.DeltaRsEngine`:
 Spark writes parquet, delta-rs commits) and the native delta-spark engine.
 
 Writes come in two phases so that a micro-batch can make every output's data before

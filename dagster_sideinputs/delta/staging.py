@@ -10,25 +10,27 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.files import (
+from dagster_sideinputs.delta.schema import partition_string, quoted
+from dagster_sideinputs.delta.session import session_setting
+from dagster_sideinputs.delta.stats import file_stats, indexed_columns, logged_stats
+from dagster_sideinputs.delta.store.files import (
     TableFiles,
     file_in_the_way,
     is_local,
     normalize_uri,
     spark_uri,
 )
-from dagster_sideinputs.delta.schema import partition_string, quoted
-from dagster_sideinputs.delta.stats import file_stats, indexed_columns, logged_stats
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError, StorageError
 
 STAGING_DIR = "_dsi_staging"
@@ -286,3 +288,85 @@ def refuse_foreign_folder(files: TableFiles, label: str) -> None:
             fix="choose an empty location, or convert the folder with "
             "`deltalake.convert_to_deltalake(uri)` first",
         )
+
+
+# --- the add action of a staged file -------------------------------------------------
+
+# Characters delta-rs leaves as they are in a logged path (it encodes the rest): files
+# added by our own commits are logged exactly as delta-rs would log them.
+_SAFE = "/=~!$'(),;@&+"
+
+
+def log_path(path: str) -> str:
+    """A file's path relative to the table root as the Delta log holds it (URI-encoded)."""
+    return quote(path, safe=_SAFE)
+
+
+def add_action(file: StagedFile, now_ms: int) -> dict[str, Any]:
+    """The ``add`` action of a staged file (its path URI-encoded, its statistics as JSON)."""
+    return {
+        "path": log_path(file.path),
+        "partitionValues": dict(file.partition_values),
+        "size": file.size,
+        "modificationTime": now_ms,
+        "dataChange": True,
+        "stats": file.log_stats(),
+    }
+
+
+# --- one Spark job's files split into several tables' staging folders ----------------
+
+CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
+MAX_WRITERS = 16  # files open per task at most (each buffers a row group); then Spark sorts
+
+
+def split_job(
+    df: DataFrame, column: str, shared: Staging, parts: Sequence[tuple[int, Staging]]
+) -> float:
+    """One Spark job writing ``df`` partitioned by ``column`` into ``shared``; the files of
+    each ``(value, staging)`` are then moved into that staging folder (renames), and
+    ``shared`` is removed. Returns the seconds it took."""
+    started = time.perf_counter()
+    try:
+        with session_setting(df.sparkSession, CONCURRENT_WRITERS, _writers(df, len(parts))):
+            df.write.mode("overwrite").partitionBy(column).parquet(shared.spark_location())
+        for value, staging in parts:
+            staging.take_over(shared, f"{column}={value}")
+    finally:
+        shared.discard(published_too=False)
+    return time.perf_counter() - started
+
+
+def write_job(df: DataFrame, staging: Staging) -> float:
+    """One Spark job writing ``df``'s rows into ``staging``; returns the seconds it took.
+    On failure the folder is left for the caller's discard."""
+    started = time.perf_counter()
+    df.write.mode("overwrite").parquet(staging.spark_location())
+    return time.perf_counter() - started
+
+
+def same_filesystem(paths: Sequence[str]) -> bool:
+    """Whether local ``paths`` are on one filesystem (files can be renamed between them)."""
+    return len({_filesystem(path) for path in paths}) <= 1
+
+
+def _writers(df: DataFrame, targets: int) -> str | None:
+    """The setting that lets each task keep one file open per target (None: it already
+    may). Without it Spark sorts every task's rows by the split column before writing;
+    with it rows stream into their table's file as they come. Measured (4M records, two
+    outputs, local[2], medians of 4-6): a broadcast join whose second output filtered
+    before the join: 3.88 s unsorted, 4.22 s sorted, 3.95 s as two separate writes; a
+    shuffled join whose second output filtered on a joined column: 4.65, 5.20, 5.97 s."""
+    try:
+        current = int(df.sparkSession.conf.get(CONCURRENT_WRITERS, "0") or 0)
+    except ValueError:
+        current = 0
+    wanted = min(targets, MAX_WRITERS)
+    return None if current >= wanted else str(wanted)
+
+
+def _filesystem(path: str) -> int:
+    """The device of a local path (of its nearest existing folder)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.stat(path).st_dev

@@ -6,10 +6,10 @@ through :class:`~dagster_sideinputs.delta.engine.DeltaEngine`, reached as
 
 Two engines implement it:
 
-- ``delta-spark``: :class:`~dagster_sideinputs.delta.spark_engine.DeltaSparkEngine`,
+- ``delta-spark``: :class:`~dagster_sideinputs.delta.spark.engine.DeltaSparkEngine`,
   delta-spark itself (reads and writes ``format("delta")``); needs a session with Delta
   configured (its jar, SQL extension and catalog), locally or on a Spark Connect server.
-- ``delta-rs``: :class:`~dagster_sideinputs.delta.bridge.DeltaRsEngine`, Spark writes
+- ``delta-rs``: :class:`~dagster_sideinputs.delta.bridge.engine.DeltaRsEngine`, Spark writes
   parquet and delta-rs commits; runs on any Spark, with delta-rs storage options.
 
 ``engine="auto"`` (the default) picks delta-spark when the session has Delta configured
@@ -26,13 +26,13 @@ from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.files import check_root, join_uri, normalize_uri
-from dagster_sideinputs.delta.s3 import configure_spark, resolve_storage_options
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-from dagster_sideinputs.delta.spark_session import active_session
-from dagster_sideinputs.delta.spark_setup import is_delta_configured
+from dagster_sideinputs.delta.session import active_session
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.setup import is_delta_configured
+from dagster_sideinputs.delta.store.files import check_root, join_uri, normalize_uri
+from dagster_sideinputs.delta.store.s3 import configure_spark, resolve_storage_options
 from dagster_sideinputs.errors import DeclarationError
 
 __all__ = [

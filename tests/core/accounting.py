@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch.buffer import load_state
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.read import read_table
 
 
 def ids_in(spark, uri: str, column: str) -> list:

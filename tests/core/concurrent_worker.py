@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core import operator as operator_module
-from dagster_sideinputs.delta.s3 import is_s3
+from dagster_sideinputs.delta.store.s3 import is_s3
 
 _operator_lock = operator_module.operator_lock
 

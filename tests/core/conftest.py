@@ -15,7 +15,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.files import is_local
+from dagster_sideinputs.delta.store.files import is_local
 from tests.conftest import StorageCase
 
 ENGINES = {"rs": "delta-rs", "spark": "delta-spark"}

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.spark_predicates import sql_table
+from dagster_sideinputs.delta.spark.predicates import sql_table
 from tests.core.catalogue import PROFILES, accounted, nothing_committed, put, refused
 from tests.core.conftest import Lake
 

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.delta.engine import DeltaEngine
-from dagster_sideinputs.delta.lease import ObjectStoreLease
+from dagster_sideinputs.delta.store.lease import ObjectStoreLease
 from tests.core.catalogue import PROFILES, TX, arrow_schema, nothing_committed, refused
 from tests.core.catalogue import operator as catalogue_operator
 from tests.core.conftest import Lake

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.dagster_layer.declaration import CHECK_BUFFER, CHECK_READY
-from dagster_sideinputs.delta.object_store import open_object_store
+from dagster_sideinputs.delta.store.object_store import open_object_store
 from tests.core import test_bad_input_storage as storage_cases
 from tests.core.catalogue import nothing_committed, refused
 from tests.core.test_bad_input_storage import IDS, Store, enrich, exact, operator

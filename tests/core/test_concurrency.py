@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.store.files import TableFiles
 from tests.core.conftest import Lake
 
 TX = "tx_id long, customer_id long, amount double"

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.state.folder import COMMIT
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.store.files import TableFiles
 from tests.core.conftest import Lake
 
 pytestmark = pytest.mark.slow

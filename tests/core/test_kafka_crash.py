@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.read import read_table
 from tests.cluster import spark_env
 from tests.servers.kafka import KafkaBroker
 
@@ -130,7 +130,7 @@ def test_reference_run_fills_every_output_and_the_buffer(reference):
 
 KILL_POINTS = [
     # between the first batch's table commits (some tables have it, others not)
-    "dagster_sideinputs.delta.bridge:DeltaRsEngine.commit:2",
+    "dagster_sideinputs.delta.bridge.engine:DeltaRsEngine.commit:2",
     # while the next batch counts its routes (a Spark job reading Kafka), its plan written
     "dagster_sideinputs.core.batch.route:count_routes:2",
     # after every table of a batch, before its commit record

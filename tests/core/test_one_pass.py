@@ -326,7 +326,7 @@ def test_a_split_write_keeps_one_file_per_table_open_only_while_it_writes(
     """Spark sorts a partitioned write's rows unless tasks may keep a file per table open:
     the split write allows one per table for its own job, then the session's setting is as
     before (a larger one of the user's is kept and not lowered)."""
-    from dagster_sideinputs.delta import split_writer
+    from dagster_sideinputs.delta import staging as split_writer
 
     key = split_writer.CONCURRENT_WRITERS
     during = []

@@ -30,7 +30,7 @@ from dagster_sideinputs.core.spark.packages import (
     remember_jar_list,
     retrieved_jar,
 )
-from dagster_sideinputs.delta.spark_setup import delta_package
+from dagster_sideinputs.delta.spark.setup import delta_package
 from tests.cluster import free_port, spark_env
 
 # --- coordinates and the cache layout ---------------------------------------------------------

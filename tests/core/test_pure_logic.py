@@ -33,7 +33,7 @@ from dagster_sideinputs.core.sideinputs.windows import (
 from dagster_sideinputs.core.spec import fingerprint
 from dagster_sideinputs.core.state.folder import OperatorState, Unreadable
 from dagster_sideinputs.core.state.plan import BatchPlan, MainRange, NamespacePlan
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.store.files import TableFiles
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 5, 1, 10, 0, tzinfo=UTC)

@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
 from dagster_sideinputs.core.state.lock import operator_lock
-from dagster_sideinputs.delta import log_commit
+from dagster_sideinputs.delta.bridge import log_commit
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, Clock, Lake, hours
 from tests.core.reliability import put, refused
@@ -725,7 +725,7 @@ def race(monkeypatch):
             return original(table, *args, **kwargs)
 
         def racing_link(source: str, commit_file: str) -> None:
-            # The bridge's own commits to local tables (delta/log_commit.py); os.link is
+            # The bridge's own commits to local tables (delta/bridge/log_commit.py); os.link is
             # the module's, so other links (state files) pass through untouched.
             log_dir = os.path.dirname(commit_file)
             table_uri = os.path.dirname(log_dir)

@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch.tagged_layout import TaggedLayout
 from dagster_sideinputs.core.records import cyclic_gc_paused, python_values
-from dagster_sideinputs.delta.reader import read_table
+from dagster_sideinputs.delta.bridge.read import read_table
 
 
 def tag(tag_name: str, /, **fields: T.DataType) -> dsi.OutputTag:

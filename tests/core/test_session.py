@@ -40,7 +40,7 @@ from dagster_sideinputs.core.spark.session import (
     default_shuffle_partitions,
     is_local_master,
 )
-from dagster_sideinputs.delta.spark_setup import delta_package
+from dagster_sideinputs.delta.spark.setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
 from tests.cluster import free_port, spark_env
 
@@ -271,7 +271,7 @@ class Keep(logging.Handler):
 
 logging.getLogger("dagster_sideinputs").addHandler(Keep(level=logging.WARNING))
 from dagster_sideinputs.core.spark.session import build_spark_session
-from dagster_sideinputs.delta.spark_setup import is_delta_configured
+from dagster_sideinputs.delta.spark.setup import is_delta_configured
 
 args = json.loads(sys.argv[1])
 report = {"warnings": warnings}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from assets.payments import FX_START, hourly
-from dagster_sideinputs.delta.connect_server import LocalConnectServer
+from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
 from tests.cluster import free_port
 from tests.dagster_layer.webserver import ASSET_JOB, Webserver, serve
 

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from dagster_sideinputs.dagster_layer.io_manager import DeltaIOManager
 from dagster_sideinputs.dagster_layer.resources import SparkResource
-from dagster_sideinputs.delta.files import normalize_uri
+from dagster_sideinputs.delta.store.files import normalize_uri
 from dagster_sideinputs.errors import DeclarationError, SchemaMismatchError, TableNotFoundError
 
 HOURLY = dg.HourlyPartitionsDefinition(start_date="2024-05-01-00:00", end_date="2024-05-02-00:00")

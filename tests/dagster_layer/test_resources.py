@@ -8,7 +8,7 @@ from pyspark.sql import SparkSession
 
 from dagster_sideinputs.core.spark.packages import KAFKA
 from dagster_sideinputs.dagster_layer.resources import SparkResource
-from dagster_sideinputs.delta.spark_setup import is_delta_configured
+from dagster_sideinputs.delta.spark.setup import is_delta_configured
 from dagster_sideinputs.errors import SparkStartupError
 
 PROBE = "spark.dsi.test.probe"

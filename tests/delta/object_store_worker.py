@@ -17,8 +17,8 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from dagster_sideinputs.core.state.lock import operator_lock
-from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.delta.lease import ObjectStoreLease
+from dagster_sideinputs.delta.store.files import TableFiles
+from dagster_sideinputs.delta.store.lease import ObjectStoreLease
 from dagster_sideinputs.errors import OperatorBusyError
 
 

@@ -5,10 +5,10 @@ import json
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.commit import CHECKPOINT_EVERY
+from dagster_sideinputs.delta.bridge.commit import CHECKPOINT_EVERY
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 
 
 def test_commits_write_a_checkpoint_every_few_versions(tmp_path):

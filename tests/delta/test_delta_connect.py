@@ -7,14 +7,14 @@ project can reach (404 for 4.4.0, no maven-metadata.xml), so the server has delt
 only: DataFrame reads and writes in ``format("delta")`` and Delta SQL (MERGE, DESCRIBE
 HISTORY, VACUUM) work; ``DeltaTable`` over Connect does not. The native engine needs
 nothing more: over Connect it uses only those (no ``DeltaTable``; its one py4j fast path,
-delta/spark_direct.py, is for classic sessions), so the operator runs over Connect with it.
+delta/spark/direct.py, is for classic sessions), so the operator runs over Connect with it.
 """
 
 from collections.abc import Iterator
 
 import pytest
 
-from dagster_sideinputs.delta.connect_server import LocalConnectServer
+from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
 from tests.cluster import check, free_port, run_delta_client, run_operator_client
 
 pytestmark = [pytest.mark.connect, pytest.mark.slow]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.connect, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def delta_server(tmp_path_factory) -> Iterator[LocalConnectServer]:
-    """The server ``make dev`` starts (dagster_sideinputs.delta.connect_server), on one core."""
+    """The server ``make dev`` starts (core/spark/connect_server.py), on one core."""
     work = tmp_path_factory.mktemp("delta-connect-server")
     server = LocalConnectServer(
         work / "connect-server.log",

@@ -15,10 +15,10 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-from dagster_sideinputs.delta.spark_predicates import sql_table
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.predicates import sql_table
 from dagster_sideinputs.delta.storage import DeltaStorage
 from tests.core.accounting import assert_accounted
 

@@ -18,7 +18,7 @@ from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from dagster_sideinputs.delta.spark_setup import delta_package, is_delta_configured
+from dagster_sideinputs.delta.spark.setup import delta_package, is_delta_configured
 
 SCHEMA = "id long, part string, v long"
 CONSTRAINT_CHECK = "spark.databricks.delta.replaceWhere.constraintCheck.enabled"

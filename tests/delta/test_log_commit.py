@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from dagster_sideinputs.delta import log_commit
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.commit import CHECKPOINT_EVERY
+from dagster_sideinputs.delta.bridge import log_commit
+from dagster_sideinputs.delta.bridge.commit import CHECKPOINT_EVERY
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.writer import write_dataframe
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.writer import write_dataframe
 
 SCHEMA = "k string, n long"
 

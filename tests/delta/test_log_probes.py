@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from dagster_sideinputs.delta import table as delta_table
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
-from dagster_sideinputs.delta.commit import CLEANUP_EVERY
+from dagster_sideinputs.delta.bridge import table as delta_table
+from dagster_sideinputs.delta.bridge.commit import CLEANUP_EVERY
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_log import LogReader
-from dagster_sideinputs.delta.spark_log_files import LocalLogFiles
+from dagster_sideinputs.delta.log.files import LocalLogFiles
+from dagster_sideinputs.delta.log.reader import LogReader
 
 
 class Unlisted(LocalLogFiles):

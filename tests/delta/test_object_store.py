@@ -20,9 +20,9 @@ from botocore.exceptions import ClientError
 from deltalake import DeltaTable, write_deltalake
 
 from dagster_sideinputs.core.state.lock import operator_lock
-from dagster_sideinputs.delta.files import TableFiles
-from dagster_sideinputs.delta.lease import LeaseRecord, ObjectStoreLease
-from dagster_sideinputs.delta.object_store import object_store_options
+from dagster_sideinputs.delta.store.files import TableFiles
+from dagster_sideinputs.delta.store.lease import LeaseRecord, ObjectStoreLease
+from dagster_sideinputs.delta.store.object_store import object_store_options
 from tests.servers.s3 import DEFAULT_BUCKET, S3Server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,8 +7,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import Row
 
-from dagster_sideinputs.delta.reader import read_changes, read_table
-from dagster_sideinputs.delta.writer import write_dataframe
+from dagster_sideinputs.delta.bridge.read import read_changes, read_table
+from dagster_sideinputs.delta.bridge.writer import write_dataframe
 from dagster_sideinputs.errors import (
     CorruptDataFileError,
     NonAppendOnlyChangeError,

@@ -7,8 +7,8 @@ import pytest
 from deltalake import DeltaTable
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.delta.files import TableFiles, normalize_uri, spark_uri
-from dagster_sideinputs.delta.s3 import (
+from dagster_sideinputs.delta.store.files import TableFiles, normalize_uri, spark_uri
+from dagster_sideinputs.delta.store.s3 import (
     ENVIRONMENT_VARIABLES,
     SIMPLE_CREDENTIALS,
     TEMPORARY_CREDENTIALS,

@@ -143,8 +143,8 @@ def test_delta_spark_logs_on_s3_read_with_obstore_equal_those_read_through_spark
     """With the lake's storage options, the native engine reads ``_delta_log`` on S3 with
     obstore (a listing and a GET per file) instead of Spark jobs: the same listing, the
     same replayed state (checkpoint included), at every version."""
-    from dagster_sideinputs.delta.spark_log import LogReader
-    from dagster_sideinputs.delta.spark_log_files import ObjectStoreLogFiles, SparkLogFiles
+    from dagster_sideinputs.delta.log.files import ObjectStoreLogFiles, SparkLogFiles
+    from dagster_sideinputs.delta.log.reader import LogReader
 
     uri = f"{where['base']}/native-log"
     target = uri.replace("s3://", "s3a://", 1)
@@ -184,8 +184,8 @@ def test_delta_spark_logs_on_s3_read_with_obstore_equal_those_read_through_spark
 def test_the_native_engine_reads_s3_logs_with_the_lakes_options_else_through_spark(
     spark, where, s3_server
 ):
-    from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-    from dagster_sideinputs.delta.spark_log_files import ObjectStoreLogFiles, SparkLogFiles
+    from dagster_sideinputs.delta.log.files import ObjectStoreLogFiles, SparkLogFiles
+    from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 
     uri = f"{where['base']}/any"
     with_options = dsi.DeltaStorage(

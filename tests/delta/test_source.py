@@ -4,8 +4,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from pyspark.sql import Row
 
-from dagster_sideinputs.delta.source import register_delta_source
-from dagster_sideinputs.delta.writer import write_dataframe
+from dagster_sideinputs.delta.bridge.source import register_delta_source
+from dagster_sideinputs.delta.bridge.writer import write_dataframe
 
 
 def test_batch_read_through_the_data_source_matches_the_table(spark, tmp_path):

@@ -1,5 +1,5 @@
 """delta-spark appends to one table staged as the split stages each of its tables
-(delta/spark_split.py, ``stage_append_native``): one Spark job writes the files, their
+(delta/spark/split.py, ``stage_append_native``): one Spark job writes the files, their
 statistics come from the footers, Delta's transaction commits them. Tables Delta must
 check while writing still go through Delta's writer, which checks them."""
 
@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 from dagster_sideinputs.errors import SchemaMismatchError
 from tests.delta.test_spark_direct import commit_file, jobs_of
 from tests.delta.test_spark_split import SCHEMA, data, data_files

@@ -1,5 +1,5 @@
 """delta-spark appends with their transaction, committed through Delta's transaction
-(delta/spark_direct.py): the same commit as the writer's, without the state lookup."""
+(delta/spark/direct.py): the same commit as the writer's, without the state lookup."""
 
 import json
 from pathlib import Path
@@ -10,12 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta import spark_commit, spark_engine
 from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
-from dagster_sideinputs.delta.spark_direct import commit_stage, open_append, qualifies
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-from dagster_sideinputs.delta.spark_predicates import sql_table
-from dagster_sideinputs.delta.spark_session import session_setting
+from dagster_sideinputs.delta.session import session_setting
+from dagster_sideinputs.delta.spark import commit as spark_commit
+from dagster_sideinputs.delta.spark import engine as spark_engine
+from dagster_sideinputs.delta.spark.direct import commit_stage, open_append, qualifies
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.predicates import sql_table
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 TX = "tx_id long, customer_id long, amount double"
@@ -24,7 +25,7 @@ TX = "tx_id long, customer_id long, amount double"
 @pytest.fixture(params=["footers", "writeFiles"])
 def staging(request, monkeypatch):
     """The two ways a plain append is staged through Delta's transaction: Spark writes
-    the files and their statistics come from the footers (delta/spark_split.py, the
+    the files and their statistics come from the footers (delta/spark/split.py, the
     default), or Delta's ``writeFiles`` writes them (tables with CHECK constraints or
     NOT NULL fields, which it checks)."""
     if request.param == "writeFiles":
@@ -224,7 +225,7 @@ def test_an_append_is_written_at_staging_and_committed_by_the_same_transaction(
 
     # Staged through the cache and committed by the writer, the same append takes more
     # jobs (the rows are computed into the cache, counted, then written).
-    monkeypatch.setattr("dagster_sideinputs.delta.spark_stage.plain_append", lambda *a, **k: False)
+    monkeypatch.setattr("dagster_sideinputs.delta.spark.stage.plain_append", lambda *a, **k: False)
     monkeypatch.setattr(spark_engine, "stage_append_native", lambda *a, **k: None)
     cached, cached_stage_jobs = jobs_of(spark, "cached", lambda: engine.stage(data, uri))
     assert cached.handle.direct is None

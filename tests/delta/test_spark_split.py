@@ -1,4 +1,4 @@
-"""delta-spark split writes (delta/spark_split.py): one Spark job stages appends to
+"""delta-spark split writes (delta/spark/split.py): one Spark job stages appends to
 several existing tables, each then committed through Delta's transaction with its
 application transaction: tables any Delta reader reads as if Delta's writer wrote them."""
 
@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.delta.engine import AppTransaction, SplitTarget
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
-from dagster_sideinputs.delta.spark_session import session_setting
+from dagster_sideinputs.delta.session import session_setting
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 from dagster_sideinputs.errors import SchemaMismatchError
 from tests.delta.test_spark_direct import commit_file, jobs_of
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.bridge import DeltaRsEngine
+from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.spark_engine import DeltaSparkEngine
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 from dagster_sideinputs.delta.stats import indexed_columns
 
 DDL = (

@@ -12,8 +12,8 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.reader import read_table
-from dagster_sideinputs.delta.writer import AppTransaction, write_dataframe
+from dagster_sideinputs.delta.bridge.read import read_table
+from dagster_sideinputs.delta.bridge.writer import AppTransaction, write_dataframe
 from dagster_sideinputs.errors import (
     NotADeltaTableError,
     SchemaMismatchError,
@@ -378,7 +378,8 @@ def test_first_write_killed_after_moving_its_files_is_redone_by_the_rerun(
     # A SIGKILL between moving a new table's files into its folder and the commit that
     # creates the table leaves files without a log; the rerun must not take the folder
     # for a foreign dataset. (The crash harness does this with a real SIGKILL.)
-    from dagster_sideinputs.delta import staging, writer
+    from dagster_sideinputs.delta import staging
+    from dagster_sideinputs.delta.bridge import writer
 
     uri = str(tmp_path / "created")
 
@@ -426,7 +427,7 @@ def test_partitioning_by_a_timestamp_is_refused_with_an_alternative(spark, tmp_p
 
 
 def test_remove_files_and_add_in_one_commit(spark, tmp_path):
-    from dagster_sideinputs.delta.table import load_snapshot
+    from dagster_sideinputs.delta.bridge.table import load_snapshot
 
     uri = str(tmp_path / "swap")
     write_dataframe(spark.range(0, 3), uri)

@@ -52,7 +52,7 @@ from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan
-from dagster_sideinputs.delta.files import join_uri
+from dagster_sideinputs.delta.store.files import join_uri
 from dagster_sideinputs.errors import (
     DeclarationError,
     PreKeyedViolationError,

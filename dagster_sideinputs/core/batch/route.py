@@ -42,7 +42,7 @@ from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import BoundSide, OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import join_uri
+from dagster_sideinputs.delta.store.files import join_uri
 
 
 def route(context: StageContext, batch: Batch) -> Batch:

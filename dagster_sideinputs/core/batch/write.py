@@ -34,7 +34,7 @@ from dagster_sideinputs.delta.engine import (
     StagedWrite,
     WriteResult,
 )
-from dagster_sideinputs.delta.store_errors import is_store_error, run_cleanup
+from dagster_sideinputs.delta.store.errors import is_store_error, run_cleanup
 from dagster_sideinputs.errors import OperatorStateError
 
 log = logging.getLogger("dagster_sideinputs")

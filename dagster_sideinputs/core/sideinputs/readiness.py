@@ -29,7 +29,7 @@ from dagster_sideinputs.core.metrics import human_duration
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import GLOBAL, as_utc, namespace_id
 from dagster_sideinputs.delta.engine import TableSnapshot
-from dagster_sideinputs.delta.store_errors import is_store_error
+from dagster_sideinputs.delta.store.errors import is_store_error
 from dagster_sideinputs.errors import DeclarationError, SideInputError
 
 WindowSpan = tuple[dt.datetime, dt.datetime]

@@ -17,7 +17,7 @@ from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom, 
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
-from dagster_sideinputs.delta.files import TableFiles, join_uri, spark_uri
+from dagster_sideinputs.delta.store.files import TableFiles, join_uri, spark_uri
 from dagster_sideinputs.errors import MainInputDataError
 
 log = logging.getLogger("dagster_sideinputs")

@@ -14,7 +14,7 @@ import pyspark
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
-from dagster_sideinputs.delta.spark_setup import (
+from dagster_sideinputs.delta.spark.setup import (
     DELTA_CATALOG,
     DELTA_SQL_EXTENSION,
     delta_package,

@@ -16,7 +16,7 @@ from dagster_sideinputs.core.spark.packages import (
     fetch_packages,
     missing_packages,
 )
-from dagster_sideinputs.delta.spark_setup import delta_package
+from dagster_sideinputs.delta.spark.setup import delta_package
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ path, or in a cluster's ``spark.jars``): no resolution, no copy.
 
 The versions are the newest that Maven Central serves *with their dependencies* for
 pyspark 4.1.1 (pinned in pyproject.toml). Delta's own coordinate is not here: it follows
-the ``delta-spark`` pip package (``dagster_sideinputs.delta.spark_setup``).
+the ``delta-spark`` pip package (``dagster_sideinputs.delta.spark.setup``).
 """
 
 import contextlib
@@ -39,7 +39,7 @@ from typing import Literal
 
 import pyspark
 
-from dagster_sideinputs.delta.spark_setup import delta_package
+from dagster_sideinputs.delta.spark.setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
 
 log = logging.getLogger("dagster_sideinputs")

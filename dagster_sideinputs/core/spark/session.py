@@ -34,7 +34,7 @@ from dagster_sideinputs.core.spark.packages import (
     remember_jar_list,
     resolve_session_packages,
 )
-from dagster_sideinputs.delta.spark_setup import configure_delta, delta_package
+from dagster_sideinputs.delta.spark.setup import configure_delta, delta_package
 from dagster_sideinputs.errors import SparkStartupError
 
 # Settings every session needs for the Delta bridge to be correct, not just fast:

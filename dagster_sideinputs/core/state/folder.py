@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_sideinputs.core.state.plan import BatchPlan
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.store.files import TableFiles
 from dagster_sideinputs.errors import OperatorStateError
 
 KEEP = 20

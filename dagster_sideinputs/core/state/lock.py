@@ -29,10 +29,10 @@ import time
 from collections.abc import Iterator, Mapping
 
 from dagster_sideinputs.core.spark_errors import storage_errors
-from dagster_sideinputs.delta.files import is_local, normalize_uri
-from dagster_sideinputs.delta.lease import ObjectStoreLease
-from dagster_sideinputs.delta.s3 import store_label
-from dagster_sideinputs.delta.store_errors import run_cleanup
+from dagster_sideinputs.delta.store.errors import run_cleanup
+from dagster_sideinputs.delta.store.files import is_local, normalize_uri
+from dagster_sideinputs.delta.store.lease import ObjectStoreLease
+from dagster_sideinputs.delta.store.s3 import store_label
 from dagster_sideinputs.errors import DeclarationError, OperatorBusyError
 
 log = logging.getLogger("dagster_sideinputs")

@@ -22,7 +22,7 @@ from dagster_sideinputs.core.state.folder import COMMIT, SET_ASIDE, OperatorStat
 from dagster_sideinputs.core.state.plan import BatchPlan, MainRange
 from dagster_sideinputs.core.state.recovery import RESET, Recovery
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.files import TableFiles
+from dagster_sideinputs.delta.store.files import TableFiles
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
 
 MainFrom = Literal["beginning", "latest", "keep"] | int

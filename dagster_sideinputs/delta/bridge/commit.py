@@ -23,25 +23,25 @@ from deltalake.transaction import (
 )
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteMode, WriteResult
-from dagster_sideinputs.delta.files import normalize_uri
-from dagster_sideinputs.delta.log_commit import commit_directly, latest_local_state
-from dagster_sideinputs.delta.schema import (
-    delta_field,
-    partition_string,
-    plan_append,
-    spark_to_delta_schema,
-)
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.staging import StagedFile, allowed_values
-from dagster_sideinputs.delta.table import (
+from dagster_sideinputs.delta.bridge.log_commit import commit_directly, latest_local_state
+from dagster_sideinputs.delta.bridge.table import (
     is_table,
     load_snapshot,
     local_log,
     open_table,
     unsupported_feature_error,
 )
+from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteMode, WriteResult
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.log.state import LogState
+from dagster_sideinputs.delta.schema import (
+    delta_field,
+    partition_string,
+    plan_append,
+    spark_to_delta_schema,
+)
+from dagster_sideinputs.delta.staging import StagedFile, allowed_values
+from dagster_sideinputs.delta.store.files import normalize_uri
 from dagster_sideinputs.errors import ConcurrentWriteError, SchemaMismatchError
 
 ENGINE_NAME = "delta-rs bridge"
@@ -73,7 +73,8 @@ def committed_version(
     log files) when it falls due at that version.
 
     ``table``: the table object the commit went through. A local table's new version is
-    found by asking for the next commit files (:func:`~dagster_sideinputs.delta.table.local_log`);
+    found by asking for the next commit files
+    (:func:`~dagster_sideinputs.delta.bridge.table.local_log`);
     delta-rs brings its table object up to date by listing the log, so it is asked only
     when a checkpoint falls due or the table is on an object store."""
     local = local_log(uri)

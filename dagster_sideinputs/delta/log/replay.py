@@ -14,9 +14,9 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from dagster_sideinputs.delta.engine import DataFile
-from dagster_sideinputs.delta.log import CommitChanges
-from dagster_sideinputs.delta.spark_log_files import LOG_DIR, LogEntry, LogFiles
-from dagster_sideinputs.delta.spark_log_state import LiveFile, LogState, to_data_file
+from dagster_sideinputs.delta.log.commits import CommitChanges
+from dagster_sideinputs.delta.log.files import LOG_DIR, LogEntry, LogFiles
+from dagster_sideinputs.delta.log.state import LiveFile, LogState, to_data_file
 from dagster_sideinputs.errors import UnsupportedTableFeatureError
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")

@@ -26,14 +26,14 @@ from obstore.exceptions import NotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_sideinputs.delta.files import (
+from dagster_sideinputs.delta.store.files import (
     file_in_the_way,
     is_local,
     join_uri,
     normalize_uri,
     spark_uri,
 )
-from dagster_sideinputs.delta.object_store import open_object_store
+from dagster_sideinputs.delta.store.object_store import open_object_store
 from dagster_sideinputs.errors import TableNotFoundError
 
 LOG_DIR = "_delta_log"

@@ -1,6 +1,6 @@
 """S3 and S3-compatible stores: one set of settings for delta-rs and for Spark's s3a.
 
-delta-rs (and the conditional writes of :mod:`~dagster_sideinputs.delta.object_store`)
+delta-rs (and the conditional writes of :mod:`~dagster_sideinputs.delta.store.object_store`)
 reach S3 through ``storage_options`` (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...);
 Spark reaches it through Hadoop's s3a filesystem (``fs.s3a.*`` settings). A table of
 the lake is read and written by both, so both must see the same endpoint and

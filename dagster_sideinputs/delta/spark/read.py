@@ -12,10 +12,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import spark_uri
+from dagster_sideinputs.delta.log.state import LogState, physical_name, physical_type
 from dagster_sideinputs.delta.reader import read_partition_groups, read_snapshot
 from dagster_sideinputs.delta.schema import quoted
-from dagster_sideinputs.delta.spark_log_state import LogState, physical_name, physical_type
+from dagster_sideinputs.delta.store.files import spark_uri
 
 
 def read_delta(

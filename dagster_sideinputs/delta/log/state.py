@@ -16,9 +16,9 @@ from urllib.parse import unquote
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import join_uri
-from dagster_sideinputs.delta.lazy_files import LazyFiles
+from dagster_sideinputs.delta.log.lazy_files import LazyFiles
 from dagster_sideinputs.delta.stats import typed_stats
+from dagster_sideinputs.delta.store.files import join_uri
 
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
 COLUMN_MAPPING_KEYS = ("delta.columnMapping.id", PHYSICAL_NAME, "delta.columnMapping.nested.ids")

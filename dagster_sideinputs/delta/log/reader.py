@@ -4,8 +4,8 @@ delta-spark keeps what it knows about a table (the live files, their statistics,
 application transactions) in its JVM, which Python reaches only through py4j internals,
 and not at all over Spark Connect. The native engine therefore reads ``_delta_log``
 itself, as the Delta protocol specifies: the newest complete checkpoint at or below a
-version, then the JSON commits after it (:mod:`~dagster_sideinputs.delta.spark_log_replay`),
-from files read locally or through Spark (:mod:`~dagster_sideinputs.delta.spark_log_files`).
+version, then the JSON commits after it (:mod:`~dagster_sideinputs.delta.log.replay`),
+from files read locally or through Spark (:mod:`~dagster_sideinputs.delta.log.files`).
 
 This module owns the :class:`LogReader`: replayed states are immutable per version and
 cached (keyed by the table, the version and the size and time of the files they came
@@ -24,10 +24,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_sideinputs.delta.files import normalize_uri
-from dagster_sideinputs.delta.log import reading_log, reads_log
-from dagster_sideinputs.delta.spark_log_files import LOG_DIR, LogFiles
-from dagster_sideinputs.delta.spark_log_replay import (
+from dagster_sideinputs.delta.log.commits import reading_log, reads_log
+from dagster_sideinputs.delta.log.files import LOG_DIR, LogFiles
+from dagster_sideinputs.delta.log.replay import (
     LogListing,
     Replay,
     check_features,
@@ -35,7 +34,8 @@ from dagster_sideinputs.delta.spark_log_replay import (
     from_ms,
     parse_listing,
 )
-from dagster_sideinputs.delta.spark_log_state import LogState
+from dagster_sideinputs.delta.log.state import LogState
+from dagster_sideinputs.delta.store.files import normalize_uri
 from dagster_sideinputs.errors import NotADeltaTableError, TableNotFoundError
 
 

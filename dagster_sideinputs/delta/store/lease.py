@@ -17,8 +17,12 @@ from obstore.exceptions import (
     PreconditionError,
 )
 
-from dagster_sideinputs.delta.files import normalize_uri
-from dagster_sideinputs.delta.object_store import _put_matching, _version_of, open_object_store
+from dagster_sideinputs.delta.store.files import normalize_uri
+from dagster_sideinputs.delta.store.object_store import (
+    _put_matching,
+    _version_of,
+    open_object_store,
+)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 by one aggregation that counts them and checks NOT NULL columns and the partitions an
 overwrite promised to stay in. Every error of the user's code or data surfaces here;
 nothing is written. (A plain append on a classic session is staged by Delta's own
-transaction instead: :func:`~dagster_sideinputs.delta.spark_direct.stage_append`.)
+transaction instead: :func:`~dagster_sideinputs.delta.spark.direct.stage_append`.)
 """
 
 import dataclasses
@@ -21,12 +21,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import SchemaMode, StagedWrite, TableSnapshot, WriteMode
-from dagster_sideinputs.delta.files import is_local, spark_uri
+from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.schema import plan_write_schema, quoted
-from dagster_sideinputs.delta.spark_commit import write_error
-from dagster_sideinputs.delta.spark_direct import DirectStage, plain_append, stage_append
-from dagster_sideinputs.delta.spark_log_state import LogState
+from dagster_sideinputs.delta.spark.commit import write_error
+from dagster_sideinputs.delta.spark.direct import DirectStage, plain_append, stage_append
 from dagster_sideinputs.delta.staging import CREATING_MARKER, allowed_values
+from dagster_sideinputs.delta.store.files import is_local, spark_uri
 from dagster_sideinputs.errors import NotADeltaTableError, SchemaMismatchError
 
 

@@ -3,12 +3,12 @@
 Everything goes through what a Spark Connect client can do: DataFrame reads and writes
 in ``format("delta")`` (``versionAsOf``, ``txnAppId`` / ``txnVersion``, ``replaceWhere``,
 ``mergeSchema``, ``userMetadata``), Delta SQL (``OPTIMIZE``, ``VACUUM``), and Spark's
-readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.spark_log`; local
+readers of the ``_delta_log`` files (:mod:`~dagster_sideinputs.delta.log.reader`; local
 logs are read directly, and logs on an object store with the lake's storage options
 are read with ``obstore`` and those options). No ``delta.tables.DeltaTable`` (its Connect
 plugin is not available), no delta-rs: one set of storage credentials. py4j only where
 the session is classic, for one fast path with a Connect-safe fallback: a plain append
-with its transaction (:mod:`~dagster_sideinputs.delta.spark_direct`).
+with its transaction (:mod:`~dagster_sideinputs.delta.spark.direct`).
 
 This module owns :class:`DeltaSparkEngine` and the order of each operation; its steps live
 in ``spark_stage``, ``spark_commit`` and ``spark_read``. docs/DECISIONS.md has the why.
@@ -40,11 +40,15 @@ from dagster_sideinputs.delta.engine import (
     WriteResult,
     refused_removals,
 )
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, spark_uri
-from dagster_sideinputs.delta.log import append_only_files
+from dagster_sideinputs.delta.log.commits import append_only_files
+from dagster_sideinputs.delta.log.files import LogFiles, log_files
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.log.replay import commit_changes
+from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.reader import select_partitions, verify_files
 from dagster_sideinputs.delta.schema import check_column_names, plan_append, quoted
-from dagster_sideinputs.delta.spark_commit import (
+from dagster_sideinputs.delta.session import active_session, session_setting
+from dagster_sideinputs.delta.spark.commit import (
     ENGINE_NAME,
     commit_staged_files,
     holds,
@@ -52,18 +56,14 @@ from dagster_sideinputs.delta.spark_commit import (
     unchanged,
     with_duration,
 )
-from dagster_sideinputs.delta.spark_direct import discard_stage
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.spark_log_files import LogFiles, log_files
-from dagster_sideinputs.delta.spark_log_replay import commit_changes
-from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.spark_predicates import sql_table, whole_partitions
-from dagster_sideinputs.delta.spark_read import read_subset
-from dagster_sideinputs.delta.spark_session import active_session, session_setting
-from dagster_sideinputs.delta.spark_split import stage_append_native, stage_split_native
-from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows, stage_rows
+from dagster_sideinputs.delta.spark.direct import discard_stage
+from dagster_sideinputs.delta.spark.predicates import sql_table, whole_partitions
+from dagster_sideinputs.delta.spark.read import read_subset
+from dagster_sideinputs.delta.spark.split import stage_append_native, stage_split_native
+from dagster_sideinputs.delta.spark.stage import SparkStage, plan_rows, stage_rows
 from dagster_sideinputs.delta.staging import refuse_blocked_location
-from dagster_sideinputs.delta.store_errors import cleaning_up
+from dagster_sideinputs.delta.store.errors import cleaning_up
+from dagster_sideinputs.delta.store.files import TableFiles, is_local, normalize_uri, spark_uri
 from dagster_sideinputs.errors import DeltaTableError
 
 log = logging.getLogger(__name__)

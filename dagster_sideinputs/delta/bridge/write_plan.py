@@ -1,7 +1,7 @@
 """Planning a bridge write against its table, before any Spark job: the table's schema
 after the write, the DataFrame projected onto it (and checked against the table's
 constraints as it is written), the columns it adds, its partitions. The table's writer
-features are checked here too (:func:`~dagster_sideinputs.delta.table.check_writable`):
+features are checked here too (:func:`~dagster_sideinputs.delta.bridge.table.check_writable`):
 nothing is staged for a table the bridge may not write.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from dagster_sideinputs.delta.bridge.table import is_table, load_snapshot
 from dagster_sideinputs.delta.engine import SchemaMode, StagedWrite, WriteMode
-from dagster_sideinputs.delta.files import TableFiles, normalize_uri
 from dagster_sideinputs.delta.schema import plan_write_schema
 from dagster_sideinputs.delta.staging import (
     BridgeStage,
@@ -27,7 +27,7 @@ from dagster_sideinputs.delta.staging import (
     refuse_foreign_folder,
     table_constraints,
 )
-from dagster_sideinputs.delta.table import is_table, load_snapshot
+from dagster_sideinputs.delta.store.files import TableFiles, normalize_uri
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from urllib.parse import unquote
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import DataFile
-from dagster_sideinputs.delta.files import TableFiles, resolve_log_path
 from dagster_sideinputs.delta.stats import typed_stats
+from dagster_sideinputs.delta.store.files import TableFiles, resolve_log_path
 from dagster_sideinputs.errors import DeltaTableError, NonAppendOnlyChangeError, TableNotFoundError
 
 

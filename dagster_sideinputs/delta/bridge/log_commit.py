@@ -8,7 +8,7 @@ protocol specifies: the actions of version V+1 go to a temporary file in ``_delt
 which is then hard-linked to ``V+1.json``. Linking fails when the name exists, so of two
 writers of a version exactly one wins (put-if-absent: what delta-rs itself does on local
 filesystems, and delta-spark's local log store too). V is the latest version our log
-reader knows, found by probing (:mod:`~dagster_sideinputs.delta.spark_log`), never by a
+reader knows, found by probing (:mod:`~dagster_sideinputs.delta.log.reader`), never by a
 listing.
 
 Only what needs neither conflict resolution nor protocol work is written here: files
@@ -27,36 +27,16 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
+from dagster_sideinputs.delta.bridge.table import local_log
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.spark_log_files import LOG_DIR
-from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.staging import StagedFile
-from dagster_sideinputs.delta.table import local_log
+from dagster_sideinputs.delta.log.files import LOG_DIR
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.log.state import LogState
+from dagster_sideinputs.delta.staging import StagedFile, add_action
 
 ENGINE_INFO = "dagster-sideinputs (delta-rs bridge)"
-# Characters delta-rs leaves as they are in a logged path (it encodes the rest): files
-# this module adds are logged exactly as delta-rs would log them.
-_SAFE = "/=~!$'(),;@&+"
-
-
-def log_path(path: str) -> str:
-    """A file's path relative to the table root as the Delta log holds it (URI-encoded)."""
-    return quote(path, safe=_SAFE)
-
-
-def add_action(file: StagedFile, now_ms: int) -> dict[str, Any]:
-    """The ``add`` action of a staged file (its path URI-encoded, its statistics as JSON)."""
-    return {
-        "path": log_path(file.path),
-        "partitionValues": dict(file.partition_values),
-        "size": file.size,
-        "modificationTime": now_ms,
-        "dataChange": True,
-        "stats": file.log_stats(),
-    }
 
 
 def plain_append_target(state: LogState, partition_by: Sequence[str], *, removing: bool) -> bool:

@@ -45,8 +45,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import AppTransaction, SchemaMode, StagedWrite, WriteMode
-from dagster_sideinputs.delta.files import spark_uri
-from dagster_sideinputs.delta.spark_log_state import COLUMN_MAPPING_KEYS, LogState
+from dagster_sideinputs.delta.log.state import COLUMN_MAPPING_KEYS, LogState
+from dagster_sideinputs.delta.store.files import spark_uri
 
 log = logging.getLogger(__name__)
 

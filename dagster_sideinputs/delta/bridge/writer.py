@@ -24,7 +24,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.commit import (
+from dagster_sideinputs.delta.bridge.commit import (
     ENGINE_NAME,
     already_committed,
     append_rows,
@@ -33,6 +33,9 @@ from dagster_sideinputs.delta.commit import (
     commit_removals,
     holds_transaction,
 )
+from dagster_sideinputs.delta.bridge.log_commit import commit_directly, latest_local_state
+from dagster_sideinputs.delta.bridge.table import is_table, load_snapshot, open_table
+from dagster_sideinputs.delta.bridge.write_plan import plan_table
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
@@ -42,9 +45,6 @@ from dagster_sideinputs.delta.engine import (
     WriteResult,
     refused_removals,
 )
-from dagster_sideinputs.delta.files import normalize_uri
-from dagster_sideinputs.delta.log_commit import commit_directly, latest_local_state
-from dagster_sideinputs.delta.s3 import configure_spark
 from dagster_sideinputs.delta.schema import check_column_names, plan_append
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
@@ -52,9 +52,9 @@ from dagster_sideinputs.delta.staging import (
     Staging,
     constraint_error,
 )
-from dagster_sideinputs.delta.store_errors import run_cleanup
-from dagster_sideinputs.delta.table import is_table, load_snapshot, open_table
-from dagster_sideinputs.delta.write_plan import plan_table
+from dagster_sideinputs.delta.store.errors import run_cleanup
+from dagster_sideinputs.delta.store.files import normalize_uri
+from dagster_sideinputs.delta.store.s3 import configure_spark
 
 __all__ = [
     "AppTransaction",

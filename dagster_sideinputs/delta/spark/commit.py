@@ -1,6 +1,6 @@
 """Committing for the delta-spark engine: one ``format("delta")`` write per commit (a
 plain append with its transaction, on a classic session, through Delta's transaction:
-:mod:`~dagster_sideinputs.delta.spark_direct`).
+:mod:`~dagster_sideinputs.delta.spark.direct`).
 
 - The write carries the batch's application transaction (``txnAppId`` / ``txnVersion``):
   Delta skips it when the table already holds the transaction.
@@ -22,23 +22,23 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, StagedWrite, WriteResult
-from dagster_sideinputs.delta.files import spark_uri
-from dagster_sideinputs.delta.spark_direct import (
+from dagster_sideinputs.delta.log.files import LogFiles, is_path_not_found
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.log.state import LogState
+from dagster_sideinputs.delta.session import session_setting
+from dagster_sideinputs.delta.spark.direct import (
     DirectStage,
     commit_stage,
     direct_append,
     qualifies,
 )
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.spark_log_files import LogFiles, is_path_not_found
-from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.spark_predicates import (
+from dagster_sideinputs.delta.spark.predicates import (
     removal_predicate,
     replace_predicate,
     sql_table,
 )
-from dagster_sideinputs.delta.spark_session import session_setting
 from dagster_sideinputs.delta.staging import allowed_values
+from dagster_sideinputs.delta.store.files import spark_uri
 from dagster_sideinputs.errors import (
     ConcurrentWriteError,
     NotADeltaTableError,

@@ -17,12 +17,17 @@ import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri, resolve_log_path
-from dagster_sideinputs.delta.lazy_files import LazyFiles
+from dagster_sideinputs.delta.log.files import LocalLogFiles
+from dagster_sideinputs.delta.log.lazy_files import LazyFiles
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.schema import delta_to_spark_schema
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.spark_log_files import LocalLogFiles
-from dagster_sideinputs.delta.spark_log_state import LogState
+from dagster_sideinputs.delta.store.files import (
+    TableFiles,
+    is_local,
+    normalize_uri,
+    resolve_log_path,
+)
 from dagster_sideinputs.errors import (
     NotADeltaTableError,
     TableNotFoundError,
@@ -297,7 +302,7 @@ def _data_files(table: deltalake.DeltaTable, root: str) -> tuple[DataFile, ...]:
 
 def local_log(uri: str) -> LocalLogFiles | None:
     """The log of a table on a local or shared filesystem, read by our own log reader
-    (:mod:`~dagster_sideinputs.delta.spark_log`): delta-rs lists the whole ``_delta_log``
+    (:mod:`~dagster_sideinputs.delta.log.reader`): delta-rs lists the whole ``_delta_log``
     folder on every open, a cost that grows with every commit, where the reader finds
     new commits with a stat each. None for object stores (delta-rs reads those)."""
     root = normalize_uri(uri)

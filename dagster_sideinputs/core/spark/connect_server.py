@@ -4,8 +4,8 @@ Every run that builds its own Spark session starts a JVM and loads Delta's jars 
 on a laptop). A run attached to a Spark Connect server (``SparkResource(remote=...)``)
 opens a session in a JVM that is already up::
 
-    python -m dagster_sideinputs.delta.connect_server                # until Ctrl-C
-    python -m dagster_sideinputs.delta.connect_server --export DSI_SPARK_REMOTE -- dg dev
+    python -m dagster_sideinputs.core.spark.connect_server                # until Ctrl-C
+    python -m dagster_sideinputs.core.spark.connect_server --export DSI_SPARK_REMOTE -- dg dev
 
 The second form runs a command while the server is up, with the server's URL in the
 variable ``--export`` names, and stops the server when the command ends (``make dev``).
@@ -31,7 +31,7 @@ import pyspark
 from dagster_sideinputs.core.spark.connect import CONNECT_DEFAULT_PORT
 from dagster_sideinputs.core.spark.java_runtime import check_java
 from dagster_sideinputs.core.spark.session import build_spark_session, default_shuffle_partitions
-from dagster_sideinputs.delta.spark_setup import (
+from dagster_sideinputs.delta.spark.setup import (
     CATALOG_KEY,
     DELTA_CATALOG,
     DELTA_SQL_EXTENSION,
@@ -87,7 +87,7 @@ def _listening(host: str, port: int) -> bool:
     return False
 
 
-_MODULE = "dagster_sideinputs.delta.connect_server"  # also when run with -m (__main__)
+_MODULE = "dagster_sideinputs.core.spark.connect_server"  # also when run with -m (__main__)
 
 
 class LocalConnectServer:
@@ -230,7 +230,7 @@ def _warm_up(server: LocalConnectServer) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; its exit status is the command's (or 0 after Ctrl-C)."""
     parser = argparse.ArgumentParser(
-        prog="python -m dagster_sideinputs.delta.connect_server",
+        prog="python -m dagster_sideinputs.core.spark.connect_server",
         description="Start a local Spark Connect server with Delta Lake; optionally run a "
         "command while it is up (after --), with its URL in an environment variable.",
     )

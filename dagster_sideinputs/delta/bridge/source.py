@@ -33,9 +33,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri
-from dagster_sideinputs.delta.log import added_files
-from dagster_sideinputs.delta.table import load_snapshot
+from dagster_sideinputs.delta.bridge.table import load_snapshot
+from dagster_sideinputs.delta.log.commits import added_files
+from dagster_sideinputs.delta.store.files import TableFiles, is_local, normalize_uri
 
 SOURCE_NAME = "dsi_delta"
 _BATCH_ROWS = 64 * 1024

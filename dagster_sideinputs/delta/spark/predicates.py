@@ -12,10 +12,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.files import normalize_uri, spark_uri
+from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.schema import partition_key, quoted
-from dagster_sideinputs.delta.spark_log_state import LogState
 from dagster_sideinputs.delta.staging import allowed_values
+from dagster_sideinputs.delta.store.files import normalize_uri, spark_uri
 from dagster_sideinputs.errors import ConcurrentWriteError, DeltaTableError
 
 

@@ -4,7 +4,7 @@ The bridge lists the files Spark staged, moves them into the table, reads parque
 footers and commit JSON. Local and shared filesystems use ``os`` directly (fast);
 other URIs go through ``deltalake.fs.DeltaStorageHandler`` so they use exactly the
 storage options delta-rs uses for the commit. Create-only writes on object stores go
-through :mod:`~dagster_sideinputs.delta.object_store`.
+through :mod:`~dagster_sideinputs.delta.store.object_store`.
 """
 
 import contextlib
@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake.fs import DeltaStorageHandler
 
-from dagster_sideinputs.delta.object_store import open_object_store, put_if_absent
+from dagster_sideinputs.delta.store.object_store import open_object_store, put_if_absent
 from dagster_sideinputs.errors import DeclarationError
 
 

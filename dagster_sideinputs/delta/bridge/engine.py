@@ -16,7 +16,23 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.commit import ENGINE_NAME, append_rows, commit_removals
+from dagster_sideinputs.delta.bridge.commit import ENGINE_NAME, append_rows, commit_removals
+from dagster_sideinputs.delta.bridge.read import read_changes
+from dagster_sideinputs.delta.bridge.split import stage_split_dataframe
+from dagster_sideinputs.delta.bridge.table import (
+    commit_timestamps,
+    is_table,
+    load_snapshot,
+    local_log,
+    open_table,
+)
+from dagster_sideinputs.delta.bridge.writer import (
+    commit_staged,
+    discard_staged,
+    stage_dataframe,
+    validate_append,
+    write_dataframe,
+)
 from dagster_sideinputs.delta.engine import (
     AppTransaction,
     DataFile,
@@ -27,26 +43,11 @@ from dagster_sideinputs.delta.engine import (
     WriteMode,
     WriteResult,
 )
-from dagster_sideinputs.delta.files import TableFiles, normalize_uri
-from dagster_sideinputs.delta.log import added_files
-from dagster_sideinputs.delta.reader import read_changes, read_snapshot
-from dagster_sideinputs.delta.s3 import configure_spark
-from dagster_sideinputs.delta.spark_log import READER
-from dagster_sideinputs.delta.split_writer import stage_split_dataframe
-from dagster_sideinputs.delta.table import (
-    commit_timestamps,
-    is_table,
-    load_snapshot,
-    local_log,
-    open_table,
-)
-from dagster_sideinputs.delta.writer import (
-    commit_staged,
-    discard_staged,
-    stage_dataframe,
-    validate_append,
-    write_dataframe,
-)
+from dagster_sideinputs.delta.log.commits import added_files
+from dagster_sideinputs.delta.log.reader import READER
+from dagster_sideinputs.delta.reader import read_snapshot
+from dagster_sideinputs.delta.store.files import TableFiles, normalize_uri
+from dagster_sideinputs.delta.store.s3 import configure_spark
 
 
 @dataclass(frozen=True)

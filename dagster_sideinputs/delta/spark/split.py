@@ -4,16 +4,16 @@ or of several tables split by a column, and Delta's transaction commits each tab
 Why: Delta's own writer commits what it writes (``writeFiles`` writes one table's
 files), so without this every output of a batch is its own Spark job, and a function's
 result that feeds two outputs is computed twice (or persisted first). The bridge splits
-one job's rows into several tables (:mod:`~dagster_sideinputs.delta.split_writer`); this
+one job's rows into several tables (:mod:`~dagster_sideinputs.delta.bridge.split`); this
 module does the same for delta-spark tables, committed through Delta's transaction.
 
 What: Spark writes the rows once, partitioned by the split column, into a hidden folder of
-the first table (:func:`~dagster_sideinputs.delta.split_writer.split_job`); each table's
+the first table (:func:`~dagster_sideinputs.delta.bridge.split.split_job`); each table's
 files are renamed into its root, their statistics read from the parquet footers
 (:func:`~dagster_sideinputs.delta.stats.file_stats`, no extra pass over the rows), and
 Delta's transaction on each table, opened at the version the engine read, commits them as
 ``add`` actions parsed by Delta itself (``Action.fromJson``) with the batch's application
-transaction (:func:`~dagster_sideinputs.delta.spark_direct.commit_stage`): the commit a
+transaction (:func:`~dagster_sideinputs.delta.spark.direct.commit_stage`): the commit a
 plain append makes. Until then the files are referenced by no commit; a batch that
 commits nothing deletes them.
 
@@ -50,10 +50,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import SchemaMode, SplitTarget, StagedWrite
-from dagster_sideinputs.delta.files import TableFiles, is_local, normalize_uri
-from dagster_sideinputs.delta.log_commit import add_action
+from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.schema import as_nullable
-from dagster_sideinputs.delta.spark_direct import (
+from dagster_sideinputs.delta.spark.direct import (
     DirectStage,
     delta_log_of,
     open_transaction,
@@ -61,16 +60,19 @@ from dagster_sideinputs.delta.spark_direct import (
     plain_append,
     plain_protocol,
 )
-from dagster_sideinputs.delta.spark_log_state import LogState
-from dagster_sideinputs.delta.spark_stage import SparkStage, plan_rows
-from dagster_sideinputs.delta.split_writer import same_filesystem, split_job, write_job
+from dagster_sideinputs.delta.spark.stage import SparkStage, plan_rows
 from dagster_sideinputs.delta.staging import (
     CREATING_MARKER,
     StagedFile,
     Staging,
+    add_action,
+    same_filesystem,
+    split_job,
     table_constraints,
+    write_job,
 )
-from dagster_sideinputs.delta.store_errors import run_cleanup
+from dagster_sideinputs.delta.store.errors import run_cleanup
+from dagster_sideinputs.delta.store.files import TableFiles, is_local, normalize_uri
 
 log = logging.getLogger(__name__)
 
