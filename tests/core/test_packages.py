@@ -21,6 +21,7 @@ from dagster_sideinputs.core.spark.packages import (
     JAR_LISTS,
     KAFKA,
     OPTIONAL_PACKAGES,
+    S3A_PACKAGES,
     cached_jar_list,
     default_ivy_dir,
     forget_jar_list,
@@ -42,10 +43,14 @@ def test_package_list_is_split_trimmed_and_deduplicated_in_order():
     assert parse_packages(None) == []
 
 
-@pytest.mark.parametrize("bad", ["kafka", "a:b", "a:b:c:d", "a::1"])
+@pytest.mark.parametrize("bad", ["kafka-0-10", "a:b", "a:b:c:d", "a::1"])
 def test_a_coordinate_without_group_artifact_and_version_is_refused(bad):
-    with pytest.raises(ValueError, match="is not a Maven coordinate group:artifact:version"):
+    with pytest.raises(ValueError, match="is neither a Maven coordinate group:artifact:version"):
         parse_packages([bad])
+
+
+def test_a_short_name_stands_for_the_packages_that_match_this_spark():
+    assert parse_packages(["Kafka", "s3", KAFKA]) == [KAFKA, *S3A_PACKAGES]
 
 
 def test_spark_retrieves_a_package_as_group_underscore_artifact_dash_version(tmp_path):

@@ -431,8 +431,8 @@ def test_packages_over_connect_fail_before_connecting():
 
 def test_a_bad_package_coordinate_fails_before_the_jvm_starts(monkeypatch, tmp_path):
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JVM start would fail on Java first
-    with pytest.raises(SparkStartupError, match="'kafka' is not a Maven coordinate"):
-        build_spark_session(master="local[1]", packages=["kafka"])
+    with pytest.raises(SparkStartupError, match="'kafka-0-10' is neither a Maven coordinate"):
+        build_spark_session(master="local[1]", packages=["kafka-0-10"])
 
 
 def test_delta_rebuilds_table_state_in_as_many_tasks_as_shuffle_partitions(spark):

@@ -305,8 +305,9 @@ def build_spark_session(
     except ValueError as exc:
         raise SparkStartupError(
             f"Bad Spark package list: {exc}.",
-            fix="name each package group:artifact:version, e.g. "
-            "'org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1'",
+            fix="name each package group:artifact:version (e.g. "
+            "'org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1'), or by its short name: "
+            "'kafka', 'avro' or 's3'",
         ) from exc
 
     archive: jvm_archive.ArchivePlan | None = None  # a local launch's class archive
