@@ -44,7 +44,7 @@ def priced_rows(record, ctx):
 
 def operator(lake, mode: str = "frames", **side: Any) -> dsi.SideInputOperator:
     side.setdefault("as_of", "valid_from")
-    options = {k: side.pop(k) for k in ("unmatched", "invalid", "storage") if k in side}
+    options = {k: side.pop(k) for k in ("routes", "storage") if k in side}
     return lake.operator(
         main=dsi.MainInput("orders", event_time="ts"),
         side_inputs={"price": dsi.SideInput.map("prices", key="sku", **side)},
