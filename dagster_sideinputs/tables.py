@@ -12,9 +12,10 @@ refresh, a check of an output) on any Spark session, Spark Connect included:
   streaming) for sessions without delta-spark.
 
 Examples:
-    >>> from dagster_sideinputs.tables import read_table, write_dataframe
-    >>> callable(read_table) and callable(write_dataframe)
-    True
+    >>> from dagster_sideinputs.tables import AppTransaction, read_table, write_dataframe
+    >>> txn = AppTransaction("loader", 7)  # doctest: +SKIP
+    >>> write_dataframe(df, "/data/orders", app_transaction=txn)  # doctest: +SKIP
+    >>> read_table(spark, "/data/orders", version=3).count()  # doctest: +SKIP
 """
 
 from dagster_sideinputs.delta.bridge.read import read_changes, read_table

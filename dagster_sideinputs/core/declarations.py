@@ -165,7 +165,7 @@ class MainInput:
     def _check_batch_limits(self) -> None:
         """A batch's share of a backlog is counted in the source's own unit: Delta versions,
         landed files (Kafka records: ``MainInput.kafka(max_records_per_batch=)``)."""
-        unit = self.kind if self.format != "kafka" else "kafka"
+        unit = "kafka" if self.format == "kafka" else self.kind
         allowed = {"delta": "max_versions_per_batch", "files": "max_files_per_batch"}.get(unit)
         for limit in ("max_versions_per_batch", "max_files_per_batch"):
             value = getattr(self, limit)

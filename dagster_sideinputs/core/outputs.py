@@ -2,7 +2,7 @@
 what it returns (tagged outputs)."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 from pyspark.sql import DataFrame
@@ -90,12 +90,7 @@ class Routes:
 
     def declared(self) -> dict[str, OutputTag]:
         """The declared routes, by route name."""
-        routes = {
-            "late": self.late,
-            "unmatched": self.unmatched,
-            "overflow": self.overflow,
-            "invalid": self.invalid,
-        }
+        routes = {f.name: getattr(self, f.name) for f in fields(self)}
         return {route: tag for route, tag in routes.items() if tag is not None}
 
 
