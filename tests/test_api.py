@@ -7,6 +7,7 @@ Run as a module to write docs/api.md again after a public name or docstring chan
 """
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import itertools
@@ -18,6 +19,7 @@ import pytest
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs import errors
+from dagster_sideinputs.core import options
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "api.md"
@@ -179,6 +181,40 @@ def test_every_error_lives_in_the_errors_module_under_one_base():
         if inspect.isclass(value) and issubclass(value, Exception):
             assert issubclass(value, errors.SideInputError), name
             assert name in {*dsi._MOVED, *dsi.__all__}, name
+
+
+ENTRY_POINTS = {
+    "SideInputOperator": (dsi.SideInputOperator.__init__, "OperatorArguments"),
+    "side_input_assets": (dsi.side_input_assets, "AssetsArguments"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_an_entry_point_takes_the_options_declared_once(entry):
+    """The operator and the Dagster factory list no option of their own: their code takes
+    ``**arguments``, and their signature is the one dataclass that declares them, built on
+    the shared ``Declaration`` (core/options.py)."""
+    function, arguments = ENTRY_POINTS[entry]
+    code = function.__code__
+    assert code.co_kwonlyargcount == 0
+    assert code.co_argcount == (1 if entry == "SideInputOperator" else 0)
+    assert code.co_flags & inspect.CO_VARKEYWORDS
+    declared = [f.name for f in dataclasses.fields(options.Declaration)]
+    parameters = inspect.signature(getattr(dsi, entry)).parameters
+    assert set(declared) <= set(parameters)
+    module = sys.modules[function.__module__]
+    fields = {f.name: f for f in dataclasses.fields(getattr(module, arguments))}
+    assert list(parameters) == sorted(
+        fields,
+        key=lambda name: (
+            fields[name].default is not dataclasses.MISSING
+            or fields[name].default_factory is not dataclasses.MISSING
+        ),
+    )
+    with pytest.raises(TypeError, match=rf"{entry}\(\) got an unexpected keyword argument 'grup'"):
+        getattr(dsi, entry)(grup=1)
+    with pytest.raises(TypeError, match=rf"{entry}\(\) missing"):
+        getattr(dsi, entry)()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dagster_sideinputs.airflow.readiness import (
 )
 from dagster_sideinputs.core.metrics import BatchMetrics, figures_line, record_figures
 from dagster_sideinputs.core.operator import SideInputOperator
-from dagster_sideinputs.core.options import MOVED_KEYWORDS, OperatorOptions, fold_moved_keywords
+from dagster_sideinputs.core.options import MOVED_KEYWORDS, OperatorOptions, declare
 from dagster_sideinputs.core.outputs import OutputTag
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
@@ -44,6 +44,11 @@ from dagster_sideinputs.run_report import (
 )
 
 DECLARATIONS = frozenset(f.name for f in dataclasses.fields(OperatorOptions))
+REQUIRED = frozenset(
+    f.name
+    for f in dataclasses.fields(OperatorOptions)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
 """The core's declaration keywords (``main``, ``side_inputs``, ``fn``, ``main_output``,
 ``side_outputs``, ``window``, ``routes``, ...): the task takes them as the core does (and
 the keywords they replaced, :data:`~dagster_sideinputs.core.options.MOVED_KEYWORDS`, with
@@ -89,19 +94,19 @@ class SideInputOperatorTask(BaseOperator):
         wait_for_lock: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        declared = {name: kwargs.pop(name) for name in list(kwargs) if name in DECLARATIONS}
-        moved = {name: kwargs.pop(name) for name in list(kwargs) if name in MOVED_KEYWORDS}
-        declared = fold_moved_keywords(declared, moved, "SideInputOperatorTask")
-        missing = sorted({"main", "side_inputs", "fn", "main_output"} - set(declared))
+        declared = {
+            name: kwargs.pop(name)
+            for name in list(kwargs)
+            if name in DECLARATIONS or name in MOVED_KEYWORDS
+        }
+        missing = sorted(REQUIRED - set(declared))
         if missing:
             raise DeclarationError(
                 f"SideInputOperatorTask {kwargs.get('task_id')!r} is missing {missing}.",
                 fix='pass main=dsi.MainInput(...), side_inputs={...}, fn=..., main_output="..." '
                 "as to dsi.SideInputOperator",
             )
-        if isinstance(declared.get("side_outputs"), list):
-            declared["side_outputs"] = tuple(declared["side_outputs"])
-        self.options = OperatorOptions(**declared)
+        self.options = declare(OperatorOptions, declared, "SideInputOperatorTask")
         self.storage = storage if isinstance(storage, DeltaStorage) else DeltaStorage(storage)
         self.spark_settings = dict(spark or {})
         self.max_age = dict(max_age or {})

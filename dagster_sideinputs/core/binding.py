@@ -37,7 +37,7 @@ def build_spec(
     if not callable(options.fn):
         raise DeclarationError(f"fn must be callable, got {type(options.fn).__name__}.")
     main = options.main
-    operator_id = options.operator_id or default_operator_id(options.main_output)
+    operator_id = options.operator_id or default_operator_id(options.tag)
     tags = _tags(options)
     sides = tuple(
         BoundSide(name, side, side.path or storage.table_uri(asset_path(side.asset)))
@@ -134,12 +134,12 @@ def _tags(options: OperatorOptions) -> tuple[OutputTag, ...]:
     for tag in options.routes.declared().values():
         if tag not in tags:
             tags.append(tag)
-    names = [options.main_output.name, *[t.name for t in tags]]
+    names = [options.tag.name, *[t.name for t in tags]]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise DeclarationError(
             f"Output names must be unique; {duplicates} appear more than once (main output "
-            f"{options.main_output.name!r}, side outputs {[t.name for t in tags]}).",
+            f"{options.tag.name!r}, side outputs {[t.name for t in tags]}).",
         )
     return tuple(tags)
 

@@ -12,8 +12,8 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pyspark.sql import SparkSession
@@ -23,19 +23,9 @@ from dagster_sideinputs.core.batch.context import StageContext
 from dagster_sideinputs.core.batch.run import peek, step
 from dagster_sideinputs.core.binding import build_spec
 from dagster_sideinputs.core.callbacks import clock_time, report_batch
-from dagster_sideinputs.core.declarations import BufferLimits, MainInput
-from dagster_sideinputs.core.functions import SideInputFunction
 from dagster_sideinputs.core.metrics import BatchMetrics, RunResult
-from dagster_sideinputs.core.options import (
-    CachePolicy,
-    Mode,
-    OperatorOptions,
-    fold_moved_keywords,
-)
-from dagster_sideinputs.core.outputs import OutputTag, Routes
-from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.options import OperatorOptions, declare, init_takes, options_of
 from dagster_sideinputs.core.sideinputs.readiness import ReadinessProvider
-from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spark.session import fit_shuffle_partitions
 from dagster_sideinputs.core.spark_errors import lake_storage_errors
 from dagster_sideinputs.core.spec import OperatorSpec
@@ -62,6 +52,19 @@ log = logging.getLogger("dagster_sideinputs")
 
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorArguments(OperatorOptions):
+    """The keyword arguments of :class:`SideInputOperator`: its declaration and function
+    (:class:`~dagster_sideinputs.core.options.OperatorOptions`), where its tables live, and
+    who decides readiness."""
+
+    storage: DeltaStorage
+    readiness: ReadinessProvider | None = None
+
+    def options(self) -> OperatorOptions:
+        return options_of(self, self.fn)
 
 
 class SideInputOperator:
@@ -108,38 +111,10 @@ class SideInputOperator:
         >>> op.run(spark, trigger="available_now")                     # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        *,
-        main: MainInput,
-        side_inputs: Mapping[str, SideInput],
-        fn: SideInputFunction,
-        main_output: str | OutputTag,
-        storage: DeltaStorage,
-        readiness: ReadinessProvider | None = None,
-        side_outputs: Sequence[OutputTag] = (),
-        window: Window | None = None,
-        routes: Routes | None = None,
-        buffer: BufferLimits | None = None,
-        mode: Mode = "frames",
-        operator_id: str | None = None,
-        schema_mode: Literal["merge"] | None = None,
-        future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
-        cache: CachePolicy = "auto",
-        **moved: Any,
-    ) -> None:
-        tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
-        declared = fold_moved_keywords(
-            dict(
-                main=main, side_inputs=side_inputs, fn=fn, main_output=tag,
-                side_outputs=tuple(side_outputs), window=window, routes=routes or Routes(),
-                buffer=buffer or BufferLimits(), mode=mode, operator_id=operator_id,
-                schema_mode=schema_mode, future_tolerance=future_tolerance, cache=cache,
-            ),
-            moved,
-            "SideInputOperator",
-        )  # fmt: skip
-        self._bind(OperatorOptions(**declared), storage, readiness)
+    @init_takes(OperatorArguments)
+    def __init__(self, **arguments: Any) -> None:
+        declared = declare(OperatorArguments, arguments, "SideInputOperator")
+        self._bind(declared.options(), declared.storage, declared.readiness)
 
     @classmethod
     def from_options(

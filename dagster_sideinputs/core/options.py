@@ -1,9 +1,14 @@
-"""The operator's declaration as one value: :class:`OperatorOptions`.
+"""The operator's declaration, declared once: :class:`Declaration` and
+:class:`OperatorOptions`.
 
-``SideInputOperator(...)`` and ``@side_input_assets(...)`` take these as keyword
-arguments (their public signatures), build one ``OperatorOptions``, and everything
-after that (validation, the Dagster layer, replays) works on this value. A replay of a
-route derives its options with ``dataclasses.replace``.
+``SideInputOperator(...)``, ``@side_input_assets(...)`` and Airflow's task take these
+fields as their keyword arguments: each entry point is a dataclass that adds its own
+fields to :class:`Declaration` (the operator: ``fn``, ``storage``, ``readiness``; the
+Dagster factory: the asset group, resource keys, ...), and :func:`takes` gives the entry
+point that dataclass's signature, for type checkers and ``help()`` alike. No entry point
+lists the options again. Everything after that (validation, the Dagster layer, replays)
+works on one :class:`OperatorOptions` value; a replay of a route derives its options
+with ``dataclasses.replace``.
 
 Options that belong together are one value, declared once and shared by every entry
 point: where the operator's own routes go (:class:`~dagster_sideinputs.core.outputs.Routes`),
@@ -11,16 +16,18 @@ the buffer's bounds (:class:`~dagster_sideinputs.core.declarations.BufferLimits`
 batch's share of a backlog, which the main input declares in its own unit
 (``MainInput(max_versions_per_batch=)``, ``MainInput.files(max_files_per_batch=)``,
 ``MainInput.kafka(max_records_per_batch=)``). The keywords these replaced still work
-until 0.2 (:func:`fold_moved_keywords`).
+until 0.2 (:func:`declare`).
 """
 
 import dataclasses
 import datetime as dt
+import inspect
+import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.functions import SideInputFunction
@@ -33,21 +40,25 @@ Mode = Literal["frames", "rows"]
 CachePolicy = Literal["auto", "always", "never"]
 SchemaModeOption = Literal["merge"]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_D = TypeVar("_D")
 
-@dataclass(frozen=True)
-class OperatorOptions:
-    """Everything a side-input operator is declared with, but where its tables live and
-    who decides readiness (a run supplies those).
 
-    The fields are the keyword arguments of
-    :class:`~dagster_sideinputs.SideInputOperator`, documented there.
+@dataclass(frozen=True, kw_only=True)
+class Declaration:
+    """What every entry point declares an operator with: its inputs, outputs and
+    options, but not its function (the Dagster factory gets it by decoration), where its
+    tables live, or who decides readiness (a run supplies those).
+
+    The fields are keyword arguments of :class:`~dagster_sideinputs.SideInputOperator`
+    and of :func:`~dagster_sideinputs.side_input_assets`, documented on the operator.
     """
 
     main: MainInput
     side_inputs: Mapping[str, SideInput]
-    fn: SideInputFunction
-    main_output: OutputTag
-    side_outputs: tuple[OutputTag, ...] = ()
+    main_output: OutputTag | str
+    side_outputs: Sequence[OutputTag] = ()
     window: Window | None = None
     routes: Routes = field(default_factory=Routes)
     buffer: BufferLimits = field(default_factory=BufferLimits)
@@ -98,10 +109,29 @@ class OperatorOptions:
         if self.buffer is None:
             object.__setattr__(self, "buffer", BufferLimits())
 
+    @property
+    def tag(self) -> OutputTag:
+        """The main output's tag (``main_output`` as declared may be its name)."""
+        tag = self.main_output
+        assert isinstance(tag, OutputTag)  # __post_init__ made it one
+        return tag
+
     def __reduce__(self) -> Any:  # MappingProxyType does not pickle
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values["side_inputs"] = dict(self.side_inputs)
-        return (_rebuild, (values,))
+        return (_rebuild, (type(self), values))
+
+    def declaration(self) -> "Declaration":
+        """Only the :class:`Declaration`'s fields (an entry point's own ones dropped)."""
+        return Declaration(**_values(self, Declaration))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorOptions(Declaration):
+    """Everything a side-input operator is declared with, its function included: the
+    value the core, the Dagster layer and Airflow's task build an operator from."""
+
+    fn: SideInputFunction
 
 
 MOVED_KEYWORDS: dict[str, str] = {
@@ -113,24 +143,27 @@ MOVED_KEYWORDS: dict[str, str] = {
     "max_files_per_batch": "main=dsi.MainInput.files(..., max_files_per_batch=N)",
 }
 """Keywords of ``SideInputOperator`` / ``side_input_assets`` before 0.2, and their new
-spelling."""
+spelling (:func:`declare`)."""
 _WARNED: set[tuple[str, str]] = set()
 
 
-def fold_moved_keywords(
-    declared: dict[str, Any], moved: Mapping[str, Any], where: str
-) -> dict[str, Any]:
-    """``declared`` with the keywords of :data:`MOVED_KEYWORDS` folded into their groups
-    (a ``DeprecationWarning`` once per keyword and entry point, with the new spelling).
+def declare(cls: Callable[..., _D], keywords: Mapping[str, Any], where: str) -> _D:
+    """An entry point's arguments: ``cls`` (a :class:`Declaration` dataclass) of
+    ``keywords``, with those of :data:`MOVED_KEYWORDS` folded into their groups (a
+    ``DeprecationWarning`` once per keyword and entry point, with the new spelling).
 
     Raises:
         TypeError: a keyword that neither the entry point nor an older release took.
     """
-    for name, value in moved.items():
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    declared = {name: value for name, value in keywords.items() if name in names}
+    for name, value in keywords.items():
+        if name in names:
+            continue
         if name not in MOVED_KEYWORDS:
             raise TypeError(
                 f"{where}() got an unexpected keyword argument {name!r}."
-                + did_you_mean(name, [*declared, *MOVED_KEYWORDS])
+                + did_you_mean(name, [*names, *MOVED_KEYWORDS])
             )
         if (where, name) not in _WARNED:
             _WARNED.add((where, name))
@@ -143,13 +176,60 @@ def fold_moved_keywords(
             continue
         if name.startswith("max_"):
             if not isinstance(declared.get("main"), MainInput):
-                continue  # OperatorOptions names what main= should be
+                continue  # the Declaration names what main= should be
             declared["main"] = dataclasses.replace(declared["main"], **{name: value})
         else:
             routes = declared.get("routes") or Routes()
             declared["routes"] = dataclasses.replace(routes, **{name: value})
-    return declared
+    try:
+        return cls(**declared)
+    except TypeError as exc:  # a missing argument: name the entry point, not __init__
+        raise TypeError(re.sub(r"\S*__init__\(\)", f"{where}()", str(exc))) from None
 
 
-def _rebuild(values: dict[str, Any]) -> OperatorOptions:
-    return OperatorOptions(**values)
+def takes(arguments: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """Give a function the keyword arguments of ``arguments`` (a dataclass): its type
+    for type checkers, its signature for ``help()``. The function takes ``**keywords``
+    and builds the dataclass with :func:`declare`."""
+
+    def apply(function: Callable[..., _R]) -> Callable[_P, _R]:
+        function.__signature__ = _signature(arguments)  # type: ignore[attr-defined]
+        return function
+
+    return apply
+
+
+def init_takes(
+    arguments: Callable[_P, Any],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _P], None]]:
+    """:func:`takes` for a class's ``__init__`` (its ``self`` first)."""
+
+    def apply(init: Callable[..., None]) -> Callable[Concatenate[Any, _P], None]:
+        self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        signature = _signature(arguments)
+        init.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[self, *signature.parameters.values()]
+        )
+        return init
+
+    return apply
+
+
+def _signature(arguments: Callable[..., Any]) -> inspect.Signature:
+    # Required ones first, as a reader expects; all are keyword-only.
+    parameters = list(inspect.signature(arguments).parameters.values())
+    ordered = sorted(parameters, key=lambda p: p.default is not inspect.Parameter.empty)
+    return inspect.Signature(ordered, return_annotation=inspect.Signature.empty)
+
+
+def _values(value: Any, cls: type) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+
+
+def options_of(arguments: Declaration, fn: SideInputFunction) -> OperatorOptions:
+    """The :class:`OperatorOptions` of an entry point's arguments and the function."""
+    return OperatorOptions(fn=fn, **_values(arguments, Declaration))
+
+
+def _rebuild(cls: type[Declaration], values: dict[str, Any]) -> Declaration:
+    return cls(**values)

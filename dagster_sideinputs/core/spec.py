@@ -58,7 +58,7 @@ class OperatorSpec:
 
     @property
     def main_tag(self) -> OutputTag:
-        return self.options.main_output
+        return self.options.tag
 
     @property
     def engine(self) -> DeltaEngine:

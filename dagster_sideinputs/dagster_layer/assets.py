@@ -7,23 +7,15 @@ operator: every available micro-batch (or, in continuous mode, micro-batches unt
 run is terminated), with readiness decided from the Dagster instance.
 """
 
-import datetime as dt
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
 
-from dagster_sideinputs.core.declarations import BufferLimits, MainInput, asset_path
+from dagster_sideinputs.core.declarations import asset_path
 from dagster_sideinputs.core.functions import SideInputFunction
-from dagster_sideinputs.core.options import (
-    CachePolicy,
-    Mode,
-    OperatorOptions,
-    fold_moved_keywords,
-)
-from dagster_sideinputs.core.outputs import OutputTag, Routes
-from dagster_sideinputs.core.sideinputs.declaration import SideInput
-from dagster_sideinputs.core.sideinputs.windows import Window
+from dagster_sideinputs.core.options import Declaration, declare, options_of, takes
 from dagster_sideinputs.dagster_layer.declaration import (
     CHECK_ACCOUNTED,
     KINDS,
@@ -88,29 +80,22 @@ def _check_specs(decl: SideInputAssets) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def side_input_assets(
-    *,
-    main: MainInput,
-    side_inputs: Mapping[str, SideInput],
-    main_output: str | OutputTag,
-    name: str | None = None,
-    group_name: str | None = None,
-    description: str | None = None,
-    spark_resource_key: str = "spark",
-    io_manager_key: str = "io_manager",
-    pool: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    side_outputs: Sequence[OutputTag] = (),
-    window: Window | None = None,
-    routes: Routes | None = None,
-    buffer: BufferLimits | None = None,
-    mode: Mode = "frames",
-    operator_id: str | None = None,
-    schema_mode: Literal["merge"] | None = None,
-    future_tolerance: dt.timedelta | None = dt.timedelta(days=1),
-    cache: CachePolicy = "auto",
-    **moved: Any,
-) -> Callable[[SideInputFunction], dg.AssetsDefinition]:
+@dataclass(frozen=True, kw_only=True)
+class AssetsArguments(Declaration):
+    """The keyword arguments of :func:`side_input_assets`: the operator's declaration
+    (:class:`~dagster_sideinputs.core.options.Declaration`) and the Dagster ones."""
+
+    name: str | None = None
+    group_name: str | None = None
+    description: str | None = None
+    spark_resource_key: str = "spark"
+    io_manager_key: str = "io_manager"
+    pool: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@takes(AssetsArguments)
+def side_input_assets(**arguments: Any) -> Callable[[SideInputFunction], dg.AssetsDefinition]:
     """Turn a side-input function into Dagster assets: one per output.
 
     The function is the operator's: frames mode ``fn(main, sides) -> Outputs``, or rows
@@ -140,36 +125,27 @@ def side_input_assets(
             def enrich(main, sides):
                 return main
     """
-    main_tag = main_output if isinstance(main_output, OutputTag) else OutputTag(main_output)
-    declared = fold_moved_keywords(
-        dict(
-            main=main, side_inputs=side_inputs, main_output=main_tag,
-            side_outputs=tuple(side_outputs), window=window, routes=routes or Routes(),
-            buffer=buffer or BufferLimits(), mode=mode, operator_id=operator_id,
-            schema_mode=schema_mode, future_tolerance=future_tolerance, cache=cache,
-        ),
-        moved,
-        "side_input_assets",
-    )  # fmt: skip
+    declared = declare(AssetsArguments, arguments, "side_input_assets")
 
     def decorator(fn: SideInputFunction) -> dg.AssetsDefinition:
-        op_name: str = name or getattr(fn, "__name__", None) or "side_inputs"
+        op_name: str = declared.name or getattr(fn, "__name__", None) or "side_inputs"
         decl = SideInputAssets(
             name=op_name,
-            options=OperatorOptions(fn=fn, **declared),
-            spark_resource_key=spark_resource_key,
-            io_manager_key=io_manager_key,
-            group_name=group_name,
-            tags=dict(tags or {}),
+            options=options_of(declared, fn),
+            spark_resource_key=declared.spark_resource_key,
+            io_manager_key=declared.io_manager_key,
+            group_name=declared.group_name,
+            tags=dict(declared.tags or {}),
         )
+        description = declared.description
 
         @dg.multi_asset(
             name=op_name,
             specs=_specs(decl, description or (fn.__doc__ or "").strip().split("\n")[0] or None),
             check_specs=_check_specs(decl),
-            required_resource_keys={spark_resource_key, io_manager_key},
+            required_resource_keys={declared.spark_resource_key, declared.io_manager_key},
             config_schema=RUN_CONFIG,
-            pool=pool,
+            pool=declared.pool,
             description=description or fn.__doc__,
         )
         def _operator(context: dg.AssetExecutionContext) -> Iterator[Any]:

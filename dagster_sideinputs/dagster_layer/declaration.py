@@ -7,7 +7,7 @@ and builds the operator for a run (or for a replay of one of its routes).
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dagster as dg
@@ -65,14 +65,16 @@ class SideInputAssets:
             supplies).
         spark_resource_key / io_manager_key: the resources a run reads.
         group_name / tags: of the output assets.
+
+    Its defaults are :class:`~dagster_sideinputs.dagster_layer.assets.AssetsArguments`'s.
     """
 
     name: str
     options: OperatorOptions
-    spark_resource_key: str = "spark"
-    io_manager_key: str = "io_manager"
-    group_name: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
+    spark_resource_key: str
+    io_manager_key: str
+    group_name: str | None
+    tags: Mapping[str, str]
 
     def __post_init__(self) -> None:
         # Fail at import, where the declaration is written, not in the first run.
