@@ -152,6 +152,9 @@ class DeltaTableSource:
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
 
+    def record_reset(self, main_from: StartFrom, txn: AppTransaction) -> None:
+        return None  # the position lives in the plans
+
     def reset_to(self, main_from: StartFrom) -> MainRange:
         spec = self.spec
         exists = self.engine.exists(spec.main_uri)

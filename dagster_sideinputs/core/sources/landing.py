@@ -232,6 +232,17 @@ class LandingFolder:
                 "%s: the ledger of landed files was not compacted (%s)", spec.operator_id, exc
             )
 
+    def record_reset(self, main_from: StartFrom, txn: AppTransaction) -> None:
+        """The position is the ledger of files read: emptied to read every file again
+        (``beginning``), or filled with every file there now to read only files landing
+        later (``latest``)."""
+        if main_from == "beginning":
+            TableFiles(self.spec.state_uri, self.spec.storage.storage_options).delete_dir(
+                "files_seen"
+            )
+        elif main_from == "latest":
+            self.record_read(self.next_range(None).range, txn)
+
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         if not main.files:
             return None

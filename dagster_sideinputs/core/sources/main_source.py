@@ -52,6 +52,12 @@ class MainSource(Protocol):
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None: ...
 
+    def record_reset(self, main_from: StartFrom, txn: AppTransaction) -> None:
+        """What a reset to ``main_from`` writes besides its plan, with the reset's
+        transaction: nothing where the position lives in the plans (a Delta table,
+        Kafka); a landing folder's ledger of files read."""
+        ...
+
     def reset_to(self, main_from: StartFrom) -> MainRange:
         """Where the next batch reads from after a reset to ``main_from``: the beginning,
         the latest position, or (a Delta table) the version after which to read.

@@ -22,7 +22,6 @@ from dagster_sideinputs.core.state.folder import COMMIT, SET_ASIDE, OperatorStat
 from dagster_sideinputs.core.state.plan import BatchPlan, MainRange
 from dagster_sideinputs.core.state.recovery import RESET, Recovery
 from dagster_sideinputs.delta.engine import AppTransaction
-from dagster_sideinputs.delta.store.files import TableFiles
 from dagster_sideinputs.errors import DeclarationError, OperatorStateError
 
 MainFrom = Literal["beginning", "latest", "keep"] | int
@@ -65,8 +64,8 @@ def reset(
             name=f"{spec.operator_id} buffer",
             commit_metadata={"dsi.operator": spec.operator_id, "dsi.reset": batch_id},
         )
-    if main.kind == "files" and main_from in ("beginning", "latest"):
-        _reset_ledger(spec, main_from, txn)
+    if main_from != "keep":
+        source_for(spec).record_reset(main_from, txn)
     plan = BatchPlan(
         operator_id=spec.operator_id,
         batch_id=batch_id,
@@ -149,13 +148,3 @@ def _position(
         )
         return source_for(spec).keep(kept)
     return source_for(spec).reset_to(main_from), []
-
-
-def _reset_ledger(spec: OperatorSpec, main_from: MainFrom, txn: AppTransaction) -> None:
-    """A landing folder's position is its ledger of files read: emptied to read every file
-    again, or filled with every file there now to read only files landing later."""
-    if main_from == "beginning":
-        TableFiles(spec.state_uri, spec.storage.storage_options).delete_dir("files_seen")
-    else:
-        source = source_for(spec)
-        source.record_read(source.next_range(None).range, txn)

@@ -147,6 +147,9 @@ class KafkaSource:
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
 
+    def record_reset(self, main_from: StartFrom, txn: AppTransaction) -> None:
+        return None  # the position lives in the plans
+
     def schema(self) -> T.StructType | None:
         """The main records' columns when known without Spark (None for Avro values)."""
         return record_schema(self.kafka)
