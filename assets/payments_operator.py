@@ -42,7 +42,7 @@ def declarations() -> dict[str, Any]:
     return {
         "side_inputs": {
             "profile": dsi.SideInput.map(
-                "customer_profiles", key="customer_id", missing="wait", timeout=PROFILE_TIMEOUT
+                "customer_profiles", key="customer_id", missing=dsi.Wait(PROFILE_TIMEOUT)
             ),
             "fx": dsi.SideInput.map(
                 "fx_rates",

@@ -23,7 +23,7 @@ from dagster_sideinputs.core.operator import SideInputOperator
 from dagster_sideinputs.core.outputs import MAIN, Outputs, OutputTag, Routes, SideInputs
 from dagster_sideinputs.core.records import Record
 from dagster_sideinputs.core.sideinputs.as_of import AsOf
-from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.declaration import SideInput, Wait
 from dagster_sideinputs.core.sideinputs.readiness import Decision, DeltaReadiness, ReadinessProvider
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spark.session import build_spark_session
@@ -133,6 +133,7 @@ __all__ = [  # noqa: RUF022 (grouped by concern, not sorted)
     "OutputTag",
     "Routes",
     "SideInput",
+    "Wait",
     "Window",
     # What the function gets and returns
     "Outputs",

@@ -188,7 +188,7 @@ def _check_side(
             f"{bound.label} sends records without a side row to the unmatched tag, but the "
             "operator declares none.",
             fix='pass routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched_...")) to the '
-            'operator, or on_timeout="null" to join them with nulls',
+            'operator, or missing=dsi.Wait(..., then="null") to join them with nulls',
         )
     if side.on_empty == "unmatched" and options.routes.unmatched is None:
         raise DeclarationError(

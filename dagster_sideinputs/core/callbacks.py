@@ -123,10 +123,11 @@ def _mapping_error(
     return DeclarationError(
         f"The window_mapping {callable_name(mapping)} of {label}, given the main window "
         f"{describe(main)}, {what}. Nothing was written; buffered records are intact.",
-        fix="make window_mapping= a function (start, end) -> (side_start, side_end) returning "
-        "one of the side input's windows: side_start on its grid (epoch + offset + a "
+        fix="make the side window's mapping= a function (start, end) -> (side_start, "
+        "side_end) returning one of the side input's windows: side_start on its grid "
+        "(epoch + offset + a "
         f"multiple of its slide {side_window.slide}) and side_end = side_start + its size "
-        f"{side_window.size}{example}; or drop window_mapping= for the default mapping",
+        f"{side_window.size}{example}; or drop mapping= for the default mapping",
     )
 
 

@@ -108,6 +108,15 @@ class Declaration:
                 )
         if self.buffer is None:
             object.__setattr__(self, "buffer", BufferLimits())
+        window = self.window
+        if window is not None and (window.grace is not None or window.mapping is not None):
+            raise DeclarationError(
+                "window=: grace= and mapping= belong to a side input's windows (when one is "
+                "final, which one a main window reads); the main input's windows take "
+                "watermark=.",
+                fix="declare them on the side input: SideInput.map(..., "
+                "window=dsi.Window.tumbling(..., grace=...))",
+            )
 
     @property
     def tag(self) -> OutputTag:

@@ -62,8 +62,9 @@ class Routes:
 
     Args:
         late: records behind the watermark (windowed operators).
-        unmatched: records whose side row did not come in time (``missing="wait"`` with
-            ``on_timeout="unmatched"``, ``missing="unmatched"``, ``on_empty="unmatched"``).
+        unmatched: records whose side row did not come in time
+            (``missing=Wait(..., then="unmatched")``, ``missing="unmatched"``,
+            ``on_empty="unmatched"``).
         overflow: records pushed out of a full buffer (``BufferLimits(on_exceed="overflow")``).
         invalid: records the operator cannot process (a null or NaN key, a null event time,
             a corrupt line, a value that cannot be decoded).

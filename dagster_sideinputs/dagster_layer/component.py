@@ -18,7 +18,8 @@ from pydantic import Field
 
 from dagster_sideinputs.core.declarations import BufferLimits, MainInput
 from dagster_sideinputs.core.outputs import OutputTag, Routes
-from dagster_sideinputs.core.sideinputs.declaration import SideInput
+from dagster_sideinputs.core.sideinputs.as_of import AsOf
+from dagster_sideinputs.core.sideinputs.declaration import SideInput, Wait
 from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.dagster_layer.assets import side_input_assets
 from dagster_sideinputs.dagster_layer.checks import build_side_input_checks
@@ -81,6 +82,9 @@ class WindowModel(dg.Resolvable, dg.Model):
     )
     watermark: Duration | None = Field(default=None, description="Allowed lateness.")
     offset: Duration | None = Field(default=None, description="Shift of window starts.")
+    grace: Duration | None = Field(
+        default=None, description="Side windows: final this long after their end."
+    )
 
     def window(self, where: str) -> Window:
         size = parse_duration(self.size, f"{where}.size")
@@ -90,7 +94,17 @@ class WindowModel(dg.Resolvable, dg.Model):
             time_column=self.time_column,
             watermark=_optional_duration(self.watermark, f"{where}.watermark"),
             offset=parse_duration(self.offset or 0, f"{where}.offset"),
+            grace=_optional_duration(self.grace, f"{where}.grace"),
         )
+
+
+class WaitModel(dg.Resolvable, dg.Model):
+    """``missing: {wait: 1h, then: unmatched}``: :class:`~dagster_sideinputs.Wait`."""
+
+    wait: Duration = Field(description='How long a record may wait, e.g. "1h".')
+    then: Literal["unmatched", "null"] = Field(
+        default="unmatched", description="After that: the unmatched route, or a null join."
+    )
 
 
 class MainInputModel(dg.Resolvable, dg.Model):
@@ -123,15 +137,15 @@ class SideInputModel(dg.Resolvable, dg.Model):
     distribution: Literal["broadcast", "keyed", "forwarded"] | None = Field(
         default=None, description="How it reaches the main records."
     )
-    missing: Literal["null", "wait", "unmatched"] | None = Field(
-        default=None, description="map / multimap: a main record whose key has no side row."
-    )
-    timeout: Duration | None = Field(default=None, description='missing: wait: e.g. "1h".')
-    on_timeout: Literal["unmatched", "null"] | None = Field(
-        default=None, description="After the timeout: the unmatched route, or a null join."
+    missing: Literal["null", "unmatched"] | WaitModel | None = Field(
+        default=None,
+        description="map / multimap: a main record whose key has no side row: null, "
+        "unmatched, or {wait: 1h, then: unmatched}.",
     )
     window: WindowModel | None = Field(default=None, description="Side windows.")
-    grace: Duration | None = Field(default=None, description="When side data becomes final.")
+    grace: Duration | None = Field(
+        default=None, description="as_of: when the data valid at a record's time is final."
+    )
     on_empty: Literal["release", "unmatched"] | None = Field(
         default=None, description="A ready side window holding no rows."
     )
@@ -145,14 +159,27 @@ class SideInputModel(dg.Resolvable, dg.Model):
         where = f"side_inputs.{name}"
         given = {
             field: value
-            for field, value in self.model_dump(exclude={"view", "asset"}).items()
+            for field, value in self.model_dump(exclude={"view", "asset", "grace"}).items()
             if value is not None
         }
-        for field in ("timeout", "grace", "max_age"):
-            if field in given:
-                given[field] = parse_duration(given[field], f"{where}.{field}")
+        if "max_age" in given:
+            given["max_age"] = parse_duration(given["max_age"], f"{where}.max_age")
+        if isinstance(self.missing, WaitModel):
+            given["missing"] = Wait(
+                parse_duration(self.missing.wait, f"{where}.missing.wait"), self.missing.then
+            )
         if self.window is not None:
             given["window"] = self.window.window(f"{where}.window")
+        if self.grace is not None:
+            if self.as_of is None:
+                raise DeclarationError(
+                    f"SideInputPipeline {where}: grace: is an as_of map's; a side window "
+                    "takes its own (window: {grace: ...}).",
+                    fix=f"move grace: into {where}.window, or declare as_of:",
+                )
+            given["as_of"] = AsOf.column(
+                self.as_of, grace=parse_duration(self.grace, f"{where}.grace")
+            )
         factory: Callable[..., SideInput] = getattr(SideInput, self.view)
         try:
             return factory(self.asset, **given)
@@ -252,8 +279,7 @@ class SideInputPipeline(dg.Component, dg.Resolvable, dg.Model):
                   view: map
                   asset: profiles
                   key: customer_id
-                  missing: wait
-                  timeout: 1h
+                  missing: {wait: 1h}
                 rules: {view: singleton, asset: rules, readiness: fresh}
               main_output: enriched_payments
               side_outputs: [suspicious_payments]

@@ -28,7 +28,7 @@ attributes:
       view: map
       asset: customers
       key: customer_id
-      missing: unmatched     # or wait (with timeout: 1h), or null
+      missing: unmatched     # or {{wait: 1h, then: unmatched}}, or null
 
   main_output: enriched_orders
   routes:

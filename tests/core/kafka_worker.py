@@ -50,9 +50,7 @@ def operator(root: str, bootstrap: str, topic: str) -> dsi.SideInputOperator:
             "profile": dsi.SideInput.map(
                 "profiles",
                 key="customer_id",
-                missing="wait",
-                timeout=dt.timedelta(days=3650),
-                on_timeout="null",
+                missing=dsi.Wait(dt.timedelta(days=3650), then="null"),
             )
         },
         fn=enrich,

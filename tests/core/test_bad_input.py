@@ -224,9 +224,7 @@ def test_side_table_deleted_after_use_is_an_error_and_buffer_is_kept(ready):
     op = operator(
         ready,
         sides={
-            "profile": dsi.SideInput.map(
-                "profiles", key="customer_id", missing="wait", timeout=hours(1)
-            )
+            "profile": dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
         },
         routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
     )

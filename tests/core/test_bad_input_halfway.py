@@ -51,7 +51,7 @@ def with_big(lake: Lake, big_amount, **kwargs: Any) -> dsi.SideInputOperator:
         big = main.filter(F.col("amount") > 2).select("tx_id", big_amount(F.col("amount")))
         return {dsi.MAIN: enriched, BIG: big.toDF("tx_id", "amount")}
 
-    wait = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=DAY)
+    wait = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(DAY))
     kwargs.setdefault("side_inputs", {"profile": wait})
     return operator(
         lake,

@@ -176,9 +176,7 @@ def test_huge_limits_timeouts_and_tolerances_mean_never(lake, mode):
         mode,
         main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
         side_inputs={
-            "profile": dsi.SideInput.map(
-                "profiles", key="customer_id", missing="wait", timeout=forever
-            )
+            "profile": dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(forever))
         },
         window=dsi.Window.tumbling(hours(1), watermark=MAX_WINDOW),
         buffer=dsi.BufferLimits(max_rows=10**15, max_age=forever),

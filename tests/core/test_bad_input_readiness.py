@@ -130,9 +130,7 @@ SIDES = {
     "map_waits_past_its_timeout": lambda: dsi.SideInput.map(
         "profiles",
         key="customer_id",
-        missing="wait",
-        timeout=dt.timedelta(minutes=1),
-        on_timeout="null",
+        missing=dsi.Wait(dt.timedelta(minutes=1), then="null"),
     ),
     "as_of_past_its_grace": lambda: dsi.SideInput.map(
         "profiles", key="customer_id", as_of="since", grace=dt.timedelta(minutes=1)

@@ -61,7 +61,7 @@ def waiting_op(lake: Lake, main: dsi.MainInput | None = None) -> dsi.SideInputOp
         main=main or dsi.MainInput("transactions", key="customer_id"),
         side_inputs={
             "profile": dsi.SideInput.map(
-                "profiles", key="customer_id", missing="wait", timeout=DAY, on_timeout="null"
+                "profiles", key="customer_id", missing=dsi.Wait(DAY, then="null")
             )
         },
         fn=released,

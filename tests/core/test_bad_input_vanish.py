@@ -279,8 +279,7 @@ def test_a_key_translator_returning_null_waits_then_times_out_to_unmatched(ready
         "profiles",
         key="customer_id",
         key_translator=lambda main: F.when(main.customer_id == 10, main.customer_id),
-        missing="wait",
-        timeout=hours(1),
+        missing=dsi.Wait(hours(1)),
     )
     op = operator(
         ready,

@@ -68,9 +68,7 @@ def operator(storage: dsi.DeltaStorage) -> dsi.SideInputOperator:
     return dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id"),
         side_inputs={
-            "profile": dsi.SideInput.map(
-                "profiles", key="customer_id", missing="wait", timeout=hours(1)
-            )
+            "profile": dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
         },
         fn=enrich,
         main_output="enriched",

@@ -150,9 +150,7 @@ def test_buffer_size_and_oldest_age_are_reported(lake):
 
 
 def test_declarations_are_frozen_picklable_and_readable():
-    side = dsi.SideInput.map(
-        "customer_profiles", key="customer_id", missing="wait", timeout=hours(1)
-    )
+    side = dsi.SideInput.map("customer_profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     assert pickle.loads(pickle.dumps(side)) == side
     assert repr(side) == (
         "SideInput.map('customer_profiles', key='customer_id', missing='wait', "

@@ -173,9 +173,7 @@ def test_records_buffered_for_their_side_row_are_released_to_the_right_bucket(
     lake.append("profiles", [(c, f"customer {c}") for c in range(CUSTOMERS // 2)], PROFILES)
     kafka_broker.produce_json(topic, tx(range(200)), key="customer_id")
     clock = Clock()
-    side = dsi.SideInput.map(
-        "profiles", key="customer_id", missing="wait", timeout=hours(1), on_timeout="null"
-    )
+    side = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1), then="null"))
     op = keyed_operator(lake, kafka_broker, topic, side=side)
     first = op.run(lake.spark, clock=clock)
     assert first.batches[0].routes["key_wait"] == 100

@@ -20,6 +20,7 @@ from dagster_sideinputs.core.batch.buffer import (
 from dagster_sideinputs.core.binding import build_spec, default_operator_id
 from dagster_sideinputs.core.callbacks import map_to_side_window
 from dagster_sideinputs.core.options import OperatorOptions
+from dagster_sideinputs.core.sideinputs import declaration as dsi_declaration
 from dagster_sideinputs.core.sideinputs.readiness import Decision
 from dagster_sideinputs.core.sideinputs.windows import (
     GLOBAL,
@@ -308,9 +309,7 @@ def test_the_routing_fingerprint_follows_the_declaration_not_the_function(tmp_pa
     waits = build_spec(
         options(
             side_inputs={
-                "profile": dsi.SideInput.map(
-                    "profiles", key="customer_id", missing="wait", timeout=HOUR
-                )
+                "profile": dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(HOUR))
             },
             routes=dsi.Routes(unmatched=dsi.OutputTag("unmatched")),
         ),
@@ -421,3 +420,115 @@ def test_side_input_factories_take_explicit_keywords(view):
     options = keywords(getattr(dsi.SideInput, view))
     assert {"readiness", "window", "max_age", "distribution"} <= set(options)
     assert ("key" in options) == (view in ("map", "multimap"))
+
+
+# --- a side input's options in groups: Wait, a side window's grace and mapping, AsOf's grace --
+
+HOUR = dt.timedelta(hours=1)
+
+
+def to_previous_hour(start, end):
+    return start - HOUR, start
+
+
+@pytest.mark.parametrize(
+    ("view", "grouped", "old"),
+    [
+        (
+            "map",
+            {"key": "k", "missing": dsi.Wait(HOUR, then="null")},
+            {"key": "k", "missing": "wait", "timeout": HOUR, "on_timeout": "null"},
+        ),
+        (
+            "multimap",
+            {"key": "k", "missing": dsi.Wait(HOUR)},
+            {"key": "k", "missing": "wait", "timeout": HOUR},
+        ),
+        (
+            "list",
+            {"window": dsi.Window.tumbling(HOUR, time_column="ts", grace=HOUR)},
+            {"window": dsi.Window.tumbling(HOUR, time_column="ts"), "grace": HOUR},
+        ),
+        (
+            "singleton",
+            {"window": dsi.Window.tumbling(HOUR, time_column="ts", mapping=to_previous_hour)},
+            {
+                "window": dsi.Window.tumbling(HOUR, time_column="ts"),
+                "window_mapping": to_previous_hour,
+            },
+        ),
+        (
+            "map",
+            {"key": "k", "as_of": dsi.AsOf.column("valid_from", grace=HOUR)},
+            {"key": "k", "as_of": "valid_from", "grace": HOUR},
+        ),
+    ],
+)
+def test_a_side_inputs_options_in_groups_and_their_old_keywords_declare_the_same(
+    view, grouped, old
+):
+    """The grouped spelling and the one before 0.2 give equal side inputs, with equal
+    identities (an operator's state outlives the change of spelling); the old keywords
+    warn once per view, naming the new spelling, at the caller's line."""
+    factory = getattr(dsi.SideInput, view)
+    new = factory("side", **grouped)
+    moved = [name for name in old if name not in grouped]
+    for name in moved:
+        dsi_declaration._WARNED.discard((view, name))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = factory("side", **old)
+        factory("side", **old)
+    assert new == before
+    assert new.window_mapping is before.window_mapping
+    assert sorted(str(w.message).split("(")[1].split("=")[0] for w in caught) == sorted(moved)
+    for warning in caught:
+        assert warning.category is DeprecationWarning
+        assert warning.filename == __file__
+        name = str(warning.message).split("(")[1].split("=")[0]
+        assert dsi_declaration.MOVED_OPTIONS[name] in str(warning.message)
+
+    def identity(side):
+        spec = build_spec(
+            options(
+                main=dsi.MainInput("transactions", key="k", event_time="ts"),
+                side_inputs={"s": side},
+                routes=dsi.Routes(unmatched="unmatched"),
+            ),
+            dsi.DeltaStorage("/tmp/identity-of-a-spelling"),
+        )
+        return spec.routing()
+
+    assert identity(new) == identity(before)
+
+
+def test_the_groups_refuse_what_does_not_belong_to_them():
+    with pytest.raises(dsi.DeclarationError, match="timeout must be positive"):
+        dsi.Wait(dt.timedelta(0))
+    with pytest.raises(dsi.DeclarationError, match=r"Wait\(timeout=\) takes a timedelta"):
+        dsi.Wait(None)
+    with pytest.raises(dsi.DeclarationError, match="then"):
+        dsi.Wait(HOUR, then="drop")
+    with pytest.raises(dsi.DeclarationError, match="needs a timeout"):
+        dsi.SideInput.map("side", key="k", missing="wait")
+    with pytest.raises(dsi.DeclarationError, match="only applies to keyed"):
+        dsi.SideInput.list("side", missing=dsi.Wait(HOUR))
+    with pytest.raises(dsi.DeclarationError, match="Window grace must be >= 0"):
+        dsi.Window.tumbling(HOUR, grace=-HOUR)
+    with pytest.raises(dsi.DeclarationError, match=r"mapping=\) takes a function"):
+        dsi.Window.tumbling(HOUR, mapping=3)
+    with pytest.raises(dsi.DeclarationError, match="main input's windows take watermark"):
+        options(window=dsi.Window.tumbling(HOUR, time_column="ts", grace=HOUR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(dsi.DeclarationError, match="grace= is given twice"):
+            dsi.SideInput.list(
+                "side", window=dsi.Window.tumbling(HOUR, time_column="ts", grace=HOUR), grace=HOUR
+            )
+        with pytest.raises(dsi.DeclarationError, match="neither window= nor as_of="):
+            dsi.SideInput.list("side", grace=HOUR)
+    with pytest.raises(dsi.DeclarationError, match="Did you mean"):
+        dsi.SideInput.map("side", key="k", timout=HOUR)
+    waiting = dsi.SideInput.map("side", key="k", missing=dsi.Wait(HOUR))
+    assert "missing=Wait(timeout=datetime.timedelta(seconds=3600)" in repr(waiting)
+    assert (waiting.missing, waiting.timeout, waiting.on_timeout) == ("wait", HOUR, "unmatched")

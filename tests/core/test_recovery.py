@@ -234,7 +234,7 @@ def test_side_input_named_like_a_main_column_then_renamed(profiles):
 
 def test_side_table_deleted_after_use_then_rematerialized(profiles):
     lake = profiles
-    waiting = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
+    waiting = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     op = keyed(
         lake,
         waiting,
@@ -745,7 +745,7 @@ def race(monkeypatch):
 @pytest.mark.parametrize("delta_engine", ["rs"])
 @pytest.mark.parametrize("target", ["enriched", "buffer"])
 def test_conflicting_concurrent_commit_then_rerun(lake, race, monkeypatch, target):
-    waiting = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
+    waiting = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0), (2, 77, 1.0)], TX)
     op = keyed(
@@ -824,7 +824,7 @@ DECLARATIONS = {
             side_inputs={
                 **RULES,
                 "profile": dsi.SideInput.map(
-                    "profiles", key="customer_id", missing="wait", timeout=hours(1)
+                    "profiles", key="customer_id", missing=dsi.Wait(hours(1))
                 ),
             },
             routes=dsi.Routes(unmatched=UNMATCHED),

@@ -52,7 +52,7 @@ def _names(main, sides):
 def test_a_batch_builds_no_trivially_true_predicate(lake: Lake, tmp_path):
     put(lake, "profiles", [(10, "ann")], PROFILES)
     put(lake, "transactions", [(1, 10, 1.0, T0), (2, 11, 2.0, T0)], TXT)
-    side = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
+    side = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     op = lake.operator(
         main=dsi.MainInput("transactions", key="customer_id", event_time="ts"),
         side_inputs={"profile": side},

@@ -35,7 +35,7 @@ def enrich(main, sides):
 
 def waiting_operator(lake: Lake, **kwargs: Any) -> dsi.SideInputOperator:
     """Records of customers without a profile wait for it (an hour, then unmatched)."""
-    side = dsi.SideInput.map("profiles", key="customer_id", missing="wait", timeout=hours(1))
+    side = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     return lake.operator(
         main=kwargs.pop("main", dsi.MainInput("transactions", key="customer_id")),
         side_inputs={"profile": side},

@@ -45,8 +45,7 @@ ATTRIBUTES = {
             "view": "map",
             "asset": "profiles",
             "key": "customer_id",
-            "missing": "wait",
-            "timeout": "1h30m",
+            "missing": {"wait": "1h30m"},
         },
         "fx": {
             "view": "map",
@@ -77,7 +76,7 @@ def the_same_with_the_decorator() -> tuple[dg.AssetsDefinition, list, list]:
         main=dsi.MainInput("tx", key="customer_id", event_time="ts"),
         side_inputs={
             "profile": dsi.SideInput.map(
-                "profiles", key="customer_id", missing="wait", timeout=dt.timedelta(minutes=90)
+                "profiles", key="customer_id", missing=dsi.Wait(dt.timedelta(minutes=90))
             ),
             "fx": dsi.SideInput.map(
                 "fx",
@@ -206,13 +205,13 @@ def test_a_bad_declaration_names_the_field():
         SideInputPipeline.from_attributes_dict(
             attributes={**ATTRIBUTES, "side_inputs": {"p": {"view": "mapp", "asset": "p"}}}
         )
-    bad_timeout = {"p": {"view": "map", "asset": "p", "key": "k", "timeout": "soon"}}
+    bad_timeout = {"p": {"view": "map", "asset": "p", "key": "k", "missing": {"wait": "soon"}}}
     component = SideInputPipeline.from_attributes_dict(
         attributes={**ATTRIBUTES, "side_inputs": bad_timeout}
     )
-    with pytest.raises(dsi.DeclarationError, match=r"side_inputs\.p\.timeout is 'soon'"):
+    with pytest.raises(dsi.DeclarationError, match=r"side_inputs\.p\.missing\.wait is 'soon'"):
         component.assets_kwargs()
-    wrong_option = {"r": {"view": "singleton", "asset": "r", "missing": "wait"}}
+    wrong_option = {"r": {"view": "singleton", "asset": "r", "missing": "unmatched"}}
     component = SideInputPipeline.from_attributes_dict(
         attributes={**ATTRIBUTES, "side_inputs": wrong_option}
     )

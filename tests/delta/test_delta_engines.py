@@ -50,9 +50,7 @@ def enrich(main, sides):
 
 def operator(store: DeltaStorage) -> dsi.SideInputOperator:
     """Transactions enriched with profiles; a record without its profile waits a day."""
-    profile = dsi.SideInput.map(
-        "profiles", key="customer_id", missing="wait", timeout=DAY, on_timeout="null"
-    )
+    profile = dsi.SideInput.map("profiles", key="customer_id", missing=dsi.Wait(DAY, then="null"))
     return dsi.SideInputOperator(
         main=dsi.MainInput("transactions", key="customer_id"),
         side_inputs={"profile": profile},

@@ -5,12 +5,14 @@ keyword arguments (completion and type checking on the main vocabulary); an opti
 view does not take is a ``DeclarationError`` naming the views that do.
 """
 
+import dataclasses
 import datetime as dt
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from pyspark.sql import Column
 
@@ -39,6 +41,63 @@ _R = TypeVar("_R")
 _FACTORY_OPTIONS: dict[str, set[str]] = {}
 
 
+@dataclass(frozen=True)
+class Wait:
+    """``missing=Wait(timeout)``: a main record whose key has no side row waits in the
+    buffer until the row arrives, or ``timeout`` passes; then it goes ``then``: to the
+    ``unmatched`` route, or on, joined with nulls (``"null"``).
+
+    Examples:
+        >>> Wait(dt.timedelta(hours=1))
+        Wait(timeout=datetime.timedelta(seconds=3600), then='unmatched')
+    """
+
+    timeout: dt.timedelta
+    then: OnTimeout = "unmatched"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timeout, dt.timedelta):
+            raise DeclarationError(
+                f"Wait(timeout=) takes a timedelta, got {self.timeout!r}: records could "
+                "wait forever.",
+                fix="missing=dsi.Wait(timedelta(hours=1))",
+            )
+        if self.timeout <= dt.timedelta(0):
+            raise DeclarationError(f"Wait: timeout must be positive, got {self.timeout}.")
+        check_choice(self.then, ON_TIMEOUT, "then", "Wait(...)")
+
+
+MOVED_OPTIONS: dict[str, str] = {
+    "timeout": "missing=dsi.Wait(timeout, then=...)",
+    "on_timeout": "missing=dsi.Wait(timeout, then=...)",
+    "window_mapping": "window=dsi.Window.tumbling(..., mapping=...)",
+    "grace": "window=dsi.Window.tumbling(..., grace=...) or as_of=dsi.AsOf.column(..., grace=...)",
+}
+"""Options of the view factories before 0.2 that are now part of a group, and their new
+spelling: they still work, with a ``DeprecationWarning`` once per option and view."""
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _fold_moved(view: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the options of :data:`MOVED_OPTIONS` out of ``kwargs`` (warning once); what
+    ``missing="wait"`` needs becomes its :class:`Wait`, the rest is returned, to be set
+    on the side input as it was before."""
+    moved = {name: kwargs.pop(name) for name in list(kwargs) if name in MOVED_OPTIONS}
+    for name in moved:
+        if (view, name) not in _WARNED:
+            _WARNED.add((view, name))
+            warnings.warn(
+                f"SideInput.{view}({name}=...) is deprecated and goes in 0.2: use "
+                f"{MOVED_OPTIONS[name]}",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+    timeout, on_timeout = moved.pop("timeout", None), moved.pop("on_timeout", None)
+    if kwargs.get("missing") == "wait" and timeout is not None:
+        kwargs["missing"] = Wait(timeout, on_timeout or "unmatched")
+    return {name: value for name, value in moved.items() if value is not None}
+
+
 def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
     """Unknown keyword arguments of a view factory become a DeclarationError saying which
     views take them (Python's TypeError would not)."""
@@ -48,6 +107,7 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
 
     @functools.wraps(factory)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        moved = _fold_moved(view, kwargs)
         try:
             signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -58,6 +118,7 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
             takers = sorted(v for v, options in _FACTORY_OPTIONS.items() if name in options)
             where = f"SideInput.{view}({args[1] if len(args) > 1 else '...'!r})"
             known = sorted(_FACTORY_OPTIONS[view])
+            suggested = did_you_mean(name, [*known, *MOVED_OPTIONS])
             raise DeclarationError(
                 f"{where}: {name}= "
                 + (
@@ -66,12 +127,20 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
                     if takers
                     else "is not an option of any view"
                 )
-                + f" (options of {view} views: {known}).{did_you_mean(name, known)}",
+                + f" (options of {view} views: {known}).{suggested}",
                 fix=f"remove {name}=, or use SideInput.{takers[0]}(...)"
                 if takers
                 else f"use one of {known}",
             ) from None
-        return factory(*args, **kwargs)
+        declared = factory(*args, **kwargs)
+        for name in moved:
+            if getattr(declared, name) is not None:
+                raise DeclarationError(
+                    f"SideInput.{view}({declared.asset!r}): {name}= is given twice, on the "  # type: ignore[attr-defined]
+                    "side input and in its window= / as_of=.",
+                    fix="keep the one in window= / as_of=",
+                )
+        return dataclasses.replace(declared, **moved) if moved else declared  # type: ignore[type-var]
 
     return checked
 
@@ -96,20 +165,21 @@ class SideInput:
             one, a map / multimap joins main records on the column named like ``key``;
             when main records have no such column, the function gets the whole view.
         missing: for keyed lookups, what happens to a main record whose key has no
-            side row: ``null`` (joined with nulls), ``wait`` (buffered until the row
-            arrives or ``timeout`` passes), ``unmatched`` (to the unmatched tag).
-        timeout: with ``missing="wait"``, how long a record may wait.
-        on_timeout: after the timeout: ``unmatched`` tag or ``null`` join.
-        window: side windows (a time-window partitioned side asset).
-        window_mapping: maps a main window ``(start, end)`` to the side window to read;
-            default: the side window containing the main window's last instant (of
-            sliding side windows, the earliest-starting one, as Beam).
+            side row: ``"null"`` (joined with nulls), ``"unmatched"`` (to the unmatched
+            route), or :class:`Wait` (buffered until the row arrives or its timeout
+            passes). Read back, a wait is ``"wait"`` with ``timeout`` and
+            ``on_timeout``.
+        timeout / on_timeout: a :class:`Wait`'s ``timeout`` and ``then``.
+        window: side windows (a time-window partitioned side asset), with their
+            ``grace`` and ``mapping`` (:class:`~dagster_sideinputs.Window`).
+        window_mapping: the side windows' ``mapping`` (read back from ``window``).
         max_age: freshness without Dagster: the table's last commit must be this recent.
         grace: when a side input's data becomes final by the batch clock, even if no
-            later side data comes: a side window ``grace`` after its end; for an
-            ``as_of`` map, the data valid at a record's time ``grace`` after that time.
-            Records then go on with what the side input holds (an empty window gives
-            the view's empty value, or goes to ``unmatched`` with ``on_empty``).
+            later side data comes (declared on its ``window`` or ``as_of``, read back
+            here): a side window ``grace`` after its end; for an ``as_of`` map, the data
+            valid at a record's time ``grace`` after that time. Records then go on
+            with what the side input holds (an empty window gives the view's empty
+            value, or goes to ``unmatched`` with ``on_empty``).
         on_empty: a ready side namespace (a window) holding no rows: ``release``
             records with the view's empty value (null, ``[]``, the singleton's
             ``default``), or send them to the ``unmatched`` tag.
@@ -128,7 +198,7 @@ class SideInput:
     readiness: Readiness | None = None
     distribution: Distribution | None = None
     key_translator: Any = field(default=None, compare=False, hash=False)
-    missing: Missing = "null"
+    missing: "Missing | Wait" = "null"
     timeout: dt.timedelta | None = None
     on_timeout: OnTimeout = "unmatched"
     window: Window | None = None
@@ -146,6 +216,7 @@ class SideInput:
         if isinstance(self.as_of, str):
             object.__setattr__(self, "as_of", AsOf.column(self.as_of))
         where = f"SideInput.{self.view}({self.asset!r})"
+        self._unfold_groups(where)
         asset_path(self.asset)
         check_choice(self.view, ("singleton", "list", "map", "multimap"), "view", where)
         check_choice(self.readiness, READINESS, "readiness", where)
@@ -161,7 +232,7 @@ class SideInput:
         if self.missing == "wait" and self.timeout is None:
             raise DeclarationError(
                 f"{where}: missing='wait' needs a timeout, or records could wait forever.",
-                fix="pass timeout=timedelta(hours=1) (then on_timeout decides)",
+                fix="missing=dsi.Wait(timedelta(hours=1)) (then= decides what follows)",
             )
         if self.timeout is not None and self.timeout <= dt.timedelta(0):
             raise DeclarationError(f"{where}: timeout must be positive, got {self.timeout}.")
@@ -177,12 +248,16 @@ class SideInput:
                 fix="pass window=Window.tumbling(timedelta(hours=1), time_column='ts')",
             )
         if self.window_mapping is not None and self.window is None:
-            raise DeclarationError(f"{where}: window_mapping= needs window=.")
+            raise DeclarationError(
+                f"{where}: a window mapping needs side windows.",
+                fix="declare window=dsi.Window.tumbling(..., mapping=...)",
+            )
         if self.window_mapping is not None and not callable(self.window_mapping):
             raise DeclarationError(
                 f"{where}: window_mapping= takes a function (start, end) -> (side_start, "
                 f"side_end), got {type(self.window_mapping).__name__}.",
-                fix="window_mapping=lambda start, end: (start - timedelta(hours=1), start), "
+                fix="Window.tumbling(..., mapping=lambda start, end: (start - "
+                "timedelta(hours=1), start)), "
                 "or drop it for the default mapping",
             )
         translator = self.key_translator
@@ -204,10 +279,47 @@ class SideInput:
             raise DeclarationError(
                 f"{where}: grace= says when a side window (or an as_of map's data) becomes "
                 "final; this side input has neither window= nor as_of=.",
-                fix="remove grace=, or declare window=Window.tumbling(...) / as_of=...",
+                fix="declare grace= on window=dsi.Window.tumbling(...) or "
+                "as_of=dsi.AsOf.column(...)",
             )
         if self.as_of is not None:
             self._check_as_of(where)
+
+    def _unfold_groups(self, where: str) -> None:
+        """Keep a group's options as this side input's own fields (what the operator, its
+        identity and its descriptions read), and the groups without them: a
+        :class:`Wait`, a window's or an as_of's ``grace`` and a window's ``mapping``."""
+        if isinstance(self.missing, Wait):
+            if self.timeout is not None or self.on_timeout != "unmatched":
+                raise DeclarationError(
+                    f"{where}: missing=dsi.Wait(...) holds the timeout; timeout= and "
+                    "on_timeout= say it again.",
+                    fix="drop timeout= and on_timeout=",
+                )
+            wait = self.missing
+            object.__setattr__(self, "missing", "wait")
+            object.__setattr__(self, "timeout", wait.timeout)
+            object.__setattr__(self, "on_timeout", wait.then)
+        moved: dict[str, Any] = {}
+        if isinstance(self.window, Window):
+            moved["grace"] = self.window.grace
+            moved["window_mapping"] = self.window.mapping
+            object.__setattr__(
+                self, "window", dataclasses.replace(self.window, grace=None, mapping=None)
+            )
+        if isinstance(self.as_of, AsOf) and self.as_of.grace is not None:
+            moved["grace"] = self.as_of.grace
+            object.__setattr__(self, "as_of", dataclasses.replace(self.as_of, grace=None))
+        for name, value in moved.items():
+            if value is None:
+                continue
+            if getattr(self, name) is not None:
+                raise DeclarationError(
+                    f"{where}: {name}= is given twice, on the side input and in its "
+                    "window= / as_of=.",
+                    fix="keep the one in window= / as_of=",
+                )
+            object.__setattr__(self, name, value)
 
     def _check_as_of(self, where: str) -> None:
         if not isinstance(self.as_of, AsOf):
@@ -239,8 +351,6 @@ class SideInput:
         readiness: Readiness | None = None,
         default: Any = None,
         window: Window | None = None,
-        window_mapping: WindowMapping | None = None,
-        grace: dt.timedelta | None = None,
         on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
@@ -257,7 +367,7 @@ class SideInput:
         """
         return cls(
             asset=asset, view="singleton", readiness=readiness, default=default, window=window,
-            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            on_empty=on_empty, max_age=max_age,
             distribution=distribution, forward_column=forward_column, path=path,
         )  # fmt: skip
 
@@ -269,8 +379,6 @@ class SideInput:
         *,
         readiness: Readiness | None = None,
         window: Window | None = None,
-        window_mapping: WindowMapping | None = None,
-        grace: dt.timedelta | None = None,
         on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
@@ -285,7 +393,7 @@ class SideInput:
         """
         return cls(
             asset=asset, view="list", readiness=readiness, window=window,
-            window_mapping=window_mapping, grace=grace, on_empty=on_empty, max_age=max_age,
+            on_empty=on_empty, max_age=max_age,
             distribution=distribution, forward_column=forward_column, path=path,
         )  # fmt: skip
 
@@ -297,15 +405,11 @@ class SideInput:
         *,
         key: str,
         key_translator: KeyTranslator | None = None,
-        missing: Missing = "null",
-        timeout: dt.timedelta | None = None,
-        on_timeout: OnTimeout = "unmatched",
+        missing: Literal["null", "unmatched"] | Wait = "null",
         pick: str | None = None,
         as_of: AsOf | str | None = None,
         readiness: Readiness | None = None,
         window: Window | None = None,
-        window_mapping: WindowMapping | None = None,
-        grace: dt.timedelta | None = None,
         on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
@@ -320,8 +424,8 @@ class SideInput:
         """
         return cls(
             asset=asset, view="map", key=key, key_translator=key_translator, missing=missing,
-            timeout=timeout, on_timeout=on_timeout, pick=pick, readiness=readiness,
-            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            pick=pick, readiness=readiness,
+            window=window, on_empty=on_empty,
             max_age=max_age, distribution=distribution, forward_column=forward_column,
             path=path, as_of=AsOf.column(as_of) if isinstance(as_of, str) else as_of,
         )  # fmt: skip
@@ -334,13 +438,9 @@ class SideInput:
         *,
         key: str,
         key_translator: KeyTranslator | None = None,
-        missing: Missing = "null",
-        timeout: dt.timedelta | None = None,
-        on_timeout: OnTimeout = "unmatched",
+        missing: Literal["null", "unmatched"] | Wait = "null",
         readiness: Readiness | None = None,
         window: Window | None = None,
-        window_mapping: WindowMapping | None = None,
-        grace: dt.timedelta | None = None,
         on_empty: OnEmpty = "release",
         max_age: dt.timedelta | None = None,
         distribution: Distribution | None = None,
@@ -354,8 +454,8 @@ class SideInput:
         """
         return cls(
             asset=asset, view="multimap", key=key, key_translator=key_translator,
-            missing=missing, timeout=timeout, on_timeout=on_timeout, readiness=readiness,
-            window=window, window_mapping=window_mapping, grace=grace, on_empty=on_empty,
+            missing=missing, readiness=readiness,
+            window=window, on_empty=on_empty,
             max_age=max_age, distribution=distribution, forward_column=forward_column,
             path=path,
         )  # fmt: skip
@@ -368,8 +468,10 @@ class SideInput:
             value = getattr(self, name)
             if value is not None:
                 extras.append(f"{name}={value!r}")
-        if self.missing != "null":
-            extras.append(f"missing={self.missing!r}, timeout={self.timeout!r}")
+        if self.missing == "wait":
+            extras.append(f"missing={Wait(self.timeout, self.on_timeout)!r}")  # type: ignore[arg-type]
+        elif self.missing != "null":
+            extras.append(f"missing={self.missing!r}")
         if self.max_age is not None:
             extras.append(f"max_age={self.max_age!r}")
         if self.on_empty != "release":

@@ -15,7 +15,7 @@ router will call invalid anyway is not given one row per sliding window.
 
 import datetime as dt
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TypeAlias
 
 from pyspark.sql import Column, DataFrame
@@ -52,6 +52,15 @@ class Window:
         watermark: allowed lateness: a record is late when its window ended before
             (max event time seen) - watermark.
         offset: shift of window starts from the epoch.
+        grace: a side input's windows: when one becomes final by the batch clock, even
+            if no later side data comes: ``grace`` after its end. Records then go on
+            with what the window holds.
+        mapping: a side input's windows: maps a main window ``(start, end)`` to the side
+            window to read; default: the side window containing the main window's last
+            instant (of sliding side windows, the earliest-starting one, as Beam).
+
+    The main input's windows take ``watermark``; a side input's take ``grace`` and
+    ``mapping`` (each refused in the other role).
     """
 
     size: dt.timedelta
@@ -59,6 +68,8 @@ class Window:
     time_column: str | None = None
     watermark: dt.timedelta | None = None
     offset: dt.timedelta = dt.timedelta(0)
+    grace: dt.timedelta | None = None
+    mapping: WindowMapping | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.size <= dt.timedelta(0) or self.slide <= dt.timedelta(0):
@@ -87,6 +98,15 @@ class Window:
                     "(years 1-9999).",
                     fix="use a shorter window; for no lateness limit at all, leave watermark=None",
                 )
+        if self.grace is not None and self.grace < dt.timedelta(0):
+            raise DeclarationError(f"Window grace must be >= 0, got {self.grace}.")
+        if self.mapping is not None and not callable(self.mapping):
+            raise DeclarationError(
+                "Window(mapping=) takes a function (start, end) -> (side_start, side_end), "
+                f"got {type(self.mapping).__name__}.",
+                fix="mapping=lambda start, end: (start - timedelta(hours=1), start), "
+                "or drop it for the default mapping",
+            )
         if abs(self.offset) > MAX_WINDOW:
             raise DeclarationError(
                 f"Window offset {self.offset} is longer than {MAX_WINDOW.days // 365} years.",
@@ -101,9 +121,11 @@ class Window:
         time_column: str | None = None,
         watermark: dt.timedelta | None = None,
         offset: dt.timedelta = dt.timedelta(0),
+        grace: dt.timedelta | None = None,
+        mapping: WindowMapping | None = None,
     ) -> "Window":
         """Consecutive, non-overlapping windows of ``size``."""
-        return cls(size, size, time_column, watermark, offset)
+        return cls(size, size, time_column, watermark, offset, grace, mapping)
 
     @classmethod
     def sliding(
@@ -114,16 +136,18 @@ class Window:
         time_column: str | None = None,
         watermark: dt.timedelta | None = None,
         offset: dt.timedelta = dt.timedelta(0),
+        grace: dt.timedelta | None = None,
+        mapping: WindowMapping | None = None,
     ) -> "Window":
         """Overlapping windows of ``size`` starting every ``slide``; a record is in several."""
-        return cls(size, slide, time_column, watermark, offset)
+        return cls(size, slide, time_column, watermark, offset, grace, mapping)
 
     @property
     def is_tumbling(self) -> bool:
         return self.size == self.slide
 
     def with_time_column(self, column: str) -> "Window":
-        return Window(self.size, self.slide, column, self.watermark, self.offset)
+        return replace(self, time_column=column)
 
     def __repr__(self) -> str:
         kind = (
@@ -136,6 +160,10 @@ class Window:
             extras.append(f"watermark={self.watermark!r}")
         if self.offset:
             extras.append(f"offset={self.offset!r}")
+        if self.grace is not None:
+            extras.append(f"grace={self.grace!r}")
+        if self.mapping is not None:
+            extras.append(f"mapping={getattr(self.mapping, '__name__', self.mapping)}")
         return kind + "".join(", " + e for e in extras) + ")"
 
 
