@@ -153,8 +153,8 @@ def test_declarations_are_frozen_picklable_and_readable():
     side = dsi.SideInput.map("customer_profiles", key="customer_id", missing=dsi.Wait(hours(1)))
     assert pickle.loads(pickle.dumps(side)) == side
     assert repr(side) == (
-        "SideInput.map('customer_profiles', key='customer_id', missing='wait', "
-        "timeout=datetime.timedelta(seconds=3600))"
+        "SideInput.map('customer_profiles', key='customer_id', "
+        "missing=Wait(timeout=datetime.timedelta(seconds=3600), then='unmatched'))"
     )
     with pytest.raises(AttributeError):
         side.key = "other"  # type: ignore[misc]
