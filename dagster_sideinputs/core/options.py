@@ -130,10 +130,6 @@ class Declaration:
         values["side_inputs"] = dict(self.side_inputs)
         return (_rebuild, (type(self), values))
 
-    def declaration(self) -> "Declaration":
-        """Only the :class:`Declaration`'s fields (an entry point's own ones dropped)."""
-        return Declaration(**_values(self, Declaration))
-
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorOptions(Declaration):

@@ -818,7 +818,7 @@ DECLARATIONS = {
     ),
     "wait-without-timeout": (
         lambda lake: dsi.SideInput.map("profiles", key="customer_id", missing="wait"),
-        "pass timeout=",
+        "missing=dsi.Wait(timedelta(hours=1))",
         lambda lake: declared(
             lake,
             side_inputs={
