@@ -3,7 +3,7 @@ under both engines (issue 38's matrix; docs/engines.md, "Table features", shows 
 
 Each case is one operator, run twice: its main input, its side input and its output are
 tables made by delta-spark with the feature (a ``TBLPROPERTIES`` or ``CLUSTER BY`` clause,
-or a column of the feature's type), holding two transactions and two profiles. Between the
+or a column of the feature's type), holding two transactions and three profiles. Between the
 runs the side table changes as the feature allows (rows deleted and updated under deletion
 vectors, a column renamed and dropped under column mapping, a column widened, a row added)
 and two more transactions arrive. Each role is either exact (the output holds the four
@@ -148,7 +148,11 @@ def _insert(spark, path: str, role: str, rows: list[tuple], feature: Feature | N
         "(" + ", ".join([*(repr(v) for v in row), *([feature.value] if extra else [])]) + ")"  # type: ignore[union-attr]
         for row in rows
     )
-    spark.sql(f"INSERT INTO {sql_table(path)} ({', '.join(names)}) VALUES {values}")
+    # One file of them all, so a DELETE or UPDATE of one row leaves a deletion vector.
+    spark.sql(
+        f"INSERT INTO {sql_table(path)} ({', '.join(names)}) "
+        f"SELECT /*+ REPARTITION(1) */ * FROM VALUES {values}"
+    )
 
 
 def _run_case(spark, root: Path, engine: str, feature: Feature, roles: set[str]) -> dict:
@@ -158,7 +162,8 @@ def _run_case(spark, root: Path, engine: str, feature: Feature, roles: set[str])
     on = {role: feature if role in roles else None for role in ROLES}
     for role in ROLES:
         _create(spark, paths[role], role, on[role])
-    _insert(spark, paths["side"], "side", [(10, "ann"), (11, "bob")], on["side"])
+    profiles = [(10, "ann"), (11, "bob"), (12, "cy")]  # 12: a row the change leaves alone
+    _insert(spark, paths["side"], "side", profiles, on["side"])
     _insert(spark, paths["main"], "main", [(1, 10), (2, 11)], on["main"])
     extra = feature.column.split()[0] if feature.column and feature.passed else None
     passes = extra is not None and "main" in roles and "output" in roles
