@@ -7,9 +7,11 @@ values (``MainInput``, ``SideInput``, ``Window``, ``OutputTag``) and calls
 ``build_replay_job`` and ``build_side_input_sensor``; nothing here runs the operator.
 """
 
+import dataclasses
 import datetime as dt
 import importlib
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -21,7 +23,7 @@ from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.as_of import AsOf
 from dagster_sideinputs.core.sideinputs.declaration import SideInput, Wait
 from dagster_sideinputs.core.sideinputs.windows import Window
-from dagster_sideinputs.dagster_layer.assets import side_input_assets
+from dagster_sideinputs.dagster_layer.assets import AssetsArguments, side_input_assets
 from dagster_sideinputs.dagster_layer.checks import build_side_input_checks
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
 from dagster_sideinputs.dagster_layer.io_manager import DeltaIOManager
@@ -137,14 +139,22 @@ class SideInputModel(dg.Resolvable, dg.Model):
     distribution: Literal["broadcast", "keyed", "forwarded"] | None = Field(
         default=None, description="How it reaches the main records."
     )
-    missing: Literal["null", "unmatched"] | WaitModel | None = Field(
+    missing: Literal["null", "unmatched", "wait"] | WaitModel | None = Field(
         default=None,
         description="map / multimap: a main record whose key has no side row: null, "
         "unmatched, or {wait: 1h, then: unmatched}.",
     )
+    timeout: Duration | None = Field(
+        default=None, description="Before 0.2, with missing: wait; now missing: {wait: ...}."
+    )
+    on_timeout: Literal["unmatched", "null"] | None = Field(
+        default=None, description="Before 0.2; now missing: {wait: ..., then: ...}."
+    )
     window: WindowModel | None = Field(default=None, description="Side windows.")
     grace: Duration | None = Field(
-        default=None, description="as_of: when the data valid at a record's time is final."
+        default=None,
+        description="as_of: when the data valid at a record's time is final (before 0.2, "
+        "also a window's grace; now window: {grace: ...}).",
     )
     on_empty: Literal["release", "unmatched"] | None = Field(
         default=None, description="A ready side window holding no rows."
@@ -157,9 +167,10 @@ class SideInputModel(dg.Resolvable, dg.Model):
 
     def side_input(self, name: str) -> SideInput:
         where = f"side_inputs.{name}"
+        moved = {"view", "asset", "grace", "timeout", "on_timeout"}
         given = {
             field: value
-            for field, value in self.model_dump(exclude={"view", "asset", "grace"}).items()
+            for field, value in self.model_dump(exclude=moved).items()
             if value is not None
         }
         if "max_age" in given:
@@ -168,18 +179,26 @@ class SideInputModel(dg.Resolvable, dg.Model):
             given["missing"] = Wait(
                 parse_duration(self.missing.wait, f"{where}.missing.wait"), self.missing.then
             )
+        elif self.missing == "wait" and self.timeout is not None:  # the spelling before 0.2
+            _moved(where, "missing: wait with timeout:", "missing: {wait: ..., then: ...}")
+            timeout = parse_duration(self.timeout, f"{where}.timeout")
+            given["missing"] = Wait(timeout, self.on_timeout or "unmatched")
+        grace = _optional_duration(self.grace, f"{where}.grace")
         if self.window is not None:
-            given["window"] = self.window.window(f"{where}.window")
-        if self.grace is not None:
+            window = self.window.window(f"{where}.window")
+            if grace is not None and window.grace is None:  # the spelling before 0.2
+                _moved(where, "grace: beside window:", "window: {grace: ...}")
+                window = dataclasses.replace(window, grace=grace)
+                grace = None
+            given["window"] = window
+        if grace is not None:
             if self.as_of is None:
                 raise DeclarationError(
                     f"SideInputPipeline {where}: grace: is an as_of map's; a side window "
                     "takes its own (window: {grace: ...}).",
                     fix=f"move grace: into {where}.window, or declare as_of:",
                 )
-            given["as_of"] = AsOf.column(
-                self.as_of, grace=parse_duration(self.grace, f"{where}.grace")
-            )
+            given["as_of"] = AsOf.column(self.as_of, grace=grace)
         factory: Callable[..., SideInput] = getattr(SideInput, self.view)
         try:
             return factory(self.asset, **given)
@@ -187,6 +206,14 @@ class SideInputModel(dg.Resolvable, dg.Model):
             raise DeclarationError(
                 f"SideInputPipeline {where}: {exc.message}", fix=exc.fix
             ) from exc
+
+
+def _moved(where: str, old: str, new: str) -> None:
+    warnings.warn(
+        f"SideInputPipeline {where}: {old} is deprecated and goes in 0.2: use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 class RoutesModel(dg.Resolvable, dg.Model):
@@ -199,6 +226,8 @@ class RoutesModel(dg.Resolvable, dg.Model):
 
 
 _BUFFER = BufferLimits()  # the defaults are BufferLimits', declared there only
+_DEFAULT: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(AssetsArguments)}
+"""The Dagster factory's defaults, declared there only (core/options.py and assets.py)."""
 
 
 class BufferModel(dg.Resolvable, dg.Model):
@@ -305,14 +334,18 @@ class SideInputPipeline(dg.Component, dg.Resolvable, dg.Model):
     routes: RoutesModel = Field(default_factory=RoutesModel, description="Built-in routes.")
     window: WindowModel | None = Field(default=None, description="Main-input windows.")
     buffer: BufferModel = Field(default_factory=BufferModel, description="Buffer limits.")
-    mode: Literal["frames", "rows"] = Field(default="frames", description="Function mode.")
+    mode: Literal["frames", "rows"] = Field(default=_DEFAULT["mode"], description="Function mode.")
     name: str | None = Field(default=None, description="Op name (default: the function's).")
     group_name: str | None = Field(default=None, description="Asset group of the outputs.")
     description: str | None = Field(default=None, description="Shown on every output.")
     tags: dict[str, str] = Field(default_factory=dict, description="Tags of the outputs.")
     pool: str | None = Field(default=None, description="Dagster concurrency pool.")
-    spark_resource_key: str = Field(default="spark", description="The SparkResource's key.")
-    io_manager_key: str = Field(default="io_manager", description="The DeltaIOManager's key.")
+    spark_resource_key: str = Field(
+        default=_DEFAULT["spark_resource_key"], description="The SparkResource's key."
+    )
+    io_manager_key: str = Field(
+        default=_DEFAULT["io_manager_key"], description="The DeltaIOManager's key."
+    )
     job: JobModel = Field(default_factory=JobModel, description="The operator's job.")
     sensor: SensorModel = Field(default_factory=SensorModel, description="Its sensor.")
     resources: ResourcesModel | None = Field(

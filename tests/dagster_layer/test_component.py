@@ -200,6 +200,34 @@ def test_durations_are_written_as_in_the_docs():
         parse_duration("1 hour", "side_inputs.profile.timeout")
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (
+            {"view": "map", "asset": "p", "key": "k", "missing": "wait", "timeout": "1h",
+             "on_timeout": "null"},
+            {"view": "map", "asset": "p", "key": "k", "missing": {"wait": "1h", "then": "null"}},
+        ),
+        (
+            {"view": "list", "asset": "p", "window": {"size": "1h", "time_column": "ts"},
+             "grace": "10m"},
+            {"view": "list", "asset": "p",
+             "window": {"size": "1h", "time_column": "ts", "grace": "10m"}},
+        ),
+    ],
+)  # fmt: skip
+def test_a_defs_yaml_in_the_spelling_before_the_groups_still_loads_and_warns(old, new):
+    def side(attributes):
+        component = SideInputPipeline.from_attributes_dict(
+            attributes={**ATTRIBUTES, "side_inputs": {"p": attributes}}
+        )
+        return component.assets_kwargs()["side_inputs"]["p"]
+
+    with pytest.warns(DeprecationWarning, match=r"side_inputs\.p: .* is deprecated.*use"):
+        before = side(old)
+    assert before == side(new)
+
+
 def test_a_bad_declaration_names_the_field():
     with pytest.raises(Exception, match="mapp"):
         SideInputPipeline.from_attributes_dict(
