@@ -11,7 +11,6 @@ Examples:
 """
 
 import importlib
-import warnings
 from typing import Any
 
 from dagster_sideinputs import errors as errors
@@ -29,6 +28,7 @@ from dagster_sideinputs.core.sideinputs.windows import Window
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.delta.storage import DeltaStorage
 from dagster_sideinputs.delta.store.s3 import S3Store
+from dagster_sideinputs.deprecations import warn_moved
 from dagster_sideinputs.errors import (
     DeclarationError,
     OperatorBusyError,
@@ -90,7 +90,6 @@ _MOVED: dict[str, tuple[str, str]] = {
         'packages=["kafka"]',
     ),
 }
-_WARNED: set[str] = set()
 
 
 def __getattr__(name: str) -> Any:
@@ -103,14 +102,7 @@ def __getattr__(name: str) -> Any:
     if moved is None:
         raise AttributeError(f"module 'dagster_sideinputs' has no attribute {name!r}")
     module, spelling = moved
-    if name not in _WARNED:
-        _WARNED.add(name)
-        warnings.warn(
-            f"dagster_sideinputs.{name} is deprecated and leaves the top level in 0.2: "
-            f"use {spelling}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+    warn_moved(f"dagster_sideinputs.{name}", spelling, stacklevel=2)
     return getattr(importlib.import_module(module), name)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs import errors
+from dagster_sideinputs import deprecations, errors
 from dagster_sideinputs.core import options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_the_api_page_is_the_one_the_docstrings_give():
 @pytest.mark.parametrize("old", sorted(dsi._MOVED))
 def test_an_old_name_still_works_and_warns_once_with_the_new_spelling(old):
     module, spelling = dsi._MOVED[old]
-    dsi._WARNED.discard(old)
+    deprecations.WARNED.discard(f"dagster_sideinputs.{old}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = getattr(dsi, old)

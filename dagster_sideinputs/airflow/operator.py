@@ -44,15 +44,16 @@ from dagster_sideinputs.run_report import (
 )
 
 DECLARATIONS = frozenset(f.name for f in dataclasses.fields(OperatorOptions))
+"""The core's declaration keywords (``main``, ``side_inputs``, ``fn``, ``main_output``,
+``side_outputs``, ``window``, ``routes``, ...): the task takes them as the core does (and
+the keywords they replaced, :data:`~dagster_sideinputs.core.options.MOVED_KEYWORDS`, with
+a warning)."""
 REQUIRED = frozenset(
     f.name
     for f in dataclasses.fields(OperatorOptions)
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 )
-"""The core's declaration keywords (``main``, ``side_inputs``, ``fn``, ``main_output``,
-``side_outputs``, ``window``, ``routes``, ...): the task takes them as the core does (and
-the keywords they replaced, :data:`~dagster_sideinputs.core.options.MOVED_KEYWORDS`, with
-a warning)."""
+"""The declaration keywords without a default: the task names those it is missing."""
 
 
 class SideInputOperatorTask(BaseOperator):

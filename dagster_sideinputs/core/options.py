@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import inspect
 import re
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,6 +33,7 @@ from dagster_sideinputs.core.functions import SideInputFunction
 from dagster_sideinputs.core.outputs import OutputTag, Routes
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
 from dagster_sideinputs.core.sideinputs.windows import Window
+from dagster_sideinputs.deprecations import warn_moved
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 Mode = Literal["frames", "rows"]
@@ -149,7 +149,6 @@ MOVED_KEYWORDS: dict[str, str] = {
 }
 """Keywords of ``SideInputOperator`` / ``side_input_assets`` before 0.2, and their new
 spelling (:func:`declare`)."""
-_WARNED: set[tuple[str, str]] = set()
 
 
 def declare(cls: Callable[..., _D], keywords: Mapping[str, Any], where: str) -> _D:
@@ -170,13 +169,7 @@ def declare(cls: Callable[..., _D], keywords: Mapping[str, Any], where: str) -> 
                 f"{where}() got an unexpected keyword argument {name!r}."
                 + did_you_mean(name, [*names, *MOVED_KEYWORDS])
             )
-        if (where, name) not in _WARNED:
-            _WARNED.add((where, name))
-            warnings.warn(
-                f"{where}({name}=...) is deprecated and goes in 0.2: use {MOVED_KEYWORDS[name]}",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+        warn_moved(f"{where}({name}=...)", MOVED_KEYWORDS[name], stacklevel=3)
         if value is None:
             continue
         if name.startswith("max_"):

@@ -11,7 +11,6 @@ import dataclasses
 import datetime as dt
 import importlib
 import re
-import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ from dagster_sideinputs.dagster_layer.job import build_replay_job, build_side_in
 from dagster_sideinputs.dagster_layer.resources import SparkResource
 from dagster_sideinputs.dagster_layer.scaffold import SideInputPipelineScaffolder
 from dagster_sideinputs.dagster_layer.sensor import build_side_input_sensor
+from dagster_sideinputs.deprecations import warn_moved
 from dagster_sideinputs.errors import DeclarationError
 
 Duration = str | float
@@ -167,10 +167,10 @@ class SideInputModel(dg.Resolvable, dg.Model):
 
     def side_input(self, name: str) -> SideInput:
         where = f"side_inputs.{name}"
-        moved = {"view", "asset", "grace", "timeout", "on_timeout"}
+        read_below = {"view", "asset", "grace", "timeout", "on_timeout"}
         given = {
             field: value
-            for field, value in self.model_dump(exclude=moved).items()
+            for field, value in self.model_dump(exclude=read_below).items()
             if value is not None
         }
         if "max_age" in given:
@@ -180,14 +180,16 @@ class SideInputModel(dg.Resolvable, dg.Model):
                 parse_duration(self.missing.wait, f"{where}.missing.wait"), self.missing.then
             )
         elif self.missing == "wait" and self.timeout is not None:  # the spelling before 0.2
-            _moved(where, "missing: wait with timeout:", "missing: {wait: ..., then: ...}")
+            old = f"SideInputPipeline {where}: missing: wait with timeout:"
+            warn_moved(old, "missing: {wait: ..., then: ...}", stacklevel=2)
             timeout = parse_duration(self.timeout, f"{where}.timeout")
             given["missing"] = Wait(timeout, self.on_timeout or "unmatched")
         grace = _optional_duration(self.grace, f"{where}.grace")
         if self.window is not None:
             window = self.window.window(f"{where}.window")
             if grace is not None and window.grace is None:  # the spelling before 0.2
-                _moved(where, "grace: beside window:", "window: {grace: ...}")
+                old = f"SideInputPipeline {where}: grace: beside window:"
+                warn_moved(old, "window: {grace: ...}", stacklevel=2)
                 window = dataclasses.replace(window, grace=grace)
                 grace = None
             given["window"] = window
@@ -206,14 +208,6 @@ class SideInputModel(dg.Resolvable, dg.Model):
             raise DeclarationError(
                 f"SideInputPipeline {where}: {exc.message}", fix=exc.fix
             ) from exc
-
-
-def _moved(where: str, old: str, new: str) -> None:
-    warnings.warn(
-        f"SideInputPipeline {where}: {old} is deprecated and goes in 0.2: use {new}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
 
 
 class RoutesModel(dg.Resolvable, dg.Model):

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs import deprecations
 from dagster_sideinputs.core import options as options_module
 from dagster_sideinputs.core.batch.buffer import (
     BufferState,
@@ -368,7 +369,7 @@ def test_a_keyword_that_moved_into_a_group_still_works_and_warns_once(
     """Before 0.2 these were the operator's own keywords; each now lives in one group
     (``Routes``, the main input), declared once for every entry point."""
     storage = dsi.DeltaStorage(str(tmp_path))
-    options_module._WARNED.discard(("SideInputOperator", old))
+    deprecations.WARNED.discard(f"SideInputOperator({old}=...)")
 
     def declare() -> dsi.SideInputOperator:
         return dsi.SideInputOperator(
@@ -474,7 +475,7 @@ def test_a_side_inputs_options_in_groups_and_their_old_keywords_declare_the_same
     new = factory("side", **grouped)
     moved = [name for name in old if name not in grouped]
     for name in moved:
-        dsi_declaration._WARNED.discard((view, name))
+        deprecations.WARNED.discard(f"SideInput.{view}({name}=...)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         before = factory("side", **old)

@@ -141,13 +141,11 @@ def _create(spark, path: str, role: str, feature: Feature | None) -> None:
 
 def _insert(spark, path: str, role: str, rows: list[tuple], feature: Feature | None) -> None:
     names = [c.split()[0] for c in COLUMNS[role].split(", ")]
-    extra = feature is not None and feature.column and feature.passed
-    if extra:
-        names.append(feature.column.split()[0])  # type: ignore[union-attr]
-    values = ", ".join(
-        "(" + ", ".join([*(repr(v) for v in row), *([feature.value] if extra else [])]) + ")"  # type: ignore[union-attr]
-        for row in rows
-    )
+    extra: list[str] = []  # the feature's column and its value, where the rows give it
+    if feature is not None and feature.column and feature.passed:
+        names.append(feature.column.split()[0])
+        extra = [feature.value]
+    values = ", ".join("(" + ", ".join([*map(repr, row), *extra]) + ")" for row in rows)
     # One file of them all, so a DELETE or UPDATE of one row leaves a deletion vector.
     spark.sql(
         f"INSERT INTO {sql_table(path)} ({', '.join(names)}) "

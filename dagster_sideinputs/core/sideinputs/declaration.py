@@ -9,7 +9,6 @@ import dataclasses
 import datetime as dt
 import functools
 import inspect
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -34,6 +33,7 @@ from dagster_sideinputs.core.declarations import (
 )
 from dagster_sideinputs.core.sideinputs.as_of import AsOf
 from dagster_sideinputs.core.sideinputs.windows import Window, WindowMapping
+from dagster_sideinputs.deprecations import warn_moved
 from dagster_sideinputs.errors import DeclarationError, did_you_mean
 
 _P = ParamSpec("_P")
@@ -75,7 +75,6 @@ MOVED_OPTIONS: dict[str, str] = {
 }
 """Options of the view factories before 0.2 that are now part of a group, and their new
 spelling: they still work, with a ``DeprecationWarning`` once per option and view."""
-_WARNED: set[tuple[str, str]] = set()
 
 
 def _fold_moved(view: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -84,18 +83,18 @@ def _fold_moved(view: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     on the side input as it was before."""
     moved = {name: kwargs.pop(name) for name in list(kwargs) if name in MOVED_OPTIONS}
     for name in moved:
-        if (view, name) not in _WARNED:
-            _WARNED.add((view, name))
-            warnings.warn(
-                f"SideInput.{view}({name}=...) is deprecated and goes in 0.2: use "
-                f"{MOVED_OPTIONS[name]}",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+        warn_moved(f"SideInput.{view}({name}=...)", MOVED_OPTIONS[name], stacklevel=3)
     timeout, on_timeout = moved.pop("timeout", None), moved.pop("on_timeout", None)
     if kwargs.get("missing") == "wait" and timeout is not None:
         kwargs["missing"] = Wait(timeout, on_timeout or "unmatched")
     return {name: value for name, value in moved.items() if value is not None}
+
+
+def _given_twice(where: str, name: str) -> DeclarationError:
+    return DeclarationError(
+        f"{where}: {name}= is given twice, on the side input and in its window= / as_of=.",
+        fix="keep the one in window= / as_of=",
+    )
 
 
 def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -135,11 +134,8 @@ def _checked_options(factory: Callable[_P, _R]) -> Callable[_P, _R]:
         declared = factory(*args, **kwargs)
         for name in moved:
             if getattr(declared, name) is not None:
-                raise DeclarationError(
-                    f"SideInput.{view}({declared.asset!r}): {name}= is given twice, on the "  # type: ignore[attr-defined]
-                    "side input and in its window= / as_of=.",
-                    fix="keep the one in window= / as_of=",
-                )
+                where = f"SideInput.{view}({declared.asset!r})"  # type: ignore[attr-defined]
+                raise _given_twice(where, name)
         return dataclasses.replace(declared, **moved) if moved else declared  # type: ignore[type-var]
 
     return checked
@@ -314,11 +310,7 @@ class SideInput:
             if value is None:
                 continue
             if getattr(self, name) is not None:
-                raise DeclarationError(
-                    f"{where}: {name}= is given twice, on the side input and in its "
-                    "window= / as_of=.",
-                    fix="keep the one in window= / as_of=",
-                )
+                raise _given_twice(where, name)
             object.__setattr__(self, name, value)
 
     def _check_as_of(self, where: str) -> None:
