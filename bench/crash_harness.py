@@ -361,6 +361,36 @@ the kill points of the side-change trials. ``after-first-table-spark`` is
 bridge's kill points are never reached there)."""
 
 
+def kill_point_engine(name: str) -> str | None:
+    """The Delta engine a kill point's code runs under: the bridge's writer only under
+    ``delta-rs``, delta-spark's engine only under ``delta-spark``; None for the operator's
+    own code (either engine: the environment's)."""
+    module = KILL_POINTS[name].split(":", 1)[0]
+    if ".delta.bridge." in module:
+        return "delta-rs"
+    if ".delta.spark." in module:
+        return "delta-spark"
+    return None
+
+
+@contextlib.contextmanager
+def _engine_of(kill_point: str) -> Any:
+    """The workers' engine (``DSI_DELTA_ENGINE``, which they inherit) for a whole trial:
+    the one whose code holds the kill point, so that the kill lands (the environment's
+    ``auto`` is delta-spark where its jars are) and the rerun runs the same engine."""
+    engine = kill_point_engine(kill_point)
+    before = os.environ.get("DSI_DELTA_ENGINE")
+    if engine is not None:
+        os.environ["DSI_DELTA_ENGINE"] = engine
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DSI_DELTA_ENGINE", None)
+        else:
+            os.environ["DSI_DELTA_ENGINE"] = before
+
+
 def worker(trial: Path, *, template: bool = False) -> None:
     """Run the pending actions of this process's group (or build the template's sources)."""
     _event(trial, event="launch")
@@ -1043,7 +1073,15 @@ def _noted(reference: Reference, result: TrialResult) -> TrialResult:
 def run_targeted_trial(
     template: Template, reference: Reference, name: str, path: Path, *, number: int = 0
 ) -> TrialResult:
-    """Copy the template, run the first worker with a kill point armed, rerun, compare."""
+    """Copy the template, run the first worker with a kill point armed, rerun, compare
+    (under the kill point's engine: :func:`kill_point_engine`)."""
+    with _engine_of(name):
+        return _targeted_trial(template, reference, name, path, number)
+
+
+def _targeted_trial(
+    template: Template, reference: Reference, name: str, path: Path, number: int
+) -> TrialResult:
     _copy(template, path)
     started = time.monotonic()
     launches: list[Launch] = []
@@ -1113,7 +1151,14 @@ def run_side_change_trial(
     """Copy the template (short script), SIGKILL the first job at ``kill_point``, change a
     side input (:data:`SIDE_CHANGE`), rerun, and compare with ``reference`` (a run without
     faults of ``short-change-first`` for a batch planned again, ``short-change-after`` for
-    a replayed one)."""
+    a replayed one). Under the kill point's engine (:func:`kill_point_engine`)."""
+    with _engine_of(kill_point):
+        return _side_change_trial(template, reference, kill_point, path, number)
+
+
+def _side_change_trial(
+    template: Template, reference: Reference, kill_point: str, path: Path, number: int
+) -> tuple[TrialResult, PlanPath | None]:
     _copy(template, path)
     (path / "script").write_text("short")
     started = time.monotonic()

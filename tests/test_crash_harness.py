@@ -87,11 +87,32 @@ def check_reference(reference: harness.Reference) -> None:
     assert reference.batches == {"enriched_transactions": 2}
 
 
-# Extended (CI's time): the local runs. The default suite's crash-harness run is the one
-# on S3 under delta-spark below (the engine and the store users of object storage get).
-@pytest.mark.extended
+# The default suite's crash-harness run (tier 3: one per suite): the example pipeline on a
+# local lake under the engine users get (delta-spark: the workers' ``auto``), killed after
+# batch 0's first table commit. The random kills, the bridge's kill points and the S3 runs
+# are ``make test-extended``'s (and ``make crash``'s).
 def test_reference_run_fills_every_output_and_the_buffer(prepared):
     check_reference(prepared[1])
+
+
+def test_sigkill_after_the_first_table_under_delta_spark_then_rerun_is_exact(prepared):
+    """Killed (SIGKILL of the worker's process group) after batch 0's first table
+    committed through delta-spark, then run again: the tables equal the reference run's,
+    and every commit is delta-spark's."""
+    template, reference, root = prepared
+    path = root / "trial-spark"
+    result = harness.run_targeted_trial(
+        template, reference, "after-first-table-spark", path, number=1
+    )
+    assert result.ok, result.line()
+    assert result.kills, result.line()
+    engines = {
+        action["commitInfo"].get("engineInfo", "")
+        for action in harness.lake_of(path).log_actions("enriched_transactions")
+        if "commitInfo" in action
+    }
+    assert engines
+    assert all("Delta-Lake/" in engine for engine in engines), engines
 
 
 @pytest.mark.extended
@@ -111,6 +132,7 @@ def test_sigkill_at_random_points_then_rerun_loses_and_duplicates_nothing(prepar
 # stop after each write, the moves into a new table included.
 @pytest.mark.extended
 def test_sigkill_after_files_moved_into_a_new_table_before_its_commit_then_rerun_recovers(prepared):
+    """A kill point of the bridge's writer: the trial runs under the bridge."""
     template, reference, root = prepared
     result = harness.run_targeted_trial(
         template, reference, "before-create-enriched", root / "trial-create"
@@ -122,6 +144,7 @@ def test_sigkill_after_files_moved_into_a_new_table_before_its_commit_then_rerun
 
 
 @pytest.mark.s3
+@pytest.mark.extended
 def test_on_s3_the_example_pipeline_fills_every_output_and_the_buffer(prepared_s3):
     check_reference(prepared_s3[1])
     assert harness.lake_of(prepared_s3[0].path).root.startswith("s3://")
@@ -139,7 +162,7 @@ def test_on_s3_the_example_pipeline_gives_the_tables_of_a_local_run(prepared, pr
 
 
 @pytest.mark.s3
-@pytest.mark.extended  # CI's time: the kill after the first table on S3 below stays
+@pytest.mark.extended
 def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(prepared_s3):
     """A kill while a write moves its staged files into the table: on S3 a move is a copy
     and a delete per file, so the kill can leave some moved. (Random kills run on the
@@ -153,6 +176,7 @@ def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(
 
 
 @pytest.mark.s3
+@pytest.mark.extended
 def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exact(
     prepared_s3, monkeypatch
 ):
@@ -209,6 +233,7 @@ def secrets_left(trial: Path, *more: Path) -> tuple[list[str], dict[str, int], l
 
 
 @pytest.mark.s3
+@pytest.mark.extended
 def test_on_s3_no_credential_reaches_logs_state_tables_or_dagster(prepared_s3, s3_server):
     """After the reference run with known fake credentials: no trace of them in the
     workers' output (Spark, py4j, Dagster logs), the Dagster instance (runs, event logs
