@@ -89,7 +89,7 @@ PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --d
 test: install airflow  ## run the whole test suite (real Spark, Delta, Dagster, Airflow)
 	$(PYTEST)
 
-test-extended: install  ## the long end-to-end runs the default suite leaves out (about 15 minutes)
+test-extended: install  ## the long end-to-end runs the default suite leaves out (docs/testing.md)
 	$(PYTEST) -m extended
 
 test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)

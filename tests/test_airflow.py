@@ -504,6 +504,7 @@ def test_asset_events_carry_the_figures_of_dagsters_materializations(first_runs)
     assert not [e for e in airflow.events("unmatched_transactions") if e.get("source_task_id")]
 
 
+@pytest.mark.extended  # tier 3: Airflow's one default run is first_runs'
 def test_a_side_input_materialized_later_releases_the_waiting_records(released):
     story, airflow = released, released.airflow
     runs = story.release["runs"]

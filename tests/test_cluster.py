@@ -42,6 +42,7 @@ def cluster_probe(cluster, tmp_path_factory) -> dict:
     return run_probe(tmp_path_factory.mktemp("probe"), master=cluster.master_url)
 
 
+@pytest.mark.extended  # tier 3: the default cluster run is client_report (below)
 def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, cluster_probe):
     report = cluster_probe
     workers = {process.pid for process in cluster.worker_processes}
@@ -57,6 +58,7 @@ def test_tasks_run_in_executors_of_both_workers_never_in_the_driver(cluster, clu
     assert len(executors) == 2
 
 
+@pytest.mark.extended  # tier 3: the default cluster run is client_report (below)
 def test_shuffle_partitions_follow_the_cluster_cores(cluster_probe):
     """A session built for a cluster without a partition count gets two per executor core
     (as a local master does) when the operator fits them before a batch."""

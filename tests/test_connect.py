@@ -83,8 +83,11 @@ def client_report(server, tmp_path_factory) -> dict:
 
 
 def needs_server(test):
-    """Marks a test that starts the Connect server (slow: a JVM, then the checks)."""
-    return pytest.mark.connect(pytest.mark.slow(test))
+    """Marks a test that starts the Connect server (slow: a JVM, then the checks). Tier 3
+    keeps one Connect server in the default suite, the one users start (``make dev``, with
+    Delta: tests/delta/test_delta_connect.py); this bridge-only server's tests are
+    ``make test-extended``'s."""
+    return pytest.mark.extended(pytest.mark.connect(pytest.mark.slow(test)))
 
 
 @needs_server
@@ -179,7 +182,7 @@ def test_delta_auto_against_a_server_without_delta_connects_without_it(server, t
 
 
 @needs_server
-@pytest.mark.extended  # the operator over Connect: the client_report tests above
+@pytest.mark.extended  # the operator over Connect: tests/delta/test_delta_connect.py
 def test_payments_pipeline_over_connect_writes_what_a_local_run_writes(
     server, tmp_path, tmp_path_factory
 ):

@@ -124,6 +124,7 @@ def prepare(lake: Lake) -> None:
     lake.append("transactions", [(i, 10 + i % 2, 1.0) for i in range(50)], TX)
 
 
+@pytest.mark.extended  # tier 3: subprocesses (the lock refusing in-process: test_inputs_and_limits)
 def test_a_second_concurrent_run_is_refused_and_the_tables_stay_exact(lake):
     prepare(lake)
     runs = [Worker(lake, wait=0), Worker(lake, wait=0)]
@@ -137,6 +138,7 @@ def test_a_second_concurrent_run_is_refused_and_the_tables_stay_exact(lake):
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))
 
 
+@pytest.mark.extended  # tier 3: subprocesses (the lock refusing in-process: test_inputs_and_limits)
 def test_a_second_run_that_waits_finds_the_work_done_and_writes_nothing_twice(lake):
     prepare(lake)
     runs = [Worker(lake, wait=120), Worker(lake, wait=120)]

@@ -42,6 +42,7 @@ def from_archive(class_log: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # tier 3: three JVM starts in subprocesses
 def test_a_class_path_started_twice_records_its_classes_and_the_next_start_maps_them(tmp_path):
     folder, class_log = tmp_path / "jvm", tmp_path / "classes.log"
     start_jvm(folder, class_log)  # seen once: counted, nothing recorded

@@ -353,6 +353,7 @@ def test_delta_auto_without_maven_starts_without_delta_and_says_why_in_one_line(
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # tier 3: a JVM start in a subprocess
 def test_a_retrieved_jar_that_ivy_cannot_resolve_offline_falls_back_the_same_way(tmp_path):
     # The jar file passes the quick cache check, but Ivy's cache has no metadata for it:
     # the JVM dies resolving it, and the session is retried after a captured resolution.
@@ -377,6 +378,7 @@ def test_delta_true_without_maven_fails_naming_the_jar_and_the_fix(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # tier 3: a JVM start in a subprocess
 def test_named_packages_without_maven_fail_even_with_delta_auto(tmp_path):
     kafka = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
     report = start_offline(tmp_path, tmp_path / "ivy", delta="auto", packages=[kafka])
@@ -385,6 +387,7 @@ def test_named_packages_without_maven_fail_even_with_delta_auto(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # tier 3: a JVM start in a subprocess
 def test_cached_packages_start_without_any_network(tmp_path):
     # The real Ivy cache, filled by `make install`; Maven is unreachable in the subprocess.
     # Packages from configs and from `packages` are merged, in order, without repeats.
@@ -403,6 +406,7 @@ def test_cached_packages_start_without_any_network(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # tier 3: a JVM start in a subprocess
 def test_a_second_start_of_the_same_packages_neither_resolves_nor_copies_jars(tmp_path, request):
     # An exclusion no package has gives these starts a jar list of their own.
     configs = {"spark.jars.excludes": f"org.example:unused-{uuid.uuid4().hex}"}
