@@ -179,9 +179,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if metafunc.definition.get_closest_marker("each_storage") is not None:
         return
+    if any("delta_engine" in _argnames(m) for m in metafunc.definition.iter_markers("parametrize")):
+        return  # the test names its engines itself (e.g. a feature only one engine has)
     engines = engines_of(metafunc)
     if len(engines) > 1:
         metafunc.parametrize("delta_engine", list(engines), scope="function")
+
+
+def _argnames(mark: pytest.Mark) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+    if isinstance(names, str):
+        return [name.strip() for name in names.split(",")]
+    return list(names)
 
 
 @pytest.fixture
