@@ -7,12 +7,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.batch import compute
 from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
@@ -58,7 +58,7 @@ def state(lake: Lake, op: dsi.SideInputOperator) -> State:
 def with_buffered_record(
     lake: Lake, op: dsi.SideInputOperator, clock: Clock | None = None
 ) -> State:
-    """Leave one record (tx 100, customer 77 without profile... waiting) and one output row."""
+    """One batch released (tx 1 of customer 10): one output row, an empty buffer."""
     lake.append("transactions", [(1, 10, 1.0)], TX)
     lake.run(op, clock)
     before = state(lake, op)
@@ -84,16 +84,6 @@ def test_null_key_without_a_tag_is_an_error_naming_the_column(ready):
     ):
         ready.run(op)
     assert state(ready, op) == before
-
-
-def test_mistyped_key_is_a_declaration_error_naming_both_types(lake):
-    lake.append("profiles", [("10", "ann")], "customer_id string, name string")
-    lake.append("transactions", [(1, 10, 1.0)], TX)
-    with pytest.raises(
-        dsi.DeclarationError, match=r"(?s)'profile'.*bigint key.*customer_id.*string.*cast"
-    ):
-        lake.run(operator(lake))
-    assert not lake.exists("enriched")
 
 
 # --- schema drift of the main input --------------------------------------------------------------
@@ -132,16 +122,6 @@ def test_main_input_overwritten_with_another_schema_names_the_version(ready):
     assert state(ready, op) == before
 
 
-def test_main_input_version_that_deleted_rows_is_refused(ready):
-    op = operator(ready)
-    before = with_buffered_record(ready, op)
-    table = ready.storage.table_uri("transactions")
-    DeltaTable(table, storage_options=ready.storage.storage_options).delete("tx_id = 1")
-    with pytest.raises(dsi.errors.NonAppendOnlyChangeError, match="DELETE"):
-        ready.run(op)
-    assert state(ready, op) == before
-
-
 # --- landing folders -----------------------------------------------------------------------------
 
 
@@ -151,57 +131,6 @@ def landing(lake: Lake, folder, **kwargs: Any) -> dsi.SideInputOperator:
         main=dsi.MainInput.files(str(folder), format="json", schema=TX, key="customer_id"),
         **kwargs,
     )
-
-
-def test_landing_line_with_a_mistyped_field_goes_to_the_invalid_tag(ready, tmp_path):
-    folder = tmp_path / "in"
-    folder.mkdir()
-    lines = [
-        '{"tx_id": 1, "customer_id": 10, "amount": 1}',
-        '{"tx_id": 2, "customer_id": "ten", "amount": 1}',
-    ]
-    (folder / "a.json").write_text("\n".join(lines))
-    ready.run(
-        landing(
-            ready,
-            folder,
-            routes=dsi.Routes(invalid=INVALID),
-        )
-    )
-    assert ready.rows("enriched", "tx_id") == [(1,)]
-    ((reason,),) = ready.rows("invalid", "reason")
-    assert reason.startswith('corrupt record: {"tx_id": 2, "customer_id": "ten"')
-
-
-def test_landing_line_missing_the_key_field_is_invalid(ready, tmp_path):
-    folder = tmp_path / "in"
-    folder.mkdir()
-    (folder / "a.json").write_text(
-        '{"tx_id": 1, "amount": 1}\n{"tx_id": 2, "customer_id": 10, "amount": 1}\n'
-    )
-    ready.run(
-        landing(
-            ready,
-            folder,
-            routes=dsi.Routes(invalid=INVALID),
-        )
-    )
-    assert ready.rows("invalid", "tx_id", "reason") == [(1, "null key 'customer_id'")]
-
-
-def test_corrupt_parquet_file_in_a_landing_folder_is_named_and_nothing_is_written(ready, tmp_path):
-    folder = tmp_path / "in"
-    folder.mkdir()
-    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
-    op = operator(
-        ready, main=dsi.MainInput.files(str(folder), format="parquet", schema=TX, key="customer_id")
-    )
-    with pytest.raises(
-        dsi.errors.CorruptDataFileError,
-        match=r"(?s)broken\.parquet.*Nothing was written.*landing folder",
-    ):
-        ready.run(op)
-    assert not ready.exists("enriched")
 
 
 def test_empty_files_in_a_landing_folder_are_consumed_without_rows(ready, tmp_path):
@@ -275,10 +204,7 @@ def test_side_table_with_new_columns_changes_the_output_schema_clearly(ready):
 NAMED = dsi.OutputTag("named")
 
 
-@pytest.mark.parametrize("distribution", ["broadcast", "keyed"])
-def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_written(
-    lake, distribution
-):
+def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_written(lake):
     lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
     lake.append("transactions", [(1, 10, 1.0)], TX)
 
@@ -288,7 +214,7 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
             NAMED: main.select("tx_id", F.col("profile.name").alias("name")),
         }
 
-    profile = dsi.SideInput.map("profiles", key="customer_id", distribution=distribution)
+    profile = dsi.SideInput.map("profiles", key="customer_id")
     op = operator(lake, sides={"profile": profile}, fn=fn, side_outputs=[NAMED])
     with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[10\]"):
         lake.run(op)
@@ -296,36 +222,20 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
     assert not lake.exists("named")
 
 
-@pytest.mark.both_engines
-def test_side_table_with_column_mapping_is_refused_by_the_bridge_only(lake):
-    write_deltalake(
-        lake.storage.table_uri("profiles"),
-        pa.table({"customer_id": [10], "name": ["ann"]}),
-        configuration={"delta.columnMapping.mode": "name"},
-    )
+def test_a_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_bypassed(
+    lake, monkeypatch
+):
+    """The second line: the map's view itself raises inside Spark on a key with two rows,
+    so a batch whose check before staging did not run (a bug there) still writes nothing
+    and names the side input, never joins one of the rows at random."""
+    monkeypatch.setattr(compute, "_check_one_row_per_key", lambda *args, **kwargs: None)
+    lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
     lake.append("transactions", [(1, 10, 1.0)], TX)
-    if lake.engine_id == "spark":  # delta-spark reads it (tests/delta/test_table_features.py)
-        lake.run(operator(lake))
-        assert lake.rows("enriched") == [(1, 10, "ann")]
-        return
-    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="columnMapping"):
-        lake.run(operator(lake))
+    profile = dsi.SideInput.map("profiles", key="customer_id")
+    op = operator(lake, sides={"profile": profile})
+    with pytest.raises(dsi.errors.DuplicateKeyError, match="profile"):
+        lake.run(op)
     assert not lake.exists("enriched")
-
-
-@pytest.mark.both_engines
-def test_main_table_with_column_mapping_is_refused_by_the_bridge_only(ready):
-    write_deltalake(
-        ready.storage.table_uri("transactions"),
-        pa.table({"tx_id": [1], "customer_id": [10], "amount": [1.0]}),
-        configuration={"delta.columnMapping.mode": "name"},
-    )
-    if ready.engine_id == "spark":
-        ready.run(operator(ready))
-        assert ready.rows("enriched") == [(1, 10, "ann")]
-        return
-    with pytest.raises(dsi.errors.UnsupportedTableFeatureError, match="columnMapping"):
-        ready.run(operator(ready))
 
 
 @pytest.mark.both_engines
@@ -494,16 +404,6 @@ def test_a_concurrent_writer_to_an_output_table_does_not_break_exactly_once(read
     assert ready.rows("enriched", "tx_id") == [(2,), (99,)]
     history = DeltaTable(ready.storage.table_uri("enriched")).history()
     assert [h["operation"] for h in history][:2] == ["WRITE", "WRITE"]
-
-
-def test_buffer_over_its_limit_is_refused_with_the_limit_named(lake):
-    op = operator(lake, buffer=dsi.BufferLimits(max_rows=1))
-    lake.append("transactions", [(1, 10, 1.0), (2, 11, 1.0)], TX)
-    with pytest.raises(
-        dsi.errors.BufferLimitExceededError, match=r"(?s)2 rows \(limit 1\).*BufferLimits"
-    ):
-        lake.run(op)
-    assert op.buffer().rows() == 0
 
 
 def test_plan_files_record_what_a_refused_batch_would_have_done(ready):
