@@ -9,8 +9,9 @@ with an error naming the main input and the column, whose fix keeps the records.
 keys are never blocked by a change that can be carried over.
 
 Column mapping (renames, drops) and type widening need delta-spark (the bridge refuses
-such tables up front: test_bad_input.py), so those cases run under delta-spark; the
-others under the bridge.
+such tables up front: tests/delta/test_feature_matrix.py), so those cases run under
+delta-spark; the others change the main table with delta-rs (its schema merge) or land
+files, and run under the engine users get.
 """
 
 import datetime as dt

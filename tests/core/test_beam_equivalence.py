@@ -107,7 +107,6 @@ def beam_results(
     main_slide: int | None = None,
     side_slide: int | None = None,
     *,
-    single: list[tuple[str, int]] | None = None,
     default: str | None = DEFAULT,
 ) -> dict[str, str]:
     """Each record's views through a Beam DirectRunner pipeline."""
@@ -116,7 +115,7 @@ def beam_results(
     from apache_beam.transforms import window
 
     base = T0.timestamp()
-    single = singles(side_size) if single is None else single
+    single = singles(side_size)
 
     def stamped(minutes_at: int):
         return lambda row: window.TimestampedValue(row, base + row[minutes_at] * MINUTE)
@@ -368,12 +367,3 @@ def test_an_empty_singleton_window_without_default_is_an_error_where_beam_python
     assert json.loads(found["4@120"])["single"] == "EMPTY"
     with pytest.raises(dsi.errors.EmptySingletonError, match="2024-05-01T02:00:00Z"):
         operator_results(lake, "rows", HOUR, HOUR, default=None)
-
-
-def test_a_singleton_window_with_two_rows_fails_in_beam_and_in_the_operator(lake, tmp_path):
-    two = [*SINGLE, ("x2", 6)]
-    with pytest.raises(Exception, match="more than one element"):
-        beam_results(str(tmp_path), HOUR, HOUR, single=two)
-    lake.append("single", [("x2", T0 + dt.timedelta(minutes=6))], "val string, ts timestamp")
-    with pytest.raises(dsi.errors.SingletonCardinalityError, match="2024-05-01T00:00:00Z"):
-        operator_results(lake, "rows", HOUR, HOUR)

@@ -49,9 +49,15 @@ def test_landed_files_are_each_read_once(lake, tmp_path):
 
 
 def test_corrupt_lines_and_empty_files_go_to_the_invalid_tag(lake, tmp_path):
+    """A line that is not JSON is corrupt; one missing the key field has a null key; an
+    empty file holds no record."""
     folder = tmp_path / "landing"
     lake.append("profiles", [(10, "ann")], PROFILES)
-    land(folder, "a.json", '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n')
+    land(
+        folder,
+        "a.json",
+        '{"tx_id": 1, "customer_id": 10, "amount": 1.0}\n{not json\n{"tx_id": 3, "amount": 1}\n',
+    )
     land(folder, "empty.json", "")
     invalid = dsi.OutputTag("invalid_transactions")
     lake.run(
@@ -62,8 +68,8 @@ def test_corrupt_lines_and_empty_files_go_to_the_invalid_tag(lake, tmp_path):
         )
     )
     assert lake.rows("enriched") == [(1, "ann")]
-    rows = lake.rows("invalid_transactions", "reason")
-    assert rows == [("corrupt record: {not json",)]
+    rows = lake.rows("invalid_transactions", "tx_id", "reason")
+    assert rows == [(3, "null key 'customer_id'"), (None, "corrupt record: {not json")]
 
 
 def test_corrupt_lines_without_an_invalid_tag_stop_the_batch_and_name_the_fix(lake, tmp_path):
@@ -96,7 +102,7 @@ def test_buffer_over_its_row_limit_fails_before_writing(lake):
     op = limited_operator(lake, dsi.BufferLimits(max_rows=3))
     with pytest.raises(
         dsi.errors.BufferLimitExceededError,
-        match=r"(?s)5 rows \(limit 3\).*Nothing was written.*max_rows",
+        match=r"(?s)5 rows \(limit 3\).*Nothing was written.*BufferLimits\(max_rows=",
     ):
         lake.run(op)
     assert op.buffer().rows() == 0
@@ -312,7 +318,8 @@ def test_a_landed_file_that_is_not_parquet_is_still_named_when_footers_are_read(
     land_parquet(folder, "a.parquet", tx_table([1], [10]))
     (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(
-        dsi.errors.CorruptDataFileError, match=r"(?s)broken\.parquet.*Nothing was written"
+        dsi.errors.CorruptDataFileError,
+        match=r"(?s)broken\.parquet.*Nothing was written.*landing folder",
     ):
         lake.run(parquet_landing(lake, folder))
     assert not lake.exists("enriched")

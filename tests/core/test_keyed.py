@@ -208,12 +208,11 @@ def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_excha
     ("group_of", "partition_by", "why"),
     [
         (f"pmod(customer_id, {GROUPS})", ("key_group",), "not every row sits"),
-        ("0", ("key_group",), "not every row sits"),
         ("pmod(hash(customer_id), 8)", ("key_group",), "not partitioned by 'key_group' alone"),
         (f"pmod(hash(customer_id), {GROUPS})", ("key_group", "name"), "not partitioned by"),
         (f"pmod(hash(cast(customer_id as int)), {GROUPS})", ("key_group",), "is int, the main"),
     ],
-    ids=["other-function", "one-group", "more-groups", "more-partition-columns", "int-key"],
+    ids=["other-function", "more-groups", "more-partition-columns", "int-key"],
 )
 def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle(
     lake, group_of, partition_by, why

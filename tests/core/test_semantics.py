@@ -363,8 +363,12 @@ def test_key_translator_maps_main_records_to_side_keys(lake):
 def test_a_side_key_of_another_type_is_a_clear_declaration_error(lake):
     lake.append("profiles", [("10", "ann")], "customer_id string, name string")
     lake.append("transactions", [(1, 10, 5.0)], TX)
-    with pytest.raises(dsi.DeclarationError, match=r"(?s)bigint key.*string.*key_translator"):
+    with pytest.raises(
+        dsi.DeclarationError, match=r"(?s)'profile'.*bigint key.*customer_id.*string.*cast"
+    ) as caught:
         lake.run(keyed_operator(lake))
+    assert "key_translator" in str(caught.value)
+    assert not lake.exists("enriched")
 
 
 # --- per-key waiting -------------------------------------------------------------------------

@@ -106,32 +106,12 @@ def daily_sales(context: dg.AssetExecutionContext, spark: SparkResource) -> Data
 # --- writing -------------------------------------------------------------------------
 
 
-def test_unpartitioned_asset_materialized_twice_holds_its_rows_once(resources, instance, root):
-    orders = orders_asset()
-    run([orders], resources, instance)
-    run([orders], resources, instance)
-    uri = os.path.join(root, "orders")
-    assert rows(uri) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
-    assert DeltaTable(uri).version() == 1
-
-
 def test_asset_key_prefix_becomes_nested_table_folders(resources, instance, root):
     orders = orders_asset(key_prefix=["shop", "eu"])
     run([orders], resources, instance)
     assert rows(os.path.join(root, "shop", "eu", "orders")) == [
         {"id": 1, "name": "a"},
         {"id": 2, "name": "b"},
-    ]
-
-
-def test_hourly_partitioned_asset_materialized_twice_holds_its_partition_once(
-    resources, instance, root
-):
-    run([hourly_events], resources, instance, partition_key=HOUR_1)
-    run([hourly_events], resources, instance, partition_key=HOUR_1)
-    assert rows(os.path.join(root, "hourly_events")) == [
-        {"id": 1, "what": f"event of {HOUR_1}", "partition": HOUR_1},
-        {"id": 2, "what": f"event of {HOUR_1}", "partition": HOUR_1},
     ]
 
 
@@ -146,18 +126,15 @@ def test_partitioned_asset_rewrites_only_its_partition(resources, instance, root
     if storage_case.native:
         assert materialization_metadata(result, "hourly_events")["delta_engine"] == "delta-spark"
     assert partition_files(uri, HOUR_0) == untouched
+    # HOUR_1, materialized twice, holds its rows once; every row is its partition's.
     assert sorted((r["partition"], r["id"]) for r in rows(uri)) == [
         (HOUR_0, 1),
         (HOUR_0, 2),
         (HOUR_1, 1),
         (HOUR_1, 2),
     ]
-
-
-def test_partitioned_table_is_partitioned_by_the_partition_column(resources, instance, root):
-    run([hourly_events], resources, instance, partition_key=HOUR_0)
-    table = DeltaTable(os.path.join(root, "hourly_events"))
-    assert table.metadata().partition_columns == ["partition"]
+    assert all(r["what"] == f"event of {r['partition']}" for r in rows(uri))
+    assert DeltaTable(uri).metadata().partition_columns == ["partition"]
 
 
 def test_partition_range_run_writes_every_partition_of_the_range(resources, instance, root):
@@ -185,31 +162,6 @@ def test_partition_range_run_without_partition_column_names_the_column(resources
 
     with pytest.raises(SchemaMismatchError, match=r"2 partitions in one run.*'partition'"):
         run([hourly_range], resources, instance, tags={RANGE_START: HOUR_0, RANGE_END: HOUR_1})
-
-
-def test_append_write_mode_adds_the_rows_on_every_materialization(resources, instance, root):
-    orders = orders_asset(metadata={"write_mode": "append"})
-    run([orders], resources, instance)
-    run([orders], resources, instance)
-    assert rows(os.path.join(root, "orders")) == [
-        {"id": 1, "name": "a"},
-        {"id": 1, "name": "a"},
-        {"id": 2, "name": "b"},
-        {"id": 2, "name": "b"},
-    ]
-
-
-def test_append_to_a_partition_keeps_its_earlier_rows(resources, instance, root):
-    @dg.asset(name="hourly_events", partitions_def=HOURLY, metadata={"write_mode": "append"})
-    def appended(context: dg.AssetExecutionContext, spark: SparkResource) -> DataFrame:
-        return spark.spark_session.createDataFrame([(context.run.run_id,)], "run string")
-
-    first = run([appended], resources, instance, partition_key=HOUR_0)
-    second = run([appended], resources, instance, partition_key=HOUR_0)
-    assert rows(os.path.join(root, "hourly_events")) == sorted(
-        [{"run": first.run_id, "partition": HOUR_0}, {"run": second.run_id, "partition": HOUR_0}],
-        key=repr,
-    )
 
 
 def test_partition_by_metadata_partitions_an_unpartitioned_assets_table(resources, instance, root):
@@ -281,6 +233,10 @@ def test_materialization_reports_version_rows_uri_and_column_schema(resources, i
     orders = orders_asset()
     first = materialization_metadata(run([orders], resources, instance), "orders")
     second = materialization_metadata(run([orders], resources, instance), "orders")
+    uri = os.path.join(root, "orders")
+    # Materialized twice, the unpartitioned asset's table holds its rows once.
+    assert rows(uri) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    assert DeltaTable(uri).version() == 1
     assert first["delta_version"] == 0
     assert second["delta_version"] == 1
     assert second["dagster/row_count"] == 2
@@ -290,25 +246,34 @@ def test_materialization_reports_version_rows_uri_and_column_schema(resources, i
     )
 
 
-def test_append_reports_rows_written_and_the_tables_total_row_count(resources, instance):
+def test_append_reports_rows_written_and_the_tables_total_row_count(resources, instance, root):
     orders = orders_asset(metadata={"write_mode": "append"})
     first = materialization_metadata(run([orders], resources, instance), "orders")
     second = materialization_metadata(run([orders], resources, instance), "orders")
     assert (first["rows_written"], first["dagster/row_count"]) == (2, 2)
     assert (second["rows_written"], second["dagster/row_count"]) == (2, 4)
+    assert rows(os.path.join(root, "orders")) == [  # each materialization's rows, added
+        {"id": 1, "name": "a"},
+        {"id": 1, "name": "a"},
+        {"id": 2, "name": "b"},
+        {"id": 2, "name": "b"},
+    ]
 
 
-def test_partition_append_counts_the_rows_of_that_partition_only(resources, instance):
+def test_partition_append_counts_the_rows_of_that_partition_only(resources, instance, root):
     @dg.asset(name="events", partitions_def=HOURLY, metadata={"write_mode": "append"})
-    def events(spark: SparkResource) -> DataFrame:
-        return spark.spark_session.createDataFrame([(1, "x")], "id long, what string")
+    def events(context: dg.AssetExecutionContext, spark: SparkResource) -> DataFrame:
+        return spark.spark_session.createDataFrame([(context.run.run_id,)], "run string")
 
-    run([events], resources, instance, partition_key=HOUR_0)
-    run([events], resources, instance, partition_key=HOUR_1)
-    again = materialization_metadata(
-        run([events], resources, instance, partition_key=HOUR_0), "events"
-    )
+    first = run([events], resources, instance, partition_key=HOUR_0)
+    other = run([events], resources, instance, partition_key=HOUR_1)
+    result = run([events], resources, instance, partition_key=HOUR_0)
+    again = materialization_metadata(result, "events")
     assert (again["rows_written"], again["dagster/row_count"]) == (1, 2)
+    # The append to HOUR_0 kept its earlier row (and HOUR_1 its own).
+    assert sorted((r["partition"], r["run"]) for r in rows(os.path.join(root, "events"))) == sorted(
+        [(HOUR_0, first.run_id), (HOUR_1, other.run_id), (HOUR_0, result.run_id)]
+    )
 
 
 def test_io_manager_without_spark_fails_where_it_is_made_naming_the_fix(root):
@@ -347,15 +312,6 @@ def test_commit_records_the_dagster_run_and_asset(resources, instance, root):
 
 
 # --- loading ---------------------------------------------------------------------------
-
-
-def test_downstream_asset_loads_the_upstream_table(resources, instance, root):
-    @dg.asset
-    def order_names(orders: DataFrame) -> DataFrame:
-        return orders.select(F.upper("name").alias("name"))
-
-    run([orders_asset(), order_names], resources, instance)
-    assert rows(os.path.join(root, "order_names")) == [{"name": "A"}, {"name": "B"}]
 
 
 def test_upstream_materialized_in_an_earlier_run_is_loaded_from_its_table(

@@ -385,34 +385,6 @@ def test_records_wait_while_a_side_input_is_stale_and_go_after_it_is_remateriali
     assert rows(env, "enriched_quick", "tx_id") == [(1,), (2,)]
 
 
-def test_windowed_side_input_releases_hour_by_hour_as_partitions_materialize(env, spark):
-    frame = spark.createDataFrame(
-        [(1, "EUR", T0 + dt.timedelta(minutes=10)), (2, "EUR", T0 + dt.timedelta(minutes=70))],
-        "tx_id long, currency string, ts timestamp",
-    )
-    dsi.tables.write_dataframe(frame, env["storage"].table_uri("fx_tx"))
-
-    def convert_now() -> dg.ExecuteInProcessResult:
-        result = dg.materialize(
-            [fx, convert],
-            selection=[dg.AssetKey("converted")],
-            resources=env["resources"],
-            instance=env["instance"],
-        )
-        assert result.success
-        return result
-
-    convert_now()
-    assert rows(env, "converted") == []
-    materialize(env, [fx], partition_key="2024-05-01-00:00")
-    convert_now()
-    assert rows(env, "converted") == [(1, 1.0)]
-    materialize(env, [fx], partition_key="2024-05-01-01:00")
-    result = convert_now()
-    assert rows(env, "converted") == [(1, 1.0), (2, 1.1)]
-    assert "partition 2024-05-01-01:00 materialized" in metadata(result, "converted")["readiness"]
-
-
 def headline(skip_message: str | None) -> str:
     """A skip reason's first phrase, which must be short: the tick list shows its start."""
     first = (skip_message or "").split(":")[0]

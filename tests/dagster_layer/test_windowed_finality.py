@@ -1,6 +1,7 @@
-"""With Dagster, a side window is final when its partition is materialized: a partition
-materialized with no rows is final and empty, so its records go on with the view's empty
-value instead of waiting forever."""
+"""With Dagster, a side window is final when its partition is materialized: records wait
+for their hour's partition and are released hour by hour as partitions materialize (the
+run's readiness names the partition); a partition materialized with no rows is final and
+empty, so its records go on with the view's empty value instead of waiting forever."""
 
 import datetime as dt
 from collections.abc import Iterator
@@ -79,5 +80,11 @@ def test_a_partition_materialized_with_no_rows_is_final_and_empty(env):
     assert rows(env) == [(1, 1)]
 
     materialize(env, selection=[dg.AssetKey("rates")], partition_key="2024-05-01-01:00")
-    materialize(env, selection=[dg.AssetKey("rated")])
+    result = materialize(env, selection=[dg.AssetKey("rated")])
     assert rows(env) == [(1, 1), (2, 0)]  # hour 1: materialized, no rows: the empty list
+    [readiness] = [
+        e.step_materialization_data.materialization.metadata["readiness"].value
+        for e in result.get_asset_materialization_events()
+        if e.step_materialization_data.materialization.asset_key == dg.AssetKey("rated")
+    ]
+    assert "partition 2024-05-01-01:00 materialized" in readiness
