@@ -51,6 +51,9 @@ PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 """Our own options: the project's addopts (``--durations=40``, ``-ra``) are replaced, but
 its marker filter is kept (:data:`MARKERS`)."""
 MARKERS = ["-rfE", "--strict-markers", "-m", "not extended"]
+WORK = f"work-{os.getpid()}"
+"""This process's mutated copy: runs with disjoint ``--only`` lists may share a revision
+(e.g. two halves of the list at once, one per core)."""
 
 
 @dataclass(frozen=True)
@@ -632,7 +635,7 @@ def baseline(
 ) -> dict[str, Any]:
     """Every hint on the unmutated copy, in one pytest run: the hints that fail there."""
     hints = list(dict.fromkeys(h for m in mutations for h in existing_hints(m.hints, tree)))
-    code, output, seconds = pytest(tree, hints, timeout, logs / "baseline.log")
+    code, output, seconds = pytest(tree, hints, timeout, logs / f"baseline-{os.getpid()}.log")
     failed = failures(output)
     bad = [h for h in hints if any(_covers(h, f) for f in failed)]
     if code is None:
@@ -662,7 +665,7 @@ def run_one(
     full: bool,
 ) -> Outcome:
     started = time.monotonic()
-    tree = rev_dir / "work"
+    tree = rev_dir / WORK
     logs = rev_dir / "logs"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(base, tree, symlinks=True)
@@ -753,7 +756,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         if args.out and not args.update:
             Path(args.out).write_text(json.dumps(report(), indent=1) + "\n")
-    shutil.rmtree(rev_dir / "work", ignore_errors=True)
+    shutil.rmtree(rev_dir / WORK, ignore_errors=True)
     return report()
 
 
