@@ -80,6 +80,16 @@ class NonAppendOnlyChangeError(DeltaTableError):
     """The first version in the range read that removed or rewrote data."""
 
 
+class LogCleanedUpError(DeltaTableError):
+    """An incremental read needs commits the table's log no longer holds (log retention
+    removed them after a checkpoint): what they added cannot be told apart any more."""
+
+    version: int | None = None
+    """The first commit needed and gone."""
+    oldest: int | None = None
+    """The oldest commit the log still holds (None when unknown)."""
+
+
 class ConcurrentWriteError(DeltaTableError):
     """Another writer committed a conflicting change to the same table first."""
 

@@ -207,7 +207,7 @@ class DeltaEngine(Protocol):
     ) -> list[DataFile]:
         """Files added with new data by the commits in ``(start_exclusive, end_inclusive]``
         (compaction adds nothing). Raises NonAppendOnlyChangeError for a commit that
-        removed data, TableNotFoundError for a commit the log no longer has."""
+        removed data, LogCleanedUpError for a commit the log no longer has."""
         ...
 
     def transaction_version(self, uri: str, app_id: str) -> int | None:

@@ -222,6 +222,19 @@ def test_map_with_duplicate_keys_is_refused_before_an_output_that_ignores_it_is_
     assert not lake.exists("named")
 
 
+def test_a_map_with_duplicate_keys_is_refused_when_no_output_reads_it(lake):
+    """The check before staging, not the view's guard: a function that never reads the
+    side input leaves Spark nothing to evaluate the guard in, and the map's promise of one
+    row per key is still checked."""
+    lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    profile = dsi.SideInput.map("profiles", key="customer_id")
+    op = operator(lake, sides={"profile": profile}, fn=lambda main, sides: main.select("tx_id"))
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[10\]"):
+        lake.run(op)
+    assert not lake.exists("enriched")
+
+
 def test_a_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_bypassed(
     lake, monkeypatch
 ):

@@ -10,13 +10,16 @@ and two more transactions arrive. Each role is either exact (the output holds th
 transactions joined with the profiles each run saw, nothing twice) or refused up front
 with ``UnsupportedTableFeatureError`` naming the table and the feature, with nothing
 written (:data:`REFUSED`). Where the bridge refuses a role, the same case runs again with
-the feature on the other roles only, so every cell of the matrix is decided.
+the feature on the other roles only, so every cell of the matrix is decided. The last row
+is the state of a log rather than a feature: a log cleaned up past the operator's position
+(:func:`test_a_log_cleaned_up_past_the_operators_position`).
 """
 
 import dataclasses
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
@@ -228,6 +231,80 @@ def test_a_table_feature_works_in_every_role_or_is_refused_up_front(
         assert outcome["rows"] == _expected_rows(run - 1)
 
 
+# --- a log cleaned up past the operator's position ---------------------------------------
+
+RETENTION = (
+    "TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 0 seconds', "
+    "'delta.deletedFileRetentionDuration' = 'interval 0 seconds')"
+)
+LOG_CLEANED = "a log cleaned up past the operator's position"
+LOG_CLEANED_CELL = "side, output; refused as main (`LogCleanedUpError`: reset past it)"
+"""Both engines alike: a side input reads its latest snapshot and an output's application
+transactions are in its checkpoint, so their logs may be cleaned up at any time; what a
+main input appended in commits its log no longer holds cannot be read incrementally."""
+
+
+def _clean_log(uri: str) -> None:
+    """A checkpoint at the table's version, then every log file before it removed (the
+    table's retention is zero): what log retention does to a table left alone long enough."""
+    table = DeltaTable(uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    assert not Path(uri, "_delta_log", f"{0:020d}.json").exists()
+
+
+@pytest.mark.parametrize("engine", ["delta-spark", "delta-rs"])
+def test_a_log_cleaned_up_past_the_operators_position(spark, tmp_path, engine):
+    """The main input's log cleaned up past the operator's position is refused up front,
+    naming the table, the versions gone and the reset that reads on, with nothing written;
+    after that reset the side input and the output, their logs cleaned up too, are read
+    and written exactly."""
+    store = DeltaStorage(str(tmp_path), engine=engine).bind(spark)  # type: ignore[arg-type]
+    paths = {role: store.table_uri(TABLES[role]) for role in ROLES}
+    for role in ROLES:
+        _create(spark, paths[role], role, None)
+        spark.sql(f"ALTER TABLE {sql_table(paths[role])} SET {RETENTION}")
+    _insert(spark, paths["side"], "side", [(10, "ann"), (11, "bob")], None)
+    _insert(spark, paths["main"], "main", [(1, 10), (2, 11)], None)
+    operator = dsi.SideInputOperator(
+        main=dsi.MainInput(TABLES["main"], key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map(TABLES["side"], key="customer_id")},
+        fn=lambda main, sides: main.select(
+            "tx_id", "customer_id", F.col("profile.name").alias("name")
+        ),
+        main_output=TABLES["output"],
+        storage=store,
+    )
+    operator.run(spark)  # main read up to its version 2
+    _insert(spark, paths["main"], "main", [(3, 10)], None)  # version 3: gone below
+    _insert(spark, paths["main"], "main", [(4, 11)], None)  # version 4: the oldest left
+    _insert(spark, paths["side"], "side", [(12, "cy")], None)
+    for role in ROLES:
+        _clean_log(paths[role])
+    history = spark.sql(f"DESCRIBE HISTORY {sql_table(paths['output'])}").count()
+
+    with pytest.raises(dsi.errors.LogCleanedUpError) as refused:
+        operator.run(spark)
+    message = str(refused.value)
+    assert "'transactions'" in message, message
+    assert "version 3 " in message, message
+    assert "operator.reset(main_from=3)" in message, message
+    assert refused.value.oldest == 4
+    assert spark.sql(f"DESCRIBE HISTORY {sql_table(paths['output'])}").count() == history
+
+    operator.reset(main_from=3)  # what version 3 appended is skipped, as the fix says
+    _insert(spark, paths["main"], "main", [(5, 12)], None)
+    assert [b.rows_in for b in operator.run(spark).batches] == [2]
+    rows = spark.read.format("delta").load(paths["output"]).select("tx_id", "customer_id", "name")
+    assert sorted(tuple(r) for r in rows.collect()) == [
+        (1, 10, "ann"),
+        (2, 11, "bob"),
+        (4, 11, "bob"),
+        (5, 12, "cy"),
+    ]
+    assert operator.run(spark).batches == []  # the output's transactions survived its checkpoint
+
+
 def render() -> str:
     """The README's table of this matrix (``python -m tests.delta.test_feature_matrix``)."""
 
@@ -245,6 +322,7 @@ def render() -> str:
         "| table feature | delta-spark | delta-rs bridge |",
         "| --- | --- | --- |",
         *(f"| {f.name} | {cell('delta-spark', f)} | {cell('delta-rs', f)} |" for f in FEATURES),
+        f"| {LOG_CLEANED} | {LOG_CLEANED_CELL} | {LOG_CLEANED_CELL} |",
     ]
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 from dagster_sideinputs.errors import (
     DeclarationError,
+    LogCleanedUpError,
     NonAppendOnlyChangeError,
     OperatorStateError,
     TableNotFoundError,
@@ -106,6 +107,36 @@ class DeltaTableSource:
         error.version = version
         return error
 
+    def _log_cleaned_up(self, exc: LogCleanedUpError, start: int) -> LogCleanedUpError:
+        """The error for commits after the operator's position that the log no longer
+        holds: it names them and the explicit way past them."""
+        oldest = exc.oldest
+        if oldest is None:
+            gone = f"versions after {start}"
+        elif oldest - 1 == start + 1:
+            gone = f"version {start + 1}"
+        else:
+            gone = f"versions {start + 1}-{oldest - 1}"
+        skip = (
+            f"`operator.reset(main_from={oldest - 1})`"
+            if oldest is not None
+            else "`operator.reset(main_from=<the oldest version left - 1>)`"
+        )
+        error = LogCleanedUpError(
+            f"Main input {self.name!r} ({self.spec.main_uri}) of operator "
+            f"{self.spec.operator_id!r}: the table's log no longer holds {gone} (log "
+            f"retention cleaned them up), and the operator has read it up to version "
+            f"{start}: the records those versions appended cannot be told apart from the "
+            "others. Nothing was written.",
+            fix=f"read on from the oldest version left with {skip}: the records the gone "
+            "versions appended are not read (append them again if they matter); and keep "
+            "the log longer than the operator's longest pause: ALTER TABLE ... SET "
+            "TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 30 days') (Delta's "
+            "default), or run the operator more often",
+        )
+        error.version, error.oldest = exc.version, oldest
+        return error
+
     def _snapshot(self, version: int) -> TableSnapshot:
         return self.engine.snapshot(self.spec.main_uri, version=version, name=self.name)
 
@@ -113,9 +144,12 @@ class DeltaTableSource:
         if main.start_version < 0:
             files: Sequence[DataFile] = snapshot.files
         else:
-            files = self.engine.added_files(
-                self.spec.main_uri, main.start_version, main.end_version, name=self.name
-            )
+            try:
+                files = self.engine.added_files(
+                    self.spec.main_uri, main.start_version, main.end_version, name=self.name
+                )
+            except LogCleanedUpError as exc:
+                raise self._log_cleaned_up(exc, main.start_version) from exc
         keyed = self.spec.main.pre_keyed
         if keyed is not None and self.spec.main.key is not None:
             check_pre_keyed(files, keyed, key=self.spec.main.key, table=self.name)

@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ from pyspark.sql import types as T
 from dagster_sideinputs.delta.engine import DataFile
 from dagster_sideinputs.delta.stats import typed_stats
 from dagster_sideinputs.delta.store.files import TableFiles, resolve_log_path
-from dagster_sideinputs.errors import DeltaTableError, NonAppendOnlyChangeError, TableNotFoundError
+from dagster_sideinputs.errors import DeltaTableError, LogCleanedUpError, NonAppendOnlyChangeError
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class CommitChanges:
 
 
 DAMAGED = (ValueError, KeyError, TypeError, AttributeError)
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
 """What reading a damaged log raises: a commit that is not JSON lines (``ValueError``),
 an action without its fields, a checkpoint that is not parquet (``ArrowInvalid`` is a
 ``ValueError``)."""
@@ -72,14 +74,30 @@ def _commit_lines(files: TableFiles, version: int, *, table: str) -> list[dict[s
     try:
         raw = files.read_bytes(relative)
     except FileNotFoundError as exc:
-        raise TableNotFoundError(
-            f"Commit {version} of table {table} is gone from _delta_log (log retention "
-            "cleaned it up before it was read incrementally).",
-            fix="restart the incremental read from the oldest retained version, or raise "
-            "`delta.logRetentionDuration` on the table",
-        ) from exc
+        try:
+            names = [entry.path.rsplit("/", 1)[-1] for entry in files.list_files("_delta_log")]
+        except OSError:
+            names = []
+        raise log_cleaned_up(table, version, names) from exc
     with reading_log(table):
         return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def log_cleaned_up(table: str, version: int, log_names: Iterable[str]) -> LogCleanedUpError:
+    """The error for commit ``version`` of ``table`` gone from its log (``log_names``: the
+    files the log still holds, for the oldest commit left)."""
+    left = [int(name[:20]) for name in log_names if _COMMIT_FILE.fullmatch(name)]
+    oldest = min(left, default=None)
+    where = f" (the oldest commit left is {oldest})" if oldest is not None else ""
+    error = LogCleanedUpError(
+        f"Commit {version} of table {table} is gone from _delta_log{where}: log retention "
+        "cleaned it up before it was read incrementally.",
+        fix="read on from the oldest commit left (what the commits gone added is not read), "
+        "and keep the log longer than the longest pause of its readers: "
+        "`delta.logRetentionDuration` on the table",
+    )
+    error.version, error.oldest = version, oldest
+    return error
 
 
 @reads_log
@@ -89,7 +107,7 @@ def read_commit(
     """The data-changing actions of one commit (statistics typed by ``schema``).
 
     Raises:
-        TableNotFoundError: the commit is gone from the log.
+        LogCleanedUpError: the commit is gone from the log.
         DeltaTableError: it is damaged (not JSON lines, an action without its fields).
     """
     added: list[DataFile] = []

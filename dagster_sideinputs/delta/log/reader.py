@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_sideinputs.delta.log.commits import reading_log, reads_log
+from dagster_sideinputs.delta.log.commits import log_cleaned_up, reading_log, reads_log
 from dagster_sideinputs.delta.log.files import LOG_DIR, LogFiles
 from dagster_sideinputs.delta.log.replay import (
     LogListing,
@@ -258,20 +258,16 @@ class LogReader:
         """The actions of some commits.
 
         Raises:
-            TableNotFoundError: a commit is gone from the log.
+            LogCleanedUpError: a commit is gone from the log.
         """
         names = {v: f"{v:020d}.json" for v in versions}
         try:
             with reading_log(table):
                 read = files.read_json_lines(list(names.values()))
         except FileNotFoundError as exc:
-            missing = next((v for v in versions if not _exists_in(files, names[v])), versions[0])
-            raise TableNotFoundError(
-                f"Commit {missing} of table {table} is gone from {LOG_DIR} (log retention "
-                "cleaned it up before it was read incrementally).",
-                fix="restart the incremental read from the oldest retained version, or raise "
-                "`delta.logRetentionDuration` on the table",
-            ) from exc
+            left = {entry.name for entry in files.list_log() or []}
+            missing = next((v for v in versions if names[v] not in left), versions[0])
+            raise log_cleaned_up(table, missing, left) from exc
         return {v: read[names[v]] for v in versions}
 
     def commit_timestamps(
@@ -306,11 +302,6 @@ class LogReader:
                         commit_time_ms(info, entry.mtime_ms)
                     )
         return [(v, self._timestamps[(root, v, e.size, e.mtime_ms)]) for v, e in wanted]
-
-
-def _exists_in(files: LogFiles, name: str) -> bool:
-    entries = files.list_log() or []
-    return any(e.name == name for e in entries)
 
 
 READER = LogReader()
