@@ -95,14 +95,13 @@ def test_reference_run_fills_every_output_and_the_buffer(prepared):
     check_reference(prepared[1])
 
 
-def test_sigkill_after_the_first_table_under_delta_spark_then_rerun_is_exact(prepared):
-    """Killed (SIGKILL of the worker's process group) after batch 0's first table
-    committed through delta-spark, then run again: the tables equal the reference run's,
-    and every commit is delta-spark's."""
-    template, reference, root = prepared
-    path = root / "trial-spark"
+def killed_after_the_first_table_under_delta_spark(
+    template: harness.Template, reference: harness.Reference, path: Path, number: int
+) -> None:
+    """A trial killed after batch 0's first table committed through delta-spark, then run
+    again: the tables equal the reference run's, and every commit is delta-spark's."""
     result = harness.run_targeted_trial(
-        template, reference, "after-first-table-spark", path, number=1
+        template, reference, "after-first-table-spark", path, number=number
     )
     assert result.ok, result.line()
     assert result.kills, result.line()
@@ -113,6 +112,14 @@ def test_sigkill_after_the_first_table_under_delta_spark_then_rerun_is_exact(pre
     }
     assert engines
     assert all("Delta-Lake/" in engine for engine in engines), engines
+
+
+def test_sigkill_after_the_first_table_under_delta_spark_then_rerun_is_exact(prepared):
+    """Killed (SIGKILL of the worker's process group) after batch 0's first table
+    committed through delta-spark, then run again."""
+    template, reference, root = prepared
+    path = root / "trial-spark"
+    killed_after_the_first_table_under_delta_spark(template, reference, path, number=1)
 
 
 @pytest.mark.extended
@@ -178,7 +185,7 @@ def test_on_s3_sigkill_while_files_move_then_rerun_loses_and_duplicates_nothing(
 @pytest.mark.s3
 @pytest.mark.extended
 def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exact(
-    prepared_s3, monkeypatch
+    prepared_s3,
 ):
     """The same pipeline on S3 with delta-spark as the workers' engine (Spark commits
     through s3a, the operator's plans, claims and lock on the same store): killed after
@@ -187,20 +194,8 @@ def test_on_s3_under_delta_spark_sigkill_after_the_first_table_then_rerun_is_exa
     instance or lake. The template and the reference are those of the tests above, so
     only this trial is added."""
     template, reference, root = prepared_s3
-    monkeypatch.setenv("DSI_DELTA_ENGINE", "delta-spark")  # the workers inherit it
     path = root / "trial-spark"
-    result = harness.run_targeted_trial(
-        template, reference, "after-first-table-spark", path, number=2
-    )
-    assert result.ok, result.line()
-    assert result.kills, result.line()
-    engines = {
-        action["commitInfo"].get("engineInfo", "")
-        for action in harness.lake_of(path).log_actions("enriched_transactions")
-        if "commitInfo" in action
-    }
-    assert engines
-    assert all("Delta-Lake/" in engine for engine in engines), engines
+    killed_after_the_first_table_under_delta_spark(template, reference, path, number=2)
     # delta-spark got the store's keys as s3a settings: none of them was left behind.
     found, searched, objects = secrets_left(path)
     assert not found, found
