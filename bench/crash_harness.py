@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 REPO = Path(__file__).resolve().parents[1]
 HOUR0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
@@ -373,22 +374,12 @@ def kill_point_engine(name: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
 def _engine_of(kill_point: str) -> Any:
     """The workers' engine (``DSI_DELTA_ENGINE``, which they inherit) for a whole trial:
     the one whose code holds the kill point, so that the kill lands (the environment's
     ``auto`` is delta-spark where its jars are) and the rerun runs the same engine."""
     engine = kill_point_engine(kill_point)
-    before = os.environ.get("DSI_DELTA_ENGINE")
-    if engine is not None:
-        os.environ["DSI_DELTA_ENGINE"] = engine
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("DSI_DELTA_ENGINE", None)
-        else:
-            os.environ["DSI_DELTA_ENGINE"] = before
+    return mock.patch.dict(os.environ, {"DSI_DELTA_ENGINE": engine} if engine else {})
 
 
 def worker(trial: Path, *, template: bool = False) -> None:

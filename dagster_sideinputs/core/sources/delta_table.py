@@ -110,8 +110,8 @@ class DeltaTableSource:
     def _log_cleaned_up(self, exc: LogCleanedUpError, start: int) -> LogCleanedUpError:
         """The error for commits after the operator's position that the log no longer
         holds: it names them and the explicit way past them."""
-        oldest = exc.oldest
-        if oldest is None:
+        oldest = exc.oldest if exc.oldest is not None and exc.oldest > start + 1 else None
+        if oldest is None:  # not listable, or a hole after the oldest commit left
             gone = f"versions after {start}"
         elif oldest - 1 == start + 1:
             gone = f"version {start + 1}"

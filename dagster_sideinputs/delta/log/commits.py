@@ -36,10 +36,10 @@ class CommitChanges:
 
 
 DAMAGED = (ValueError, KeyError, TypeError, AttributeError)
-_COMMIT_FILE = re.compile(r"\d{20}\.json")
 """What reading a damaged log raises: a commit that is not JSON lines (``ValueError``),
 an action without its fields, a checkpoint that is not parquet (``ArrowInvalid`` is a
 ``ValueError``)."""
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
