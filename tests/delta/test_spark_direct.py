@@ -8,6 +8,7 @@ from urllib.parse import unquote
 import deltalake
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dagster_sideinputs.delta.engine import AppTransaction, StagedWrite
@@ -165,14 +166,18 @@ def test_a_check_constraint_refuses_the_append_and_the_table_is_unchanged(spark,
     spark.sql(f"ALTER TABLE {sql_table(uri)} ADD CONSTRAINT positive CHECK (amount > 0)")
     bad = spark.createDataFrame([(1, 1, -1.0)], TX)
 
-    # Delta's transaction writes the files at staging, and checks the constraint there:
-    # the batch stops before any of its tables commits.
-    with pytest.raises(SchemaMismatchError, match="constraint"):
-        engine.stage(bad, uri)
-    # Staged through the cache instead (as the buffer is), the commit refuses it.
-    staged = engine.stage(bad, uri, removes_files=True)
+    # Delta's transaction writes the files at staging, and checks the constraint there
+    # (also for a commit that removes files, as the buffer's does): the batch stops
+    # before any of its tables commits.
+    for removes_files in (False, True):
+        with pytest.raises(SchemaMismatchError, match="constraint"):
+            engine.stage(bad, uri, removes_files=removes_files)
+    # Staged through the cache instead (a new column: Delta's writer merges the schema),
+    # the commit refuses it.
+    wider = bad.withColumn("note", F.lit("x"))
+    staged = engine.stage(wider, uri, schema_mode="merge")
     assert staged.handle.direct is None
-    assert qualifies(staged.handle.frame, staged, engine._state(uri))
+    assert not qualifies(staged.handle.frame, staged, engine._state(uri))
     with pytest.raises(SchemaMismatchError, match="constraint"):
         engine.commit(staged, app_transaction=AppTransaction("op", 1))
     assert rows(spark, uri) == [(0, 1, 0.5)]
@@ -317,16 +322,62 @@ def test_a_staged_append_whose_commit_fails_keeps_its_files_and_commits_nothing(
     assert rows(spark, uri) == [(0, 1, 0.5), (2, 1, 2.0)]
 
 
-def test_a_write_whose_commit_removes_files_is_staged_through_the_cache(spark, tmp_path):
+def test_a_commit_removes_exactly_the_files_named_beside_the_rows_it_adds(spark, tmp_path):
+    # Part of a partition (Delta's writer could only replace whole partitions), with the
+    # batch's transaction, in one commit made by Delta's transaction.
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri, partition_by=["customer_id"])
+    first = list(engine.snapshot(uri).files)
+    engine.write(spark.createDataFrame([(1, 1, 1.5), (2, 2, 2.5)], TX), uri)
+    staged = engine.stage(
+        spark.createDataFrame([(3, 1, 3.5)], TX), uri, partition_by=["customer_id"],
+        removes_files=True,
+    )  # fmt: skip
+    assert staged.handle.direct is not None  # written by Delta's transaction, not cached
+    result = engine.commit(staged, app_transaction=AppTransaction("op", 7), remove_files=first)
+    assert rows(spark, uri) == [(1, 1, 1.5), (2, 2, 2.5), (3, 1, 3.5)]
+    table = deltalake.DeltaTable(uri)
+    assert (result.version, table.version(), table.transaction_version("op")) == (2, 2, 7)
+    [entry] = table.history(1)
+    assert entry["operation"] == "WRITE"
+
+    # Removals alone: the same commit with no rows.
+    gone = [f for f in engine.snapshot(uri).files if f.partition_values["customer_id"] == 2]
+    engine.commit_removals(uri, gone, app_transaction=AppTransaction("op", 8))
+    assert rows(spark, uri) == [(1, 1, 1.5), (3, 1, 3.5)]
+    assert deltalake.DeltaTable(uri).transaction_version("op") == 8
+
+
+def test_a_removal_of_a_file_no_longer_live_commits_nothing(spark, tmp_path):
     engine = DeltaSparkEngine(spark)
     uri = str(tmp_path / "t")
     engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
-    before = data_files(uri)
-    staged = engine.stage(spark.createDataFrame([(1, 1, 1.0)], TX), uri, removes_files=True)
-    assert staged.handle.direct is None
-    assert staged.handle.persisted
-    assert data_files(uri) == before
-    engine.discard(staged)
+    files = list(engine.snapshot(uri).files)
+    engine.commit_removals(uri, files)
+    with pytest.raises(ConcurrentWriteError, match="not all live"):
+        engine.commit_removals(uri, files, app_transaction=AppTransaction("op", 1))
+    assert deltalake.DeltaTable(uri).version() == 1
+
+
+def test_a_file_with_a_deletion_vector_is_removed_with_its_vector(spark, tmp_path):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    spark.createDataFrame([(0, 1, 0.5), (1, 1, 1.5)], TX).coalesce(1).write.format("delta").option(
+        "delta.enableDeletionVectors", "true"
+    ).save(uri)
+    spark.sql(f"DELETE FROM {sql_table(uri)} WHERE tx_id = 0")
+    [file] = engine.snapshot(uri).files
+    assert file.deletion_vector
+    engine.write(spark.createDataFrame([(2, 2, 2.5)], TX), uri)
+    engine.commit_removals(uri, [file], app_transaction=AppTransaction("op", 1))
+    assert rows(spark, uri) == [(2, 2, 2.5)]
+    actions = [
+        json.loads(line)
+        for line in (Path(uri) / "_delta_log" / f"{3:020d}.json").read_text().splitlines()
+    ]
+    removed = [a["remove"] for a in actions if "remove" in a]
+    assert [r.get("deletionVector") is not None for r in removed] == [True]
 
 
 def _target(uri: str, **kwargs) -> StagedWrite:

@@ -4,10 +4,12 @@ plain append with its transaction, on a classic session, through Delta's transac
 
 - The write carries the batch's application transaction (``txnAppId`` / ``txnVersion``):
   Delta skips it when the table already holds the transaction.
-- Files to remove (the buffer's released slots) must be whole partitions: the write
-  becomes ``overwrite`` + ``replaceWhere`` on them, with Delta's replaceWhere constraint
-  check off for that write only, so the rows of other partitions are appended in the
-  same single commit. Removals alone are the same write with no rows.
+- Files to remove (the buffer's released slots, a reset's outputs) are removed exactly, in
+  the same commit, by Delta's transaction (:mod:`~dagster_sideinputs.delta.spark.direct`).
+  Without a JVM (Spark Connect) they must be whole partitions: the write becomes
+  ``overwrite`` + ``replaceWhere`` on them, with Delta's replaceWhere constraint check off
+  for that write only, so the rows of other partitions are appended in the same single
+  commit. Removals alone are the same write with no rows.
 - Each commit carries a unique token in ``userMetadata``, by which the engine finds the
   version it made. A failed write is translated to the project's errors.
 """
@@ -87,6 +89,7 @@ def save(
     remove_files: Sequence[DataFile],
     app_transaction: AppTransaction | None,
     commit_metadata: Mapping[str, Any] | None,
+    write_rows: bool = True,
 ) -> WriteResult:
     """One ``format("delta")`` write of ``frame``: the commit.
 
@@ -94,6 +97,7 @@ def save(
         target: the table and how to write it (uri, name, mode, partitions, schema mode).
         current: the table's latest state (None: no table yet).
         files: the table's log files, to find the commit made.
+        write_rows: False when ``frame`` holds no rows (removals alone).
     """
     uri, label, mode = target.uri, target.name, target.mode
     replace_partition, schema_mode = target.replace_partition, target.schema_mode
@@ -101,12 +105,16 @@ def save(
     before = -1 if current is None else current.version
     if (
         current is not None
-        and app_transaction is not None
-        and not remove_files
+        and (app_transaction is not None or remove_files)
         and qualifies(frame, target, current)
     ):
         try:
-            committed = direct_append(frame, uri, current, app_transaction, user_metadata)
+            committed = direct_append(
+                frame, uri, current, app_transaction, user_metadata,
+                remove=remove_files, label=label, write_rows=write_rows,
+            )  # fmt: skip
+        except ConcurrentWriteError:
+            raise
         except Exception as exc:
             raise _translated(exc, label, replace_partition) from exc
         if committed:
@@ -166,11 +174,18 @@ def commit_staged_files(
     *,
     app_transaction: AppTransaction,
     commit_metadata: Mapping[str, Any] | None,
+    remove_files: Sequence[DataFile] = (),
 ) -> WriteResult:
-    """Commit the files staged for Delta's transaction (None: the commit creates the table)."""
+    """Commit the files staged for Delta's transaction (None: the commit creates the
+    table), removing ``remove_files`` in the same commit."""
     token, user_metadata = _user_metadata(commit_metadata)
     try:
-        commit_stage(stage, app_transaction, user_metadata)
+        commit_stage(
+            stage, app_transaction, user_metadata,
+            current=current, remove=remove_files, label=target.name,
+        )  # fmt: skip
+    except ConcurrentWriteError:
+        raise
     except Exception as exc:
         raise write_error(exc, target.name) from exc
     before = -1 if current is None else current.version

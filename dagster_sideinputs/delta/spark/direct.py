@@ -28,6 +28,15 @@ written for a batch that then commits
 nothing are deleted; a commit that fails leaves them unreferenced (Delta's ``VACUUM``
 removes them), never deleting a file a commit may reference.
 
+Files removed by a commit (the buffer's released slots, a reset's outputs) are Delta's
+``RemoveFile`` actions in that same transaction, beside the files added: the removal of
+exactly those files (Delta's writer can only remove what a ``replaceWhere`` predicate
+matches, whole partitions). Each is the live ``add`` action of the version the transaction
+reads, turned into its removal by Delta (``AddFile.remove``), or parsed by Delta from the
+``add`` as the log holds it when no deletion vector comes with it. Delta's conflict check
+fails the commit when another writer removed one of them first. One removal of a released
+slot measured 0.05 s against 1.7 s for the ``replaceWhere`` write (local[2], warm).
+
 Everything else, and any session without a JVM (Spark Connect), goes through the
 DataFrame writer: :func:`direct_append` then returns False having done nothing.
 """
@@ -40,13 +49,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import AppTransaction, SchemaMode, StagedWrite, WriteMode
-from dagster_sideinputs.delta.log.state import COLUMN_MAPPING_KEYS, LogState
+from dagster_sideinputs.delta.engine import (
+    AppTransaction,
+    DataFile,
+    SchemaMode,
+    StagedWrite,
+    WriteMode,
+)
+from dagster_sideinputs.delta.log.state import COLUMN_MAPPING_KEYS, LiveFile, LogState
 from dagster_sideinputs.delta.store.files import spark_uri
+from dagster_sideinputs.errors import ConcurrentWriteError
 
 log = logging.getLogger(__name__)
 
@@ -124,17 +142,28 @@ def direct_append(
     frame: DataFrame,
     uri: str,
     current: LogState,
-    app_transaction: AppTransaction,
+    app_transaction: AppTransaction | None,
     user_metadata: str,
+    *,
+    remove: Sequence[DataFile] = (),
+    label: str = "",
+    write_rows: bool = True,
 ) -> bool:
-    """Append ``frame`` to the table at ``uri`` in one commit with ``app_transaction``.
+    """Append ``frame``'s rows (unless not ``write_rows``: removals alone) to the table at
+    ``uri`` and remove the files ``remove``, in one commit with ``app_transaction``.
 
     Returns False, having written nothing, when Delta's classes are not as expected or
     the table moved past ``current`` (the caller then writes through the DataFrame
     writer, which checks the transaction itself). Errors of the write or the commit
     are raised as delta-spark raises them.
+
+    Raises:
+        ConcurrentWriteError: a file of ``remove`` is not live at ``current``.
     """
-    commit = open_append(frame, uri, current, app_transaction, user_metadata)
+    commit = open_append(
+        frame, uri, current, app_transaction, user_metadata,
+        remove=remove, label=label, write_rows=write_rows,
+    )  # fmt: skip
     if commit is None:
         return False
     commit()
@@ -145,8 +174,12 @@ def open_append(
     frame: DataFrame,
     uri: str,
     current: LogState,
-    app_transaction: AppTransaction,
+    app_transaction: AppTransaction | None,
     user_metadata: str,
+    *,
+    remove: Sequence[DataFile] = (),
+    label: str = "",
+    write_rows: bool = True,
 ) -> Callable[[], None] | None:
     """Delta's transaction on the table, reading version ``current.version``, and the
     step that writes ``frame`` and commits; None when it cannot be opened so."""
@@ -154,20 +187,93 @@ def open_append(
     if opened is None:
         return None
     _, txn = opened
+    spark = frame.sparkSession
+    removals = removal_actions(spark, txn, current, remove, label or uri)
     try:
-        set_transaction, operation = _commit_actions(
-            frame.sparkSession, app_transaction, user_metadata
-        )
-        txn.readTxn().addOne(app_transaction.app_id)
+        actions, operation = _commit_actions(spark, app_transaction, user_metadata, removals)
+        if app_transaction is not None:
+            txn.readTxn().addOne(app_transaction.app_id)
     except Exception as exc:  # py4j: a class or signature of another Delta release
         log.debug("delta-spark: appending through the writer (%s)", exc)
         return None
 
     def commit() -> None:
-        files = txn.writeFiles(getattr(frame, "_jdf"))  # noqa: B009
-        txn.commit(files.appended(set_transaction), operation)
+        files = txn.writeFiles(getattr(frame, "_jdf")) if write_rows else _seq(spark, [])  # noqa: B009
+        txn.commit(_appended(files, actions), operation)
 
     return commit
+
+
+def removal_actions(
+    spark: SparkSession, txn: Any, current: LogState, files: Sequence[DataFile], label: str
+) -> list[Any]:
+    """Delta's ``RemoveFile`` actions of ``files``, which must be live at ``current``.
+
+    A file's live ``add`` action, as the log holds it, is parsed by Delta and turned into
+    its removal by Delta; one with a deletion vector is taken from Delta's own snapshot
+    instead (the transaction's, by a small Spark job), so that its removal names the vector exactly.
+
+    Raises:
+        ConcurrentWriteError: a file is not live any more (another writer removed it).
+    """
+    if not files:
+        return []
+    live: dict[str, LiveFile] = {unquote(f.path): f for f in current.files.values()}
+    gone = sorted(f.path for f in files if f.path not in live)
+    if gone:
+        raise ConcurrentWriteError(
+            f"The files to remove from {label} are not all live any more (e.g. {gone[0]!r}): "
+            "another writer changed the table. Nothing was committed.",
+            fix="rerun (batches are idempotent)",
+        )
+    chosen = [live[f.path] for f in files]
+    plain = [f for f in chosen if f.deletion_vector is None]
+    with_vectors = [f.path for f in chosen if f.deletion_vector is not None]
+    now = int(time.time() * 1000)
+    removals = [
+        parsed_action(spark, {"add": _add_of(f)}).removeWithTimestamp(now, True) for f in plain
+    ]
+    if with_vectors:
+        wanted = F.col("path").isin(with_vectors)
+        adds = txn.snapshot().allFiles().filter(getattr(wanted, "_jc"))  # noqa: B009
+        removals.extend(add.removeWithTimestamp(now, True) for add in adds.collectAsList())
+    if len(removals) != len(files):
+        raise ConcurrentWriteError(
+            f"Only {len(removals)} of the {len(files)} files to remove from {label} were "
+            "found live. Nothing was committed.",
+            fix="rerun (batches are idempotent)",
+        )
+    return removals
+
+
+def _add_of(file: LiveFile) -> dict[str, Any]:
+    """The ``add`` action of a live file without a deletion vector, as the log holds it."""
+    action: dict[str, Any] = {
+        "path": file.path,
+        "partitionValues": dict(file.partition_values),
+        "size": file.size,
+        "modificationTime": file.modification_time or 0,
+        "dataChange": True,
+    }
+    if file.stats is not None:
+        action["stats"] = file.stats
+    return action
+
+
+def _seq(spark: SparkSession, items: Sequence[Any]) -> Any:
+    """A Scala ``Seq`` of py4j objects."""
+    jvm: Any = getattr(spark, "_jvm")  # noqa: B009
+    listed = jvm.java.util.ArrayList()
+    for item in items:
+        listed.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(listed).toSeq()
+
+
+def _appended(files: Any, actions: Sequence[Any]) -> Any:
+    """``files`` (a Scala ``Seq`` of actions) followed by ``actions``."""
+    for action in actions:
+        files = files.appended(action)
+    return files
 
 
 @dataclass
@@ -209,13 +315,26 @@ def stage_append(frame: DataFrame, uri: str, current: LogState) -> DirectStage |
     return DirectStage(frame.sparkSession, delta_log, txn, files, paths, rows)
 
 
-def commit_stage(stage: DirectStage, app_transaction: AppTransaction, user_metadata: str) -> None:
-    """Commit the staged files with the application transaction, as one commit (the
-    application id registered as read: a concurrent commit of it fails this one)."""
-    set_transaction, operation = _commit_actions(stage.spark, app_transaction, user_metadata)
+def commit_stage(
+    stage: DirectStage,
+    app_transaction: AppTransaction,
+    user_metadata: str,
+    *,
+    current: LogState | None = None,
+    remove: Sequence[DataFile] = (),
+    label: str = "",
+) -> None:
+    """Commit the staged files with the application transaction, and remove ``remove``
+    (live at ``current``), as one commit (the application id registered as read: a
+    concurrent commit of it fails this one)."""
+    removals = []
+    if remove:
+        assert current is not None
+        removals = removal_actions(stage.spark, stage.txn, current, remove, label)
+    actions, operation = _commit_actions(stage.spark, app_transaction, user_metadata, removals)
     stage.txn.readTxn().addOne(app_transaction.app_id)
     stage.commit_tried = True
-    stage.txn.commit(stage.files.appended(set_transaction), operation)
+    stage.txn.commit(_appended(stage.files, actions), operation)
     _forget_marker(stage)
 
 
@@ -276,16 +395,23 @@ def parsed_action(spark: SparkSession, action: Mapping[str, Any]) -> Any:
 
 
 def _commit_actions(
-    spark: SparkSession, app_transaction: AppTransaction, user_metadata: str
-) -> tuple[Any, Any]:
-    """(SetTransaction, DeltaOperations.Write) of an append with ``user_metadata``."""
+    spark: SparkSession,
+    app_transaction: AppTransaction | None,
+    user_metadata: str,
+    removals: Sequence[Any] = (),
+) -> tuple[list[Any], Any]:
+    """(actions beside the written files, Delta's operation) of a commit: the removals and
+    the ``SetTransaction``; the operation a write with ``user_metadata`` records (an
+    append, or an overwrite of exactly the removed files)."""
     jvm: Any = getattr(spark, "_jvm")  # noqa: B009
     delta = jvm.org.apache.spark.sql.delta
     scala_option = jvm.scala.Option
+    save_mode = jvm.org.apache.spark.sql.SaveMode
+    predicate = f"the {len(removals)} file(s) removed" if removals else None
     operation = delta.DeltaOperations.Write(
-        jvm.org.apache.spark.sql.SaveMode.Append,
+        save_mode.Overwrite if removals else save_mode.Append,
         scala_option.empty(),
-        scala_option.empty(),
+        scala_option.apply(predicate),
         scala_option.apply(user_metadata),
         scala_option.empty(),
         scala_option.empty(),
@@ -293,9 +419,13 @@ def _commit_actions(
         scala_option.empty(),
         scala_option.empty(),
     )
-    set_transaction = delta.actions.SetTransaction(
-        app_transaction.app_id,
-        app_transaction.version,
-        scala_option.apply(jvm.java.lang.Long.valueOf(int(time.time() * 1000))),
-    )
-    return set_transaction, operation
+    actions = list(removals)
+    if app_transaction is not None:
+        actions.append(
+            delta.actions.SetTransaction(
+                app_transaction.app_id,
+                app_transaction.version,
+                scala_option.apply(jvm.java.lang.Long.valueOf(int(time.time() * 1000))),
+            )
+        )
+    return actions, operation

@@ -249,14 +249,14 @@ class DeltaSparkEngine:
         # find a blocked new table only when it creates the log, at commit time.
         refuse_blocked_location(uri, label)
         state = self._state(uri, name=label) if self.exists(uri) else None
-        plain = mode == "append" and not partition_by and not removes_files
+        # Files removed in the same commit go with the staged ones (Delta's transaction).
+        plain = mode == "append" and not partition_by
         with self._cleaning_up(uri):
             if plain and (staged := stage_append_native(df, uri, label, state, schema_mode)):
                 return staged  # else: Delta's writer (stage_rows)
             return stage_rows(
                 df, uri, label, state, mode=mode, partition_by=partition_by,
                 replace_partition=replace_partition, schema_mode=schema_mode,
-                removes_files=removes_files,
             )  # fmt: skip
 
     @contextlib.contextmanager
@@ -354,11 +354,11 @@ class DeltaSparkEngine:
                 direct is not None
                 and (current is None) == (direct.creating is not None)
                 and app_transaction is not None
-                and not remove_files
             ):
                 result = commit_staged_files(
                     direct, staged, current, self._files(uri),
                     app_transaction=app_transaction, commit_metadata=commit_metadata,
+                    remove_files=remove_files,
                 )  # fmt: skip
             else:  # the files staged (if any) are deleted below; the writer writes
                 with self._cleaning_up(uri):
@@ -418,14 +418,22 @@ class DeltaSparkEngine:
         name: str | None = None,
         commit_metadata: Mapping[str, Any] | None = None,
     ) -> WriteResult:
-        # The removals are an empty write's: the same commit as a batch's (one replaceWhere).
-        label = name or normalize_uri(uri)
-        schema = self._state(uri, name=label).schema  # raises when there is no table
-        empty = self._spark(f"remove files from {label}").createDataFrame([], schema)
-        return self.write(
-            empty, uri, remove_files=files, app_transaction=app_transaction, name=name,
-            commit_metadata=commit_metadata,
-        )  # fmt: skip
+        # The removals are a write of no rows: the same commit as a batch's.
+        started = time.perf_counter()
+        uri = normalize_uri(uri)
+        label = name or uri
+        current = self._state(uri, name=label)  # raises when there is no table
+        if holds(current, app_transaction):
+            return unchanged(uri, current.version, time.perf_counter() - started)
+        empty = self._spark(f"remove files from {label}").createDataFrame([], current.schema)
+        target = StagedWrite(uri, label, "append", list(current.partition_columns), None, None)
+        with self._cleaning_up(uri):
+            result = save(
+                empty, target, current, self._files(uri), remove_files=files,
+                app_transaction=app_transaction, commit_metadata=commit_metadata,
+                write_rows=False,
+            )  # fmt: skip
+        return with_duration(result, time.perf_counter() - started)
 
     def append_rows(
         self,

@@ -150,7 +150,6 @@ def stage_rows(
     partition_by: list[str] | None,
     replace_partition: Mapping[str, Any] | None,
     schema_mode: SchemaMode | None,
-    removes_files: bool,
 ) -> StagedWrite:
     """Stage a write of ``df`` to the table at ``state`` (None: no table yet): a plain
     append on a classic session through Delta's transaction (its files written now),
@@ -172,12 +171,8 @@ def stage_rows(
         seconds=0.0,
         handle=None,
     )
-    if (
-        state is not None
-        and not removes_files
-        and plain_append(
-            projected, state, mode=mode, schema_mode=schema_mode, partition_by=partitions
-        )
+    if state is not None and plain_append(
+        projected, state, mode=mode, schema_mode=schema_mode, partition_by=partitions
     ):
         try:
             direct = stage_append(projected, uri, state)
