@@ -16,6 +16,11 @@ spent in the Delta engine's metadata and commit calls (everything but the Spark 
 counted once where calls nest. It also counts the Delta tables opened and the state
 files read, listed and written.
 
+``--engine delta-spark`` runs the same under Delta's own library (the session gets
+Delta's jars); its engine calls include Delta's own commits in the JVM (the transaction
+that adds the staged files, removes released ones and records the batch's application
+transaction), which the bridge makes by writing the log itself.
+
 It prints, per bucket of batches, the median and spread of each figure, and the ratio of
 the last bucket to the bucket around batch 10 (both measured in this run; the machine
 may be shared, so single batches are noisy: read the medians).
@@ -49,13 +54,15 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import deltalake
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.spark.packages import DeltaMode
 from dagster_sideinputs.core.spark.session import build_spark_session
 from dagster_sideinputs.core.state import identity
 from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
 from dagster_sideinputs.delta.store.files import TableFiles
 
 ENGINE_CALLS = (
@@ -125,8 +132,10 @@ def instrument(meter: Meter) -> None:
 
         setattr(owner, name, timed)
 
-    for name in ENGINE_CALLS:
-        wrap(DeltaRsEngine, name, f"engine.{name}")
+    for engine in (DeltaRsEngine, DeltaSparkEngine):
+        for name in ENGINE_CALLS:
+            if hasattr(engine, name):
+                wrap(engine, name, f"engine.{name}")
     for name in FILE_CALLS:
         wrap(TableFiles, name, f"files.{name}", len if name == "list_files" else None)
     original_init = deltalake.DeltaTable.__init__
@@ -225,6 +234,15 @@ class Setup:
         )
 
 
+def session(args: argparse.Namespace, name: str) -> SparkSession:
+    """The benchmark's session (with Delta's jars where they are: ``auto``; required when
+    the lake's engine is delta-spark)."""
+    delta: DeltaMode = True if args.engine == "delta-spark" else "auto"
+    return build_spark_session(
+        master=args.master, ui_enabled=False, app_name=name, delta=delta, log_level="ERROR"
+    )
+
+
 def probe(op: dsi.SideInputOperator) -> float:
     """The fixed cost of a step without its Spark jobs: the run-start checks, planning the
     next batch (``peek``: listing, Delta logs of main/side/buffer, state files), and
@@ -291,7 +309,7 @@ def probe_only(args: argparse.Namespace) -> int:
         tables = deepen_logs(deep, args.deepen)
         seconds = time.perf_counter() - started
         print(f"deepened {tables} by {args.deepen} commits in {seconds:.0f} s")
-        spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-deepen")
+        spark = session(args, "bench-deepen")
         caught_up = Setup(deep, args).operator().run(spark, trigger="available_now")
         print(f"catch-up run over the deepened main input: {len(caught_up.batches)} batch(es)")
         spark.stop()
@@ -320,7 +338,7 @@ def run_in_turn(folders: list[Path], args: argparse.Namespace) -> None:
     """Real batches on each folder in turn (an append, then one ``available_now`` run):
     the wall time, and the bookkeeping time (Delta metadata and commit calls, state
     files) of each, per folder."""
-    spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-in-turn")
+    spark = session(args, "bench-in-turn")
     setups = [Setup(f, args, next_id=2 * 10**9 + i * 10**6) for i, f in enumerate(folders)]
     operators = [setup.operator() for setup in setups]
     meter = Meter()
@@ -425,7 +443,7 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="dsi-batches-"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-batches")
+    spark = session(args, "bench-batches")
     setup = Setup(work, args)
     setup.append()
     op = setup.operator()
@@ -474,7 +492,10 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             for saved in copies.values():
                 shutil.rmtree(saved.root, ignore_errors=True)
-    print(f"\n{args.batches} batches of {args.rows} rows, main input {args.main}, {args.master}")
+    print(
+        f"\n{args.batches} batches of {args.rows} rows, main input {args.main}, "
+        f"{op.spec.engine.name}, {args.master}"
+    )
     print("(shared machine: per-batch figures are noisy; medians and [quartiles] per bucket)\n")
     edges = bucket_edges(len(walls), args.bucket)
     keys = sorted({k for c in counts for k in c})
