@@ -523,18 +523,27 @@ def _resolve(rev: str, repo: Path) -> str:
 
 
 def export(repo: Path, rev: str) -> Path:
-    """``git archive`` of ``rev`` into /tmp/dsi-mutations/<rev>/base (reused when there)."""
+    """``git archive`` of ``rev`` into /tmp/dsi-mutations/<rev>/base (reused when there).
+
+    Exported into a folder of this process's own, then renamed into place: two runs of
+    the same revision started together (two halves of the list) each export, and the
+    first rename wins."""
     base = SCRATCH / rev / "base"
     if (base / "pyproject.toml").exists():
         return base
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(parents=True)
-    archive = SCRATCH / rev / "tree.tar"
+    mine = SCRATCH / rev / f"base-{os.getpid()}"
+    shutil.rmtree(mine, ignore_errors=True)
+    mine.mkdir(parents=True)
+    archive = SCRATCH / rev / f"tree-{os.getpid()}.tar"
     with archive.open("wb") as out:
         subprocess.run(["git", "-C", str(repo), "archive", rev], check=True, stdout=out)
     with tarfile.open(archive) as tar:
-        tar.extractall(base, filter="data")
+        tar.extractall(mine, filter="data")
     archive.unlink()
+    try:
+        mine.rename(base)
+    except OSError:  # another run's export is in place
+        shutil.rmtree(mine, ignore_errors=True)
     return base
 
 
