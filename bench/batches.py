@@ -238,8 +238,14 @@ def session(args: argparse.Namespace, name: str) -> SparkSession:
     """The benchmark's session (with Delta's jars where they are: ``auto``; required when
     the lake's engine is delta-spark)."""
     delta: DeltaMode = True if args.engine == "delta-spark" else "auto"
+    configs = dict(item.split("=", 1) for item in args.conf or ())
     return build_spark_session(
-        master=args.master, ui_enabled=False, app_name=name, delta=delta, log_level="ERROR"
+        master=args.master,
+        ui_enabled=False,
+        app_name=name,
+        delta=delta,
+        log_level="ERROR",
+        configs=configs,
     )
 
 
@@ -401,6 +407,9 @@ def main() -> int:
     )
     parser.add_argument("--bucket", type=int, default=100, help="batches per reported bucket")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--conf", action="append", metavar="KEY=VALUE", help="a Spark setting (repeatable)"
+    )
     parser.add_argument("--work", default=None, help="working folder (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
     parser.add_argument(
