@@ -32,10 +32,11 @@ Files removed by a commit (the buffer's released slots, a reset's outputs) are D
 ``RemoveFile`` actions in that same transaction, beside the files added: the removal of
 exactly those files (Delta's writer can only remove what a ``replaceWhere`` predicate
 matches, whole partitions). Each is the live ``add`` action of the version the transaction
-reads, turned into its removal by Delta (``AddFile.remove``), or parsed by Delta from the
-``add`` as the log holds it when no deletion vector comes with it. Delta's conflict check
-fails the commit when another writer removed one of them first. One removal of a released
-slot measured 0.05 s against 1.7 s for the ``replaceWhere`` write (local[2], warm).
+reads, parsed by Delta from the ``add`` as the log holds it (or, for a file with a
+deletion vector, taken from the transaction's snapshot) and turned into its removal by
+Delta (``AddFile.removeWithTimestamp``). Delta's conflict check fails the commit when
+another writer removed one of them first. A removal commit measured 0.13 s against 1.8 s
+for the ``replaceWhere`` write it replaces (local[2], warm, one after the other).
 
 Everything else, and any session without a JVM (Spark Connect), goes through the
 DataFrame writer: :func:`direct_append` then returns False having done nothing.
@@ -198,8 +199,8 @@ def open_append(
         return None
 
     def commit() -> None:
-        files = txn.writeFiles(getattr(frame, "_jdf")) if write_rows else _seq(spark, [])  # noqa: B009
-        txn.commit(_appended(files, actions), operation)
+        written = txn.writeFiles(getattr(frame, "_jdf")) if write_rows else None  # noqa: B009
+        txn.commit(_with(spark, written, actions), operation)
 
     return commit
 
@@ -260,20 +261,20 @@ def _add_of(file: LiveFile) -> dict[str, Any]:
     return action
 
 
-def _seq(spark: SparkSession, items: Sequence[Any]) -> Any:
-    """A Scala ``Seq`` of py4j objects."""
-    jvm: Any = getattr(spark, "_jvm")  # noqa: B009
-    listed = jvm.java.util.ArrayList()
+def scala_seq(spark: SparkSession, items: Sequence[Any]) -> Any:
+    """A Scala ``Seq`` of JVM objects (what Delta's transaction commits)."""
+    jvm: Any = getattr(spark, "_jvm")  # noqa: B009 (a classic session's gateway)
+    values = jvm.java.util.ArrayList()
     for item in items:
-        listed.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(listed).toSeq()
+        values.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(values).toSeq()
 
 
-def _appended(files: Any, actions: Sequence[Any]) -> Any:
-    """``files`` (a Scala ``Seq`` of actions) followed by ``actions``."""
-    for action in actions:
-        files = files.appended(action)
-    return files
+def _with(spark: SparkSession, files: Any, actions: Sequence[Any]) -> Any:
+    """The written files' actions (a Scala ``Seq``, or None: no rows written) followed by
+    ``actions``, as one Scala ``Seq``."""
+    extra = scala_seq(spark, actions)
+    return extra if files is None else files.appendedAll(extra)
 
 
 @dataclass
@@ -334,7 +335,7 @@ def commit_stage(
     actions, operation = _commit_actions(stage.spark, app_transaction, user_metadata, removals)
     stage.txn.readTxn().addOne(app_transaction.app_id)
     stage.commit_tried = True
-    stage.txn.commit(_appended(stage.files, actions), operation)
+    stage.txn.commit(_with(stage.spark, stage.files, actions), operation)
     _forget_marker(stage)
 
 

@@ -59,6 +59,7 @@ from dagster_sideinputs.delta.spark.direct import (
     parsed_action,
     plain_append,
     plain_protocol,
+    scala_seq,
 )
 from dagster_sideinputs.delta.spark.stage import SparkStage, plan_rows
 from dagster_sideinputs.delta.staging import (
@@ -184,7 +185,7 @@ def _stage_files(
                 spark,
                 delta_log,
                 txn,
-                _scala_seq(data, [parsed_action(spark, {"add": a}) for a in adds]),
+                scala_seq(spark, [parsed_action(spark, {"add": a}) for a in adds]),
                 [add["path"] for add in adds],
                 sum(int(file.stats["numRecords"]) for file in files),
                 creating=creating,
@@ -262,15 +263,6 @@ def _nullable(data_type: T.DataType) -> bool:
     if isinstance(data_type, T.MapType):
         return data_type.valueContainsNull and _nullable(data_type.valueType)
     return True
-
-
-def _scala_seq(df: DataFrame, items: Sequence[Any]) -> Any:
-    """A Scala Seq of JVM objects (what Delta's transaction commits)."""
-    jvm: Any = getattr(df.sparkSession, "_jvm")  # noqa: B009 (a classic session's gateway)
-    values = jvm.java.util.ArrayList()
-    for item in items:
-        values.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(values).toSeq()
 
 
 def _staged(
