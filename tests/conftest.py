@@ -42,6 +42,7 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
 os.environ.setdefault("DSI_JVM_ARCHIVE", "on")
 
 if TYPE_CHECKING:
+    from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
     from tests.servers.kafka import KafkaBroker
 
 
@@ -65,10 +66,27 @@ END_TO_END = (
 subprocesses."""
 
 
-SHARED_SCOPES = {"tests/dagster_layer/test_browser.py": "tests/dagster_layer/test_webserver.py"}
-"""Modules that use another module's session-scoped server (the browser test: the GraphQL
-test's webserver and story). In two xdist workers they run in that module's worker, so the
-server and its story start once."""
+SHARED_SCOPES = {
+    "tests/dagster_layer/test_browser.py": "tests/dagster_layer/test_webserver.py",
+    "tests/test_airflow.py": "tests/dagster_layer/test_webserver.py",
+    "tests/delta/test_delta_connect.py": "tests/dagster_layer/test_webserver.py",
+    **{
+        module: "tests/core/test_kafka.py"
+        for module in (
+            "tests/core/test_kafka_keyed.py",
+            "tests/core/test_kafka_crash.py",
+            "tests/core/test_bad_input_decode.py",
+            "tests/core/test_bad_input_resets.py",
+            "tests/dagster_layer/test_kafka_assets.py",
+            "tests/servers/test_kafka_broker.py",
+        )
+    },
+}
+"""Modules that use another module's session-scoped server. In two xdist workers they run
+in that module's worker, so the server starts once: the browser test uses the GraphQL
+test's webserver and story; those two, Airflow's tasks and the Connect tests attach to one
+Spark Connect server (:func:`connect_server`); and the modules that use the Kafka broker
+(:func:`kafka_broker`), which then starts once."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -193,6 +211,31 @@ def kafka_broker() -> Iterator["KafkaBroker"]:
 
     with KafkaBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator["LocalConnectServer"]:
+    """The Spark Connect server with Delta that ``make dev`` starts
+    (core/spark/connect_server.py), local[2], warmed up as ``make dev`` does it.
+
+    Shared by the end-to-end modules whose runs attach to one (the webserver's, Airflow's
+    tasks, the Connect tests: :data:`SHARED_SCOPES` keeps them in one worker): each opens
+    its own Connect sessions and writes its own tables, and one JVM starts and compiles
+    Delta's classes once instead of three times (about a minute of CPU each on 2 cores).
+    """
+    from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
+    from tests.cluster import free_port
+
+    root = tmp_path_factory.mktemp("connect-server")
+    server = LocalConnectServer(
+        root / "connect-server.log",
+        port=free_port(),
+        master="local[2]",
+        confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(root / "warehouse")},
+    )
+    with server as running:
+        running.warm_up()
+        yield running
 
 
 @pytest.fixture(scope="session")

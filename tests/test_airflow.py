@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -374,28 +373,17 @@ class Story:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory) -> Iterator[Story]:
+def story(connect_server: LocalConnectServer) -> Iterator[Story]:
     root = Path(tempfile.mkdtemp(prefix="dsi-airflow-"))  # short: Airflow's socket paths
     lakes = {name: root / f"lake-{name}" for name in ("D", "A", "K", "E")}
     for lake in lakes.values():
         lake.mkdir()
     # A task that starts its own JVM runs the example's batch cold: the first runs (three
     # DAGs at once) settled in 125 s that way against 48 s attached to a warm server, the
-    # release in 56 s against 16 s (docs/airflow.md).
-    connect = LocalConnectServer(
-        root / "connect-server.log",
-        port=free_port(),
-        master="local[2]",
-        driver_memory="1g",
-        confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(root / "warehouse")},
-    )
-    airflow = start_airflow(root, lakes, connect.url)  # boots while Dagster makes the inputs
+    # release in 56 s against 16 s (docs/airflow.md). The server is the session's, warmed
+    # up (tests/conftest.py), shared with the other modules that attach to one.
+    airflow = start_airflow(root, lakes, connect_server.url)  # boots while Dagster makes the inputs
     try:
-        connect.start()
-        # Its first Delta reads and writes load and compile their classes: ahead of the
-        # tasks, beside Dagster's runs.
-        warming = threading.Thread(target=connect.warm_up, daemon=True)
-        warming.start()
         dagster = Dagster(lakes["D"])
         dagster.materialize([fraud_rules])
         dagster.materialize([customer_profiles])
@@ -411,11 +399,9 @@ def story(tmp_path_factory) -> Iterator[Story]:
         story.first["dagster"] = first
         story.first["dagster_tables"] = outputs(lakes["D"])
         wait_until_ready(airflow)
-        warming.join()
         yield story
     finally:
         stop(airflow.process)
-        connect.stop()
         if not os.environ.get("DSI_KEEP_AIRFLOW"):  # set it to look at Airflow's logs
             shutil.rmtree(root, ignore_errors=True)
 

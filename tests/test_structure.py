@@ -329,3 +329,17 @@ def test_the_continuous_polling_default_is_one_constant_everywhere():
     assert inspect.signature(SideInputOperator.run).parameters["interval"].default == POLL_INTERVAL
     job_default = inspect.signature(build_side_input_job).parameters["interval_seconds"].default
     assert job_default == RUN_CONFIG["interval_seconds"].default_value == 1.0
+
+
+def test_modules_sharing_a_server_name_modules_that_use_it():
+    """``SHARED_SCOPES`` keeps the modules that share a session's server in one xdist
+    worker: a renamed module would silently start the server a second time."""
+    from tests.conftest import SHARED_SCOPES
+
+    root = Path(__file__).parent.parent
+    for module, scope in SHARED_SCOPES.items():
+        for path in (module, scope):
+            assert (root / path).is_file(), path
+    for module in {*SHARED_SCOPES, *SHARED_SCOPES.values()}:
+        text = (root / module).read_text()
+        assert any(f in text for f in ("connect_server", "kafka_broker", "webserver")), module

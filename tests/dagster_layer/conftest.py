@@ -15,7 +15,6 @@ import pytest
 
 from assets.payments import FX_START, hourly
 from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
-from tests.cluster import free_port
 from tests.dagster_layer.webserver import ASSET_JOB, Webserver, serve
 
 OPERATOR_JOB = "payments_enrichment_job"
@@ -46,20 +45,14 @@ class Story:
 
 
 @pytest.fixture(scope="session")
-def webserver(tmp_path_factory) -> Iterator[Webserver]:
+def webserver(tmp_path_factory, connect_server: LocalConnectServer) -> Iterator[Webserver]:
     """``dagster-webserver -w workspace.yaml`` on a fresh instance, lake and port, its runs
     attached to a Spark Connect server with Delta, as ``make dev`` serves the example: a
     run opens a session in seconds instead of starting a JVM."""
     root = tmp_path_factory.mktemp("webserver")
-    connect = LocalConnectServer(
-        root / "connect-server.log",
-        port=free_port(),
-        master="local[2]",
-        confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(root / "warehouse")},
-    )
     # The same FX partitions as this process sees, even across midnight.
-    env = {"DSI_FX_START": FX_START, "DSI_SPARK_REMOTE": connect.url}
-    with connect, serve(root, env) as server:
+    env = {"DSI_FX_START": FX_START, "DSI_SPARK_REMOTE": connect_server.url}
+    with serve(root, env) as server:
         yield server
 
 

@@ -10,29 +10,20 @@ nothing more: over Connect it uses only those (no ``DeltaTable``; its one py4j f
 delta/spark/direct.py, is for classic sessions), so the operator runs over Connect with it.
 """
 
-from collections.abc import Iterator
-
 import pytest
 
 from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
-from tests.cluster import check, free_port, run_delta_client, run_operator_client
+from tests.cluster import check, run_delta_client, run_operator_client
 
 pytestmark = [pytest.mark.connect, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def delta_server(tmp_path_factory) -> Iterator[LocalConnectServer]:
-    """The server ``make dev`` starts (core/spark/connect_server.py), on one core."""
-    work = tmp_path_factory.mktemp("delta-connect-server")
-    server = LocalConnectServer(
-        work / "connect-server.log",
-        port=free_port(),
-        master="local[1]",
-        confs={"spark.ui.enabled": "false", "spark.sql.warehouse.dir": str(work / "warehouse")},
-    )
-    with server as running:
-        assert running.warm_up() > 0  # what make dev does beside dg dev
-        yield running
+def delta_server(connect_server: LocalConnectServer) -> LocalConnectServer:
+    """The server ``make dev`` starts (core/spark/connect_server.py), warmed up as ``make
+    dev`` does it; the session's, shared with the other modules that attach to one."""
+    assert connect_server.warm_up() > 0  # a client of its own writes and reads Delta
+    return connect_server
 
 
 def test_connect_client_sees_delta_and_writes_merges_and_reads_a_delta_table(
