@@ -12,24 +12,18 @@ delta/spark/direct.py, is for classic sessions), so the operator runs over Conne
 
 import pytest
 
-from dagster_sideinputs.core.spark.connect_server import LocalConnectServer
 from tests.cluster import check, run_delta_client, run_operator_client
 
 pytestmark = [pytest.mark.connect, pytest.mark.slow]
 
-
-@pytest.fixture(scope="module")
-def delta_server(connect_server: LocalConnectServer) -> LocalConnectServer:
-    """The server ``make dev`` starts (core/spark/connect_server.py), warmed up as ``make
-    dev`` does it; the session's, shared with the other modules that attach to one."""
-    assert connect_server.warm_up() > 0  # a client of its own writes and reads Delta
-    return connect_server
+# ``connect_server`` (tests/conftest.py): the server ``make dev`` starts, warmed up as
+# ``make dev`` does it; the session's, shared with the other modules that attach to one.
 
 
 def test_connect_client_sees_delta_and_writes_merges_and_reads_a_delta_table(
-    delta_server, tmp_path
+    connect_server, tmp_path
 ):
-    report = run_delta_client(delta_server.url, tmp_path / "t", delta=True)
+    report = run_delta_client(connect_server.url, tmp_path / "t", delta=True)
     assert report.get("session") == "pyspark.sql.connect.session", report
     assert report["delta"] is True
     assert report["rows"] == [0, 1, 2, 7]
@@ -37,9 +31,9 @@ def test_connect_client_sees_delta_and_writes_merges_and_reads_a_delta_table(
 
 
 @pytest.fixture(scope="module")
-def client_report(delta_server, tmp_path_factory) -> dict:
+def client_report(connect_server, tmp_path_factory) -> dict:
     """``tests/operator_client.py`` against the Delta server (engine ``auto``)."""
-    return run_operator_client(tmp_path_factory.mktemp("delta-client"), remote=delta_server.url)
+    return run_operator_client(tmp_path_factory.mktemp("delta-client"), remote=connect_server.url)
 
 
 def test_operator_over_connect_uses_delta_spark_and_its_commits_carry_transactions(
