@@ -25,6 +25,16 @@ It prints, per bucket of batches, the median and spread of each figure, and the 
 the last bucket to the bucket around batch 10 (both measured in this run; the machine
 may be shared, so single batches are noisy: read the medians).
 
+``--fixed-cost`` measures what a batch costs when it carries (almost) no data, under both
+engines in one session (Delta's jars loaded; the bridge's lake beside delta-spark's),
+rounds alternating between them after ``--batches`` batches of history each:
+
+    python bench/batches.py --fixed-cost --batches 10 --repeats 7
+
+per round and engine: an *idle* run (nothing new: the run plans nothing), an *empty*
+batch (the main table gained a version adding no rows) and a *10-row* batch, each an
+``available_now`` run timed whole, with the batch's own time (its stages) beside it.
+
 Batch 10,000 is hours away at a batch a second, so history can also be deepened:
 
     python bench/batches.py --batches 12 --save-at 10 --keep --work /tmp/b
@@ -171,8 +181,8 @@ class Setup:
     def landing(self) -> Path:
         return self.root / "landing"
 
-    def rows(self) -> pa.Table:
-        n = self.args.rows
+    def rows(self, n: int | None = None) -> pa.Table:
+        n = self.args.rows if n is None else n
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
         return pa.table(
@@ -183,8 +193,8 @@ class Setup:
             }
         )
 
-    def append(self) -> None:
-        rows = self.rows()
+    def append(self, rows: pa.Table | None = None) -> None:
+        rows = self.rows() if rows is None else rows
         if self.args.main == "delta":
             interval = str(self.args.main_checkpoint_interval)
             deltalake.write_deltalake(
@@ -247,6 +257,73 @@ def session(args: argparse.Namespace, name: str) -> SparkSession:
         log_level="ERROR",
         configs=configs,
     )
+
+
+def fixed_cost(args: argparse.Namespace) -> int:
+    """The cost of an idle run, an empty batch and a 10-row batch, both engines in turn."""
+    work = Path(args.work or tempfile.mkdtemp(prefix="dsi-fixed-"))
+    shutil.rmtree(work, ignore_errors=True)
+    engines = ("delta-rs", "delta-spark")
+    setups: dict[str, Setup] = {}
+    operators: dict[str, dsi.SideInputOperator] = {}
+    spark = session(argparse.Namespace(**{**vars(args), "engine": "delta-spark"}), "fixed")
+    kinds = ("idle", "empty", "10 rows")
+    walls: dict[tuple[str, str], list[float]] = {}
+    stages: dict[tuple[str, str, str], list[float]] = {}
+    try:
+        for engine in engines:
+            setup = Setup(work / engine, argparse.Namespace(**{**vars(args), "engine": engine}))
+            setups[engine], operators[engine] = setup, setup.operator()
+            for _ in range(max(args.batches, 1)):  # history, and the JVM's warm-up
+                setup.append()
+                operators[engine].run(spark, trigger="available_now")
+        print(f"{args.batches} batches of history per engine; {args.repeats} rounds")
+        for round_ in range(args.repeats):
+            for engine in engines if round_ % 2 == 0 else reversed(engines):
+                setup, op = setups[engine], operators[engine]
+                for kind in kinds:
+                    if kind == "empty":
+                        setup.append(setup.rows(0))
+                    elif kind == "10 rows":
+                        setup.append(setup.rows(10))
+                    mark = time.perf_counter()
+                    result = op.run(spark, trigger="available_now")
+                    walls.setdefault((engine, kind), []).append(time.perf_counter() - mark)
+                    expected = {"idle": 0, "empty": 1, "10 rows": 1}[kind]
+                    if len(result.batches) != expected:
+                        print(f"{engine} {kind}: {len(result.batches)} batches", file=sys.stderr)
+                        return 1
+                    if result.batches:
+                        for stage, seconds in result.batches[0].durations.items():
+                            stages.setdefault((engine, kind, stage), []).append(seconds)
+    finally:
+        spark.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nfixed cost of a run, {args.master}, medians of {args.repeats} alternating rounds:")
+    for kind in kinds:
+        cells = []
+        for engine in engines:
+            wall = statistics.median(walls[(engine, kind)])
+            own = stages.get((engine, kind, "total"))
+            batch = f" (batch {statistics.median(own) * 1e3:4.0f} ms)" if own else ""
+            cells.append(f"{engine} {wall * 1e3:5.0f} ms{batch}")
+        ratio = statistics.median(walls[("delta-spark", kind)]) / statistics.median(
+            walls[("delta-rs", kind)]
+        )
+        print(f"  {kind:<8} " + ";  ".join(cells) + f";  delta-spark / bridge {ratio:.2f}x")
+        for engine in engines:
+            parts = {
+                stage: statistics.median(values)
+                for (e, k, stage), values in stages.items()
+                if e == engine and k == kind and stage != "total"
+            }
+            if parts:
+                shown = ", ".join(
+                    f"{stage} {seconds * 1e3:.0f}" for stage, seconds in parts.items()
+                )
+                print(f"           {engine} stages (ms): {shown}")
+    return 0
 
 
 def probe(op: dsi.SideInputOperator) -> float:
@@ -445,9 +522,17 @@ def main() -> int:
         help="only probe these working folders (copies of a run's folder, made while it ran "
         "or kept with --keep), in turn, after one append each; the first is the baseline",
     )
+    parser.add_argument(
+        "--fixed-cost",
+        action="store_true",
+        help="time an idle run, an empty batch and a 10-row batch under both engines, "
+        "alternating (after --batches batches of history each)",
+    )
     args = parser.parse_args()
     if args.probe:
         return probe_only(args)
+    if args.fixed_cost:
+        return fixed_cost(args)
 
     work = Path(args.work or tempfile.mkdtemp(prefix="dsi-batches-"))
     shutil.rmtree(work, ignore_errors=True)

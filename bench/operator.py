@@ -9,9 +9,11 @@ Sections (``--only`` runs one):
   the Structured Streaming ``foreachBatch`` job an engineer would write by hand
   (``readStream.parquet`` over the Delta table's folder, ``availableNow``, broadcast
   join, persist, two parquet appends), the same as a *batch* job (what a Dagster asset
-  author writes), and the limit: a plain scan->write of the main records.
-  ``--write-shapes`` adds hand-written writes of the enriched records alone and of both
-  outputs in one tag-partitioned pass: what bounds any writer of these outputs.
+  author writes first: join, persist, write, filter, write), the one-pass bound (the
+  same join and both outputs written by hand in one tag-partitioned Spark job), and a
+  plain scan->write of the main records for scale. Goals: >= 1.0x the batch job, >= 0.9x
+  the one-pass bound. ``--shape narrow`` uses 3 main columns and 1 joined (persisting
+  is cheap there); ``--write-shapes`` adds the enriched records written alone.
 - ``landing``: the frames-mode operator over a landing folder of parquet files
   (``MainInput.files``; routes counted from the files' footers, and, for comparison, by
   a Spark job as before) against the same operator over the same records in a Delta
@@ -75,6 +77,22 @@ from dagster_sideinputs.delta.engine import AppTransaction
 from dagster_sideinputs.delta.session import session_setting
 
 MAIN_COLUMNS = ["tx_id", "customer_id", "amount", "currency", "ts"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The records of the frames section: main columns, and the profile columns joined."""
+
+    main: tuple[str, ...]
+    joined: tuple[str, ...]
+
+
+SHAPES = {
+    "wide": Shape(tuple(MAIN_COLUMNS), ("name", "segment", "risk_score")),
+    # Where persisting is cheap: what a persist-and-write-twice job does best.
+    "narrow": Shape(("tx_id", "customer_id", "amount"), ("name",)),
+}
+SHAPE = SHAPES["wide"]  # --shape
 THRESHOLD = 950.0  # about 5% of the amounts (uniform in [0, 1000))
 KEY_GROUPS = 16
 BASE_EPOCH = 1_704_067_200  # 2024-01-01T00:00:00Z
@@ -105,10 +123,8 @@ FLAGGED_SCHEMA = T.StructType(
 def enrich_frames(main: DataFrame, sides: dsi.SideInputs) -> dsi.Outputs:
     threshold = sides["rules"].threshold
     enriched = main.select(
-        *[F.col(c) for c in MAIN_COLUMNS],
-        F.col("profile.name").alias("name"),
-        F.col("profile.segment").alias("segment"),
-        F.col("profile.risk_score").alias("risk_score"),
+        *[F.col(c) for c in SHAPE.main],
+        *[F.col(f"profile.{c}").alias(c) for c in SHAPE.joined],
     )
     return {dsi.MAIN: enriched, SUSPICIOUS: enriched.filter(F.col("amount") > F.lit(threshold))}
 
@@ -286,15 +302,21 @@ def free_port() -> int:
 # --- data -----------------------------------------------------------------------------------
 
 
-def transactions(spark: SparkSession, rows: int, customers: int) -> DataFrame:
-    return spark.range(rows).select(
-        F.col("id").alias("tx_id"),
-        ((F.col("id") * 7919) % customers).alias("customer_id"),
-        (F.rand(7) * 1000).alias("amount"),
-        F.expr("element_at(array('USD','EUR','GBP','JPY'), cast(id % 4 as int) + 1)").alias(
-            "currency"
-        ),
-        F.expr(f"timestamp_seconds({BASE_EPOCH} + id % 86400)").alias("ts"),
+def transactions(
+    spark: SparkSession, rows: int, customers: int, columns: Iterable[str] = MAIN_COLUMNS
+) -> DataFrame:
+    return (
+        spark.range(rows)
+        .select(
+            F.col("id").alias("tx_id"),
+            ((F.col("id") * 7919) % customers).alias("customer_id"),
+            (F.rand(7) * 1000).alias("amount"),
+            F.expr("element_at(array('USD','EUR','GBP','JPY'), cast(id % 4 as int) + 1)").alias(
+                "currency"
+            ),
+            F.expr(f"timestamp_seconds({BASE_EPOCH} + id % 86400)").alias("ts"),
+        )
+        .select(*columns)
     )
 
 
@@ -362,11 +384,14 @@ class Lake:
             self.tables[name] = uri
         return self.tables[name]
 
-    def main_table(self, rows: int) -> str:
+    def main_table(self, rows: int, shape: Shape = SHAPES["wide"]) -> str:
         files = max(2, rows // 500_000)
+        suffix = "" if shape == SHAPES["wide"] else "_" + "_".join(shape.main)
         return self.table(
-            f"transactions_{rows}",
-            lambda: transactions(self.spark, rows, self.args.side_rows).repartition(files),
+            f"transactions_{rows}{suffix}",
+            lambda: transactions(self.spark, rows, self.args.side_rows, shape.main).repartition(
+                files
+            ),
         )
 
     def profiles(self) -> str:
@@ -521,11 +546,9 @@ def frames_operator(
 
 def enriched_by_hand(spark: SparkSession, records: DataFrame, profiles_uri: str) -> DataFrame:
     """The hand-written jobs' enrichment: records broadcast-joined with the profiles."""
-    profile = spark.read.parquet(profiles_uri).select(
-        "customer_id", "name", "segment", "risk_score"
-    )
+    profile = spark.read.parquet(profiles_uri).select("customer_id", *SHAPE.joined)
     return records.join(F.broadcast(profile), "customer_id", "left").select(
-        *MAIN_COLUMNS, "name", "segment", "risk_score"
+        *SHAPE.main, *SHAPE.joined
     )
 
 
@@ -654,7 +677,7 @@ def outputs_one_by_one() -> Iterator[None]:
 
 def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     spark, args = lake.spark, lake.args
-    main_uri = lake.main_table(args.rows)
+    main_uri = lake.main_table(args.rows, SHAPE)
     lake.profiles()
     lake.rules()
 
@@ -704,7 +727,8 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     baseline(-1)
     batch(-1)
     scan_write(-1)
-    shapes = {"joined_write": joined_write, "tagged_write": tagged_write}
+    tagged_write(-1)
+    shapes = {"joined_write": joined_write}
     if args.write_shapes:
         for shape in shapes.values():
             shape(-1)
@@ -724,6 +748,7 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             actions["operator_native_two_pass"] = operator_native_two_pass
     actions["baseline"] = baseline
     actions["batch"] = batch
+    actions["tagged_write"] = tagged_write  # the one-pass bound
     actions["scan_write"] = scan_write
     if args.write_shapes:
         actions.update(shapes)
@@ -738,7 +763,7 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         {emitted_counts(r.result) for r in results["operator"]},
         {output_counts(spark, p) for p in results["baseline"]},
     )
-    for name in ("batch", "scan_write"):
+    for name in ("batch", "tagged_write", "scan_write"):
         pairs = [b / o for o, b in zip(TIMES["operator"], TIMES[name], strict=True)]
         figures[f"{name}_s"] = seconds[name]
         figures[f"{name}_rec_s"] = args.rows / seconds[name]
@@ -772,7 +797,10 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
             o / p for o, p in zip(TIMES["operator"], per_table_times, strict=True)
         ]
         figures["per_table_counts"] = run_counts(results["operator_per_table"])
-    print(f"\n[frames] {args.rows} main rows, {args.side_rows} profiles, broadcast map + singleton")
+    print(
+        f"\n[frames] {args.rows} main rows ({args.shape}: {len(SHAPE.main)} columns + "
+        f"{len(SHAPE.joined)} joined), {args.side_rows} profiles, broadcast map + singleton"
+    )
     print(f"  baseline foreachBatch (readStream.parquet, availableNow) {rate(figures, 'baseline')}")
     print(f"  SideInputOperator frames mode (delta-rs bridge)          {rate(figures, 'operator')}")
     if native_times:
@@ -788,12 +816,19 @@ def bench_frames(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
         )
     print_ratios(figures)
     print(f"  baseline batch job (read, join, persist, write both)   {rate(figures, 'batch')}")
+    print(
+        f"  bound: both outputs in one hand-written pass           {rate(figures, 'tagged_write')}"
+    )
     print(f"  limit scan->write (read, write once, no join)          {rate(figures, 'scan_write')}")
-    for name, goal in (("batch", 1.3), ("scan_write", 0.6)):
+    # Issue 42's goals: the one-pass bound and the persist-and-write-twice job, each
+    # measured in this run; the scan->write is printed for scale (no goal: the enriched
+    # records' own write is about half of it by hand).
+    for name, goal in (("batch", 1.0), ("tagged_write", 0.9), ("scan_write", None)):
         pairs = figures[f"over_{name}_per_repeat"]
+        wanted = f"goal >= {goal}" if goal else "no goal"
         print(
-            f"  operator / {name:<10} {figures[f'over_{name}']:5.2f}x (goal >= {goal}); per repeat "
-            f"{' '.join(f'{r:.2f}' for r in pairs)}"
+            f"  operator / {name:<12} {figures[f'over_{name}']:5.2f}x ({wanted}); per repeat "
+            f"{' '.join(f'{r:.2f}' for r in pairs)} (median {statistics.median(pairs):.2f})"
         )
     print(f"  rows of the batch job {figures['batch_counts']}")
     if args.write_shapes:
@@ -1613,8 +1648,15 @@ def main() -> None:
     parser.add_argument(
         "--write-shapes",
         action="store_true",
-        help="frames: also time hand-written writes of the enriched records alone and of both "
-        "outputs in one tag-partitioned pass (what bounds the operator's writes)",
+        help="frames: also time a hand-written write of the enriched records alone (what "
+        "writing the main output costs at all)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="wide",
+        help="frames: the records (wide: 5 main columns + 3 joined; narrow: 3 + 1, where "
+        "persisting is cheap for a hand-written job)",
     )
     parser.add_argument(
         "--engines",
@@ -1623,6 +1665,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.shape != "wide" and args.only != "frames":
+        parser.error("--shape applies to the frames section: add --only frames")
+    global SHAPE
+    SHAPE = SHAPES[args.shape]
     with_s3 = args.s3 or args.only == "s3"
 
     spark, rest = measured_session(

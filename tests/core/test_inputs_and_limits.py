@@ -35,6 +35,18 @@ def landing_operator(lake, folder, *, format="json", options=None, **kwargs):
     )
 
 
+def test_landed_empty_files_are_counted_without_a_job(lake, tmp_path):
+    """New landed files that are all empty hold no record, whatever their format: the
+    batch moves past them with no Spark job counting records."""
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    lake.append("profiles", [(10, "ann")], PROFILES)
+    (folder / "a.json").write_bytes(b"")
+    [batch] = lake.run(landing_operator(lake, folder)).batches
+    assert any("routes counted from file statistics" in note for note in batch.notes)
+    assert (batch.rows_in, batch.accounted) == (0, True)
+
+
 def test_landed_files_are_each_read_once(lake, tmp_path):
     folder = tmp_path / "landing"
     lake.append("profiles", [(10, "ann")], PROFILES)

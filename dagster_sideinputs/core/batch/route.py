@@ -240,18 +240,21 @@ def plainly_released(spec: OperatorSpec, plan: BatchPlan, joins: Mapping[str, Jo
 
 
 def counts_from_statistics(
-    spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile]
+    spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile] | None
 ) -> Counts | None:
     """The counts of a :func:`plainly_released` batch without a Spark job, when the
     statistics of its new files (a Delta input's log, landed parquet footers) say no key
-    is null (float keys, which could be NaN, always take the job). None when a job must
-    count."""
-    if not files:
+    is null (float keys, which could be NaN, always take the job), or the source knows
+    the slice holds no record (no new file, only empty files, no Kafka offset). None
+    when a job must count."""
+    if files is None:
         return None
     total = 0
     for file in files:
         if file.num_records is None:
             return None
+        if not file.num_records:
+            continue  # an empty file holds no null key either
         key = spec.main.key
         if key is not None and file.null_count.get(key) != 0:
             return None  # unknown, or null keys: the job finds and describes them

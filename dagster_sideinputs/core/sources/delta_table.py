@@ -177,8 +177,8 @@ class DeltaTableSource:
             return spark.createDataFrame([], schema)
         return self.engine.read_snapshot(spark, snapshot, files=piece.files, name=self.name)
 
-    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
-        return piece.files
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
+        return piece.files  # the log's added files, which the read reads: none, no record
 
     def schema(self) -> T.StructType | None:
         return None  # each slice's snapshot has it

@@ -132,7 +132,7 @@ class LandingFolder:
     def files(self, main: MainRange) -> SourceSlice:
         return SourceSlice(main)
 
-    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
         """The landed parquet files with the row counts and key null counts of their
         footers, read on the driver (so that a batch whose every record is released is
         counted without a Spark job: a landing folder then costs what a Delta input
@@ -142,15 +142,19 @@ class LandingFolder:
         before."""
         listed = piece.range.files
         options = {name.lower() for name, _ in self.spec.main.read_options}
+        store = TableFiles(self.folder, self.spec.storage.storage_options)
+        key = self.spec.main.key
+        if all(entry["size"] == 0 for entry in listed):  # none, or only empty files
+            return tuple(
+                DataFile(e["path"], join_uri(self.folder, e["path"]), 0, num_records=0)
+                for e in listed
+            )
         if (
             self.spec.main.format != "parquet"
-            or not listed
             or len(listed) > FOOTER_FILES_LIMIT
             or not options <= _FOOTER_SAFE_OPTIONS
         ):
-            return ()
-        store = TableFiles(self.folder, self.spec.storage.storage_options)
-        key = self.spec.main.key
+            return None
 
         def described(entry: Mapping) -> DataFile:
             path, size = entry["path"], entry["size"]
@@ -169,7 +173,7 @@ class LandingFolder:
             with ThreadPoolExecutor(max_workers=min(8, len(listed))) as pool:
                 return tuple(pool.map(described, listed))
         except Exception:  # an unreadable footer: the Spark jobs decide
-            return ()
+            return None
 
     def schema(self) -> T.StructType:
         declared = self.spec.main.schema

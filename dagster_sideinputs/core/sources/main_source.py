@@ -40,10 +40,12 @@ class MainSource(Protocol):
 
     def read(self, spark: SparkSession, piece: SourceSlice) -> DataFrame: ...
 
-    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
         """The slice's new files with their row counts and null counts, when the source
-        keeps them (a Delta log, landed parquet footers); empty otherwise. Asked only by
-        a batch whose every record is plainly released."""
+        keeps them (a Delta log, landed parquet footers); an empty sequence when the
+        slice holds no new record for sure; None when the source cannot tell (the
+        batch's jobs then count its records). Asked only by a batch whose every record
+        is plainly released."""
         ...
 
     def schema(self) -> T.StructType | None:

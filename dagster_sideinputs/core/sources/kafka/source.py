@@ -141,8 +141,10 @@ class KafkaSource:
                 raise missing_connector(self.label) from None
             raise
 
-    def statistics(self, piece: SourceSlice) -> Sequence[DataFile]:
-        return ()  # Kafka keeps no per-record statistics
+    def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
+        if all(r.size == 0 for r in piece.range.offsets):
+            return ()  # no offset to read: no record
+        return None  # Kafka keeps no per-record statistics
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
