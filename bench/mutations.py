@@ -331,16 +331,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         '        ).otherwise(F.col("_dsi_value"))\n',
         '        guarded = F.col("_dsi_value")\n',
         "a map or singleton with several rows for one key is an error naming the keys "
-        "(the view's guard inside Spark: the second line behind the check before staging, "
-        "below; the suite before issue 39 never reached it, a test now bypasses the check)",
+        "(the guard inside Spark of a view aggregated per key: the second line behind the "
+        "check before staging, below; the suite before issue 39 never reached it, a test "
+        "now bypasses the check; a map of ready side data is joined unaggregated, checked "
+        "before any job reads it)",
         (
-            "tests/core/test_bad_input.py::"
-            "test_a_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_bypassed",
+            "tests/core/test_windowed_views.py::"
+            "test_a_windowed_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_"
+            "bypassed",
         ),
     ),
     Mutation(
         "duplicate_keys_unchecked_before_staging",
-        "dagster_sideinputs/core/batch/compute.py",
+        "dagster_sideinputs/core/batch/one_per_key.py",
         "            raise duplicate_error(data.bound, join, data.version)\n",
         "            pass\n",
         "a map with several rows for one key is refused before anything is staged, naming "
@@ -350,8 +353,13 @@ MUTATIONS: tuple[Mutation, ...] = (
             # input: only a function that reads none shows the check is gone
             "tests/core/test_bad_input.py::"
             "test_a_map_with_duplicate_keys_is_refused_when_no_output_reads_it",
+            "tests/core/test_bad_input.py::"
+            "test_a_map_with_duplicate_keys_is_refused_before_any_job_reads_its_join",
         ),
-        moved_from=("dagster_sideinputs/core/compute.py",),
+        moved_from=(
+            "dagster_sideinputs/core/compute.py",
+            "dagster_sideinputs/core/batch/compute.py",
+        ),
     ),
     Mutation(
         "pick_keeps_the_least",

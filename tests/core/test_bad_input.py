@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.batch import compute
+from dagster_sideinputs.core.batch import route
 from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
@@ -235,20 +235,25 @@ def test_a_map_with_duplicate_keys_is_refused_when_no_output_reads_it(lake):
     assert not lake.exists("enriched")
 
 
-def test_a_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_bypassed(
-    lake, monkeypatch
-):
-    """The second line: the map's view itself raises inside Spark on a key with two rows,
-    so a batch whose check before staging did not run (a bug there) still writes nothing
-    and names the side input, never joins one of the rows at random."""
-    monkeypatch.setattr(compute, "_check_one_row_per_key", lambda *args, **kwargs: None)
+def test_a_map_with_duplicate_keys_is_refused_before_any_job_reads_its_join(lake, monkeypatch):
+    """Ready side data is joined as it is (no aggregation per key), so its one row per key
+    is checked before any Spark job reads the join: no job meets a duplicated key (it
+    would count, buffer or route a record twice), and a batch releasing no record (its one
+    record has a null key) is refused too."""
+    counted = []
+    count_routes = route.count_routes
+    monkeypatch.setattr(
+        route, "count_routes", lambda *args: counted.append(args) or count_routes(*args)
+    )
     lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
-    lake.append("transactions", [(1, 10, 1.0)], TX)
-    profile = dsi.SideInput.map("profiles", key="customer_id")
-    op = operator(lake, sides={"profile": profile})
-    with pytest.raises(dsi.errors.DuplicateKeyError, match="profile"):
+    lake.append("transactions", [(1, None, 1.0)], TX)
+    invalid = dsi.OutputTag("invalid_transactions")
+    op = operator(lake, routes=dsi.Routes(invalid=invalid))
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[10\]"):
         lake.run(op)
+    assert counted == []
     assert not lake.exists("enriched")
+    assert not lake.exists("invalid_transactions")
 
 
 @pytest.mark.both_engines

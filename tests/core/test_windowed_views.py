@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.batch import compute
 from tests.core.accounting import assert_accounted
 from tests.core.conftest import T0, Clock, hours
 
@@ -155,6 +156,30 @@ def test_windowed_map_without_a_key_relation_gives_the_whole_map_of_the_window(l
     lake.run(op)
     ann = "v0+v1" if view == "multimap" else "v1"
     assert lake.rows("seen") == [(1, ["ann", "bob"], ann), (2, ["cy"], None)]
+
+
+def test_a_windowed_maps_view_refuses_duplicate_keys_inside_spark_when_the_check_is_bypassed(
+    lake, monkeypatch
+):
+    """The second line of a view aggregated per key (a windowed map's whole map, a map
+    whose side data is checked while the batch is staged): it raises inside Spark on a
+    key with two rows, so a batch whose check before staging did not run (a bug there)
+    still writes nothing and names the side input, never keeps one of the rows at random."""
+    monkeypatch.setattr(compute, "check_one_row_per_key", lambda *args, **kwargs: None)
+    lake.append("transactions", [(1, at(10))], TX)
+    rows = [("ann", "v1", at(1)), ("ann", "v0", at(3)), ("z", "-", at(125))]
+    lake.append("cards", rows, CARDS)
+    frames_fn, _ = owners_functions(False)
+    op = operator(
+        lake,
+        "frames",
+        {"cards": dsi.SideInput.map("cards", key="owner", window=HOUR)},
+        frames_fn=frames_fn,
+        output=OWNERS,
+    )
+    with pytest.raises(dsi.errors.DuplicateKeyError, match="cards"):
+        lake.run(op)
+    assert not lake.exists("seen")
 
 
 # --- finality without Dagster -------------------------------------------------------------------

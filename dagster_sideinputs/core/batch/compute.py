@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views
+from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
 from dagster_sideinputs.core.batch.row_inputs import broadcast_values, local_lookups
 from dagster_sideinputs.core.batch.tagged_layout import TaggedLayout, TaggedResult
 from dagster_sideinputs.core.callbacks import callable_name, prefixed
@@ -33,7 +34,6 @@ from dagster_sideinputs.core.columns import (
 from dagster_sideinputs.core.functions import FramesFunction, RowsFunction
 from dagster_sideinputs.core.outputs import OutputTag, SideInputs, normalize_outputs
 from dagster_sideinputs.core.rows import run_row_function
-from dagster_sideinputs.core.sideinputs.joins import duplicate_error
 from dagster_sideinputs.core.sideinputs.lookups import Lookup
 from dagster_sideinputs.core.sideinputs.temporal import check_side_instants, instant_column
 from dagster_sideinputs.core.sideinputs.windows import GLOBAL, namespace_id
@@ -65,7 +65,7 @@ def compute(context: StageContext, batch: Batch) -> Batch:
     _check_side_instants(context, batch.plan, batch.views)
     if released:
         _check_singletons(context, batch.plan, batch.views)
-        _check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
+        check_one_row_per_key(context, batch.plan, batch.views, skip=lookups)
     function_tags = frozenset(outputs)
     for route_name, tag in spec.routes.items():
         columns = [F.col(quoted(c)) for c in batch.main_columns]
@@ -227,26 +227,6 @@ def _rows(
     # stage writes its outputs in one pass, or persists it when several writes read it).
     pure = frozenset(tag for tag in user_tags if tag not in spec.routes.values())
     return layout.split(tagged), TaggedResult(tagged, layout, pure)
-
-
-def _check_one_row_per_key(
-    context: StageContext, plan: BatchPlan, views: Views, *, skip: Mapping[str, Any]
-) -> None:
-    """Maps and singletons promise one row per key (per window): checked before anything
-    is staged, once per side version and set of windows. ``skip``: side inputs checked on
-    the driver (row-mode lookups)."""
-    for name, join in views.joins.items():
-        if join.duplicates is None or name in skip or views.data[name].side.view == "singleton":
-            continue  # singletons: _check_singletons
-        data = views.data[name]
-        windows = side_windows(data.bound, plan)
-        checked = (name, data.version, tuple(windows) if windows is not None else None)
-        if checked in context.unique_checked:
-            continue
-        found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
-        if found:
-            raise duplicate_error(data.bound, join, data.version)
-        context.unique_checked.add(checked)
 
 
 def _check_side_instants(context: StageContext, plan: BatchPlan, views: Views) -> None:

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
 from dagster_sideinputs.core.batch.invalid_records import check_invalid
+from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
 from dagster_sideinputs.core.batch.route_rules import lookup, with_routes
 from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
 from dagster_sideinputs.core.keyed import (
@@ -49,6 +50,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     spec, plan = context.spec, batch.plan
     assert batch.records is not None
     views = build_views(context, plan, batch.records)
+    check_one_row_per_key(context, plan, views, first=True)
     records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
@@ -124,6 +126,8 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
             bucketing=_bucketing(spec, plan),
             event_time=main_time_column(spec),
             as_of=plan.as_of.get(bound.name),
+            # Ready side data is checked before any job reads it (one_per_key).
+            check_first=spec.window is None and GLOBAL in plan.ready_namespaces,
         )
         if join is not None:
             joins[bound.name] = join

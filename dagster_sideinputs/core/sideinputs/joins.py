@@ -31,7 +31,12 @@ from dagster_sideinputs.core.sideinputs.temporal import (
     overlaps,
     temporal_rows,
 )
-from dagster_sideinputs.core.sideinputs.views import has_join_relation, value_struct, view_of
+from dagster_sideinputs.core.sideinputs.views import (
+    MapView,
+    has_join_relation,
+    value_struct,
+    view_of,
+)
 from dagster_sideinputs.core.sideinputs.windows import WindowSpan
 from dagster_sideinputs.core.sources.kafka.keyed import bucket_of, key_bytes, murmur2_partition
 from dagster_sideinputs.core.spec import BoundSide
@@ -59,9 +64,12 @@ class JoinSpec:
         broadcast: hint the view for a broadcast join.
         matched: column name set to true on matched records (per-key waiting).
         duplicates: the join keys holding several rows where the view promises one (a
-            map, a singleton); listed only when the batch fails on them.
+            map, a singleton): the check of one row per key, and the keys listed when
+            the batch fails on them.
         valid: as-of maps: the view's validity columns (from, to) and the main records'
             event time; a row matches when ``from <= time < to`` (a null bound is open).
+        checked_first: the view holds the side rows as they are (no aggregation), so
+            ``duplicates`` must be checked empty before any Spark job reads the join.
     """
 
     view: DataFrame
@@ -72,6 +80,7 @@ class JoinSpec:
     matched: str
     duplicates: DataFrame | None = None
     valid: tuple[str, str, Column] | None = None
+    checked_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ def build_join(
     bucketing: Bucketing | None = None,
     event_time: str | None = None,
     as_of: AsOfPlan | None = None,
+    check_first: bool = False,
 ) -> JoinSpec | None:
     """The join that attaches a view to main records, or None when the view is not joined
     (a non-windowed list, singleton, or map without a key relation: ``sides[name]``).
@@ -101,6 +111,9 @@ def build_join(
         main_side_ns: main-record expression of the side window it reads.
         event_time: the main records' event-time column (as-of maps).
         as_of: what the batch pinned for an as-of map.
+        check_first: the caller checks one row per key before any job reads the join
+            (the batch reads ready side data only): a map then joins its rows as they
+            are, without aggregating them per key.
     """
     side, bound = data.side, data.bound
     view = view_of(side)
@@ -145,8 +158,12 @@ def build_join(
         keys.append(side_key(bound.name))
         main_keys.append(expr)
         group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
+    plain = False
     if windowed and view.keyed and not joins_by_key and not forward:
         aggregated, duplicates, empty = view.aggregate_window(data, rows, group, keys)
+    elif check_first and isinstance(view, MapView) and side.pick is None:
+        aggregated, duplicates = view.as_rows(data, rows, group, keys)
+        empty, plain = None, True
     else:
         aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
     joined = aggregated.withColumn(matched(bound.name), F.lit(True))
@@ -154,7 +171,16 @@ def build_join(
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
     if joins_by_key and not broadcast and bucketing is not None:
         joined = _bucketed(bound, joined, main, bucketing, keys, main_keys)
-    return JoinSpec(joined, main_keys, keys, empty, broadcast, matched(bound.name), duplicates)
+    return JoinSpec(
+        joined,
+        main_keys,
+        keys,
+        empty,
+        broadcast,
+        matched(bound.name),
+        duplicates,
+        checked_first=plain,
+    )
 
 
 def _bucketed(
