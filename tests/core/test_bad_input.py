@@ -256,6 +256,21 @@ def test_a_map_with_duplicate_keys_is_refused_before_any_job_reads_its_join(lake
     assert not lake.exists("invalid_transactions")
 
 
+def test_a_batch_without_records_does_not_check_a_maps_keys(lake):
+    """No record, nothing joined: a batch of a main version adding no rows spends no Spark
+    job on the map's keys (a duplicated key could change no output); the first batch
+    with records is refused on them."""
+    lake.append("profiles", [(10, "a"), (10, "b")], PROFILES)
+    lake.append("transactions", [], TX)
+    op = operator(lake)
+    [batch] = lake.run(op).batches
+    assert batch.rows_in == 0
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[10\]"):
+        lake.run(op)
+    assert not lake.exists("enriched")
+
+
 @pytest.mark.both_engines
 def test_main_table_with_a_truncated_data_file_is_named_and_nothing_is_written(ready):
     op = operator(ready)

@@ -19,6 +19,8 @@ import pytest
 from pyspark.sql import DataFrame
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core.columns import CORRUPT
+from dagster_sideinputs.core.sources.kafka.decode import decode
 from tests.core.catalogue import INVALID, TX, accounted, nothing_committed, placed, refused
 from tests.core.conftest import Lake
 from tests.servers.kafka import KafkaBroker
@@ -367,3 +369,23 @@ def test_landed_text_lines_that_are_not_utf8_are_invalid(lake, tmp_path: Path):
     assert lake.rows("invalid", "reason") == [
         ("corrupt record: a.txt: line is not UTF-8 text: 0xFFFE",)
     ]
+
+
+def test_a_json_value_is_parsed_once_per_record(spark):
+    """The corrupt text reads the decoded column: Spark parses each value once, not once
+    per reference (three times before, in a projection Spark does not compile)."""
+    main = dsi.MainInput.kafka(
+        "t", bootstrap_servers="127.0.0.1:9", schema="tx_id long, customer_id long"
+    )
+    assert main.kafka_input is not None
+    raw = spark.createDataFrame(
+        [(b"k", b'{"tx_id": 1, "customer_id": 2}', "t", 0, 5, None), (None, b"{", "t", 0, 6, None)],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
+    )
+    decoded = decode(main.kafka_input, "main input 't'", spark, raw)
+    plan = decoded._jdf.queryExecution().optimizedPlan().toString()
+    assert plan.count("from_json(") == 1, plan
+    rows = {r["kafka_offset"]: (r["tx_id"], r[CORRUPT]) for r in decoded.collect()}
+    assert rows[5] == (1, None)
+    assert rows[6][0] is None
+    assert "t[0]@6" in rows[6][1]

@@ -1,5 +1,5 @@
-"""The promise of one side row per key (maps) or per window (windowed singletons), checked
-before anything is staged, once per side version and set of windows.
+"""A map's promise of one side row per key, checked before anything is staged, once per
+side version and set of windows (windowed singletons: the compute stage's own check).
 
 A map whose join holds its rows as they are (``JoinSpec.checked_first``: the batch reads
 ready side data) is checked by the route stage before any Spark job reads the join, so
@@ -33,8 +33,8 @@ def check_one_row_per_key(
         data = views.data[name]
         if join.duplicates is None or data.side.view == "singleton":
             continue  # singletons: checked per window by the compute stage
-        if (first and not join.checked_first) or (skip and name in skip and not join.checked_first):
-            continue
+        if (first and not join.checked_first) or (skip is not None and name in skip):
+            continue  # checked later, or on the driver (a checked-first join already was)
         windows = side_windows(data.bound, plan)
         checked = (name, data.version, tuple(windows) if windows is not None else None)
         if checked in context.unique_checked:
