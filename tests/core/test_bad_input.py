@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.batch import route
+from dagster_sideinputs.core.batch import one_per_key, route
 from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
@@ -254,6 +254,42 @@ def test_a_map_with_duplicate_keys_is_refused_before_any_job_reads_its_join(lake
     assert counted == []
     assert not lake.exists("enriched")
     assert not lake.exists("invalid_transactions")
+
+
+def test_a_small_maps_keys_are_counted_on_the_driver(lake, monkeypatch):
+    """A map of few rows (by its files' statistics) has its keys counted on the driver
+    (one Spark stage reading them, not a count per key); a larger one in Spark. Either
+    way a duplicated key is refused and named."""
+    lake.append("profiles", [(10, "a"), (11, "b")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    op = operator(lake)
+    [batch] = lake.run(op).batches
+    assert "side input 'profile': one row per key checked on the driver" in batch.notes
+    monkeypatch.setattr(one_per_key, "DRIVER_CHECK_ROWS", 2)
+    lake.append("profiles", [(12, "c")], PROFILES)
+    lake.append("transactions", [(2, 12, 1.0)], TX)
+    [batch] = lake.run(op).batches
+    assert not any("checked on the driver" in note for note in batch.notes)
+    assert lake.rows("enriched", "tx_id") == [(1,), (2,)]
+    for tx_id, limit in ((3, 2), (4, 1_000_000)):
+        monkeypatch.setattr(one_per_key, "DRIVER_CHECK_ROWS", limit)
+        lake.append("profiles", [(12, "d")], PROFILES)
+        lake.append("transactions", [(tx_id, 10, 1.0)], TX)
+        with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[12\]"):
+            lake.run(op)
+        lake.overwrite("profiles", [(10, "a"), (11, "b"), (12, "c")], PROFILES)
+        [batch] = lake.run(op).batches
+    assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,), (4,)]
+
+
+def test_float_keys_spark_makes_one_are_duplicates(lake):
+    """-0.0 and 0.0 are one key to Spark's join (every NaN too), two to Arrow's grouping:
+    a map of such keys is checked in Spark, and refused."""
+    lake.append("profiles", [(0.0, "a"), (-0.0, "b")], "customer_id double, name string")
+    lake.append("transactions", [(1, 0.0, 1.0)], "tx_id long, customer_id double, amount double")
+    with pytest.raises(dsi.errors.DuplicateKeyError):
+        lake.run(operator(lake))
+    assert not lake.exists("enriched")
 
 
 def test_a_batch_without_records_does_not_check_a_maps_keys(lake):

@@ -6,16 +6,36 @@ ready side data) is checked by the route stage before any Spark job reads the jo
 that no job ever meets a duplicated key there; every other view is checked by the compute
 stage when the batch releases records (its view also refuses a duplicated key inside
 Spark, whichever job computes it).
+
+A small map's keys (:data:`DRIVER_CHECK_ROWS`, of key types Arrow groups as Spark does)
+are counted on the driver; a larger one's, or duplicates found there (to name them), by
+a count per key in Spark.
 """
 
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+
 from dagster_sideinputs.core.batch.context import StageContext, Views
 from dagster_sideinputs.core.sideinputs.joins import duplicate_error
+from dagster_sideinputs.core.sideinputs.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
+
+# A checked-first map of at most this many rows (by its files' statistics) has its keys
+# read to the driver and counted there: one Spark stage reading the key columns, where
+# the count per key in Spark is two stages and a shuffle (200k profiles: 0.25-0.34 s
+# against 0.55-0.67 s side by side; 0.06 s against 0.31 s in the frames bench's batch).
+DRIVER_CHECK_ROWS = 1_000_000
+# Key types Arrow groups as Spark does. Floating keys are not (Spark makes -0.0 and 0.0
+# one key, and every NaN one), nor strings of a collation other than binary.
+_DRIVER_KEY_TYPES = (
+    T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType,
+    T.DateType, T.TimestampType, T.TimestampNTZType, T.BinaryType,
+)  # fmt: skip
 
 
 def check_one_row_per_key(
@@ -25,10 +45,12 @@ def check_one_row_per_key(
     *,
     first: bool = False,
     skip: Mapping[str, Any] | None = None,
-) -> None:
+) -> list[str]:
     """Refuse the batch (a DuplicateKeyError naming a few keys) when a joined map holds
     several rows for a key. ``first``: only the joins that must be checked before any job
-    reads them; ``skip``: side inputs checked on the driver (row-mode lookups)."""
+    reads them; ``skip``: side inputs checked on the driver (row-mode lookups). Returns
+    notes on the maps whose keys were counted on the driver."""
+    notes: list[str] = []
     for name, join in views.joins.items():
         data = views.data[name]
         if join.duplicates is None or data.side.view == "singleton":
@@ -39,7 +61,45 @@ def check_one_row_per_key(
         checked = (name, data.version, tuple(windows) if windows is not None else None)
         if checked in context.unique_checked:
             continue
+        keys = join.key_rows
+        if keys is not None and _driver_countable(data, keys):
+            unique = translated(context, partial(_unique_on_driver, keys), views=views)
+            if unique:
+                notes.append(f"side input {name!r}: one row per key checked on the driver")
+                context.unique_checked.add(checked)
+                continue
+            # Duplicates: the Spark check below finds them, to name them.
         found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
         if found:
             raise duplicate_error(data.bound, join, data.version)
         context.unique_checked.add(checked)
+    return notes
+
+
+def _driver_countable(data: SideData, keys: DataFrame) -> bool:
+    """Whether a map's keys are few enough, by its files' statistics, and of types Arrow
+    groups as Spark does, to be counted on the driver."""
+    snapshot = data.snapshot
+    if snapshot is None:
+        return False
+    rows = 0
+    for file in snapshot.files:
+        if file.num_records is None:
+            return False
+        rows += file.num_records
+    if rows > DRIVER_CHECK_ROWS:
+        return False
+    for field in keys.schema.fields:
+        kind = field.dataType
+        if isinstance(kind, T.StringType):
+            if kind != T.StringType():  # a collation groups strings Arrow sets apart
+                return False
+        elif not isinstance(kind, _DRIVER_KEY_TYPES):
+            return False
+    return True
+
+
+def _unique_on_driver(keys: DataFrame) -> bool:
+    """Whether no key (nulls included: Spark groups them as one) holds several rows."""
+    table = keys.toArrow()
+    return table.group_by(table.column_names).aggregate([]).num_rows == table.num_rows

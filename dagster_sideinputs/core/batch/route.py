@@ -69,7 +69,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if not float_key and batch.source is not None and plainly_released(spec, plan, views.joins):
         counts = counts_from_statistics(spec, plan, context.source.statistics(batch.source))
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
-        check_one_row_per_key(context, plan, views, first=True)
+        notes.extend(check_one_row_per_key(context, plan, views, first=True))
     if counts is None:
         counts = translated(context, lambda: count_routes(spec, classified), views=views)
     else:
