@@ -12,11 +12,11 @@ are counted on the driver; a larger one's, or duplicates found there (to name th
 a count per key in Spark.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.batch.context import StageContext, Views
@@ -61,8 +61,8 @@ def check_one_row_per_key(
         checked = (name, data.version, tuple(windows) if windows is not None else None)
         if checked in context.unique_checked:
             continue
-        keys = join.key_rows
-        if keys is not None and _driver_countable(data, keys):
+        keys = _driver_countable(data, join.key_columns)
+        if keys is not None:
             unique = translated(context, partial(_unique_on_driver, keys), views=views)
             if unique:
                 notes.append(f"side input {name!r}: one row per key checked on the driver")
@@ -76,27 +76,29 @@ def check_one_row_per_key(
     return notes
 
 
-def _driver_countable(data: SideData, keys: DataFrame) -> bool:
-    """Whether a map's keys are few enough, by its files' statistics, and of types Arrow
-    groups as Spark does, to be counted on the driver."""
+def _driver_countable(data: SideData, key_columns: Sequence[Column]) -> DataFrame | None:
+    """A map's join keys, one row per side row, when they are few enough (by its files'
+    statistics) and of types Arrow groups as Spark does to be counted on the driver;
+    None otherwise."""
     snapshot = data.snapshot
-    if snapshot is None:
-        return False
+    if snapshot is None or not key_columns:
+        return None
     rows = 0
     for file in snapshot.files:
         if file.num_records is None:
-            return False
+            return None
         rows += file.num_records
     if rows > DRIVER_CHECK_ROWS:
-        return False
+        return None
+    keys = data.rows(None).select(*key_columns)
     for field in keys.schema.fields:
         kind = field.dataType
         if isinstance(kind, T.StringType):
             if kind != T.StringType():  # a collation groups strings Arrow sets apart
-                return False
+                return None
         elif not isinstance(kind, _DRIVER_KEY_TYPES):
-            return False
-    return True
+            return None
+    return keys
 
 
 def _unique_on_driver(keys: DataFrame) -> bool:

@@ -70,8 +70,8 @@ class JoinSpec:
             event time; a row matches when ``from <= time < to`` (a null bound is open).
         checked_first: the view holds the side rows as they are (no aggregation), so
             ``duplicates`` must be checked empty before any Spark job reads the join.
-        key_rows: a checked-first view's join keys, one row per side row (the check
-            reads them on the driver when the table is small).
+        key_columns: a checked-first view's join keys, as expressions over the side
+            rows (the check reads them on the driver when the table is small).
     """
 
     view: DataFrame
@@ -83,7 +83,7 @@ class JoinSpec:
     duplicates: DataFrame | None = None
     valid: tuple[str, str, Column] | None = None
     checked_first: bool = False
-    key_rows: DataFrame | None = None
+    key_columns: tuple[Column, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,11 +161,11 @@ def build_join(
         keys.append(side_key(bound.name))
         main_keys.append(expr)
         group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
-    plain, key_rows = False, None
+    plain = False
     if windowed and view.keyed and not joins_by_key and not forward:
         aggregated, duplicates, empty = view.aggregate_window(data, rows, group, keys)
     elif check_first and isinstance(view, MapView) and side.pick is None:
-        aggregated, duplicates, key_rows = view.as_rows(data, rows, group, keys)
+        aggregated, duplicates = view.as_rows(data, rows, group, keys)
         empty, plain = None, True
     else:
         aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
@@ -183,7 +183,7 @@ def build_join(
         matched(bound.name),
         duplicates,
         checked_first=plain,
-        key_rows=key_rows,
+        key_columns=tuple(group) if plain else (),
     )
 
 
