@@ -362,6 +362,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "float_keys_counted_on_the_driver",
+        "dagster_sideinputs/core/batch/one_per_key.py",
+        "T.DateType, T.TimestampType, T.TimestampNTZType, T.BinaryType,\n",
+        "T.DateType, T.TimestampType, T.TimestampNTZType, T.BinaryType, T.DoubleType,\n",
+        "a map's keys are counted on the driver only when Arrow groups them as Spark "
+        "does (-0.0 and 0.0 are one key to Spark's join)",
+        ("tests/core/test_bad_input.py::test_float_keys_spark_makes_one_are_duplicates",),
+    ),
+    Mutation(
+        "driver_count_ignores_duplicates",
+        "dagster_sideinputs/core/batch/one_per_key.py",
+        "aggregate([]).num_rows == table.num_rows",
+        "aggregate([]).num_rows <= table.num_rows",
+        "a duplicated key found on the driver refuses the batch",
+        ("tests/core/test_bad_input.py::test_a_small_maps_keys_are_counted_on_the_driver",),
+    ),
+    Mutation(
         "pick_keeps_the_least",
         "dagster_sideinputs/core/sideinputs/views.py",
         "F.max_by(value, order)",
