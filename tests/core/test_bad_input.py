@@ -256,6 +256,7 @@ def test_a_map_with_duplicate_keys_is_refused_before_any_job_reads_its_join(lake
     assert not lake.exists("invalid_transactions")
 
 
+@pytest.mark.both_engines
 def test_a_small_maps_keys_are_counted_on_the_driver(lake, monkeypatch):
     """A map of few rows (by its files' statistics) has its keys counted on the driver
     (one Spark stage reading them, not a count per key); a larger one in Spark. Either

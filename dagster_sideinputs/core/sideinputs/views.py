@@ -152,12 +152,12 @@ class MapView(View):
         self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
     ) -> tuple[DataFrame, DataFrame]:
         """(the side rows as they are, keyed; the duplicated keys), for a join whose keys
-        are checked unique before any job reads it. Without an
-        aggregation per key Spark reads only the value fields the function uses and
-        joins the rows as a hand-written broadcast join does; aggregating them (a
-        sort-based aggregation of every column: a struct value is no hash aggregation
-        buffer) cost ~0.5 s of a 4M record batch against a 200k-row map. The check
-        counts rows per key alone (:mod:`~dagster_sideinputs.core.batch.one_per_key`)."""
+        are checked unique before any job reads it. Without an aggregation per key Spark
+        reads only the value fields the function uses and joins the rows as a
+        hand-written broadcast join does; aggregating them (a sort-based aggregation of
+        every column: a struct value is no hash aggregation buffer) cost ~0.5 s of a 4M
+        record batch against a 200k-row map. The check counts rows per key alone
+        (:mod:`~dagster_sideinputs.core.batch.one_per_key`)."""
         view = rows.select(*group, value_struct(data.schema()).alias(data.bound.name))
         counted = rows.groupBy(*group).agg(F.count(F.lit(1)).alias("_dsi_count"))
         return view, counted.filter(F.col("_dsi_count") > 1).select(*keys)
