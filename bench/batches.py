@@ -472,7 +472,12 @@ def summarize(label: str, values: list[float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help="batches of history (default: 1000; 10 with --fixed-cost)",
+    )
     parser.add_argument("--rows", type=int, default=5, help="rows per append")
     parser.add_argument("--main", choices=("delta", "files"), default="delta")
     parser.add_argument(
@@ -529,6 +534,8 @@ def main() -> int:
         "alternating (after --batches batches of history each)",
     )
     args = parser.parse_args()
+    if args.batches is None:
+        args.batches = 10 if args.fixed_cost else 1000
     if args.probe:
         return probe_only(args)
     if args.fixed_cost:
