@@ -72,6 +72,11 @@ _MTIME_SLACK_MS = 2000
 filesystem's time granularity) for the file to count as the write's."""
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+"""How many tasks delta-spark's VACUUM lists a table's folders with: Spark's default,
+10,000, made a 4-file table's VACUUM run 150,093 tasks in 24 jobs, 51-76 s on local[2]
+(a stall of the operator's batch every ``VACUUM_EVERY`` batches, once per vacuumed table);
+the session's shuffle partitions instead, unless the user set it: 114-157 tasks, 6-9 s."""
 
 
 @dataclass(frozen=True)
@@ -465,5 +470,16 @@ class DeltaSparkEngine:
             return
         spark = self._spark(f"vacuum {uri}")
         hours = max(0, int(retention_hours))
-        with session_setting(spark, RETENTION_CHECK, "false" if hours < 168 else None):
+        with (
+            session_setting(spark, RETENTION_CHECK, "false" if hours < 168 else None),
+            session_setting(spark, LISTING_PARALLELISM, listing_parallelism(spark)),
+        ):
             spark.sql(f"VACUUM {sql_table(uri)} RETAIN {hours} HOURS").collect()
+
+
+def listing_parallelism(spark: SparkSession) -> str | None:
+    """The listing parallelism for one VACUUM (:data:`LISTING_PARALLELISM`): the session's
+    shuffle partitions, or None (leave it) when the session sets it itself."""
+    if spark.conf.get(LISTING_PARALLELISM, None) is not None:
+        return None
+    return str(spark.conf.get("spark.sql.shuffle.partitions"))
