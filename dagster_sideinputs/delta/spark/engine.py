@@ -479,7 +479,12 @@ class DeltaSparkEngine:
 
 def listing_parallelism(spark: SparkSession) -> str | None:
     """The listing parallelism for one VACUUM (:data:`LISTING_PARALLELISM`): the session's
-    shuffle partitions, or None (leave it) when the session sets it itself."""
-    if spark.conf.get(LISTING_PARALLELISM, None) is not None:
+    shuffle partitions, or None (leave it) when the session sets it itself or its
+    settings cannot be read (the listing is then only slower)."""
+    try:
+        if spark.conf.get(LISTING_PARALLELISM, None) is not None:
+            return None
+        return str(spark.conf.get("spark.sql.shuffle.partitions"))
+    except Exception as exc:  # a session whose settings cannot be read still vacuums
+        log.debug("VACUUM keeps Spark's listing parallelism (%s)", exc)
         return None
-    return str(spark.conf.get("spark.sql.shuffle.partitions"))
