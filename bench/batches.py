@@ -464,10 +464,15 @@ def bucket_edges(batches: int, size: int) -> list[tuple[int, int]]:
 
 
 def summarize(label: str, values: list[float]) -> str:
+    """Median [quartiles] and the slowest: a stall every few batches (housekeeping, a
+    checkpoint) moves no median."""
     if not values:
         return f"{label} -"
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{label} {statistics.median(values) * 1e3:7.1f} ms [{q[0] * 1e3:.0f}-{q[2] * 1e3:.0f}]"
+    return (
+        f"{label} {statistics.median(values) * 1e3:7.1f} ms [{q[0] * 1e3:.0f}-{q[2] * 1e3:.0f}]"
+        f" max {max(values) * 1e3:.0f}"
+    )
 
 
 def main() -> int:
