@@ -1,6 +1,7 @@
 """The bridge keeps the tables it commits to cheap to open, however long their history."""
 
 import json
+import time
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -87,12 +88,7 @@ def test_native_vacuum_lists_with_the_sessions_parallelism_not_ten_thousand_task
         engine.vacuum(uri, retention_hours=0)
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
-    tracker = context.statusTracker()
-    tasks = sum(
-        tracker.getStageInfo(stage).numTasks  # type: ignore[union-attr]
-        for job in tracker.getJobIdsForGroup(group)
-        for stage in tracker.getJobInfo(job).stageIds  # type: ignore[union-attr]
-    )
+    tasks = tasks_of(spark, group)
     assert 0 < tasks < 1_000, tasks
     assert {p.name for p in (tmp_path / "ledger").glob("*.parquet")} == {
         f.path for f in engine.snapshot(uri).files
@@ -109,3 +105,22 @@ def test_native_vacuum_lists_with_the_sessions_parallelism_not_ten_thousand_task
         assert spark.conf.get(LISTING_PARALLELISM) == "3"
     finally:
         spark.conf.unset(LISTING_PARALLELISM)
+
+
+def tasks_of(spark, group: str, timeout_s: float = 120.0) -> int:
+    """The tasks of a job group's stages, once Spark's status store has every job's end.
+
+    The store is fed by the asynchronous listener bus, in order: a stage is there once its
+    job's end is (a busy machine lags; CI's first run of this test read a stage not yet
+    stored)."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+        if jobs and all(job is not None and job.status == "SUCCEEDED" for job in jobs):
+            break
+        assert time.monotonic() < deadline, f"the jobs of {group} never all ended: {jobs}"
+        time.sleep(0.2)
+    stages = [tracker.getStageInfo(stage) for job in jobs for stage in job.stageIds]  # type: ignore[union-attr]
+    assert any(stages), stages
+    return sum(stage.numTasks for stage in stages if stage is not None)
