@@ -190,7 +190,6 @@ def test_state_checks_executed_alone_run_without_the_operator(story: Story):
     assert run_id not in {e["runId"] for e in accounted}  # only the two selected ran
 
 
-@pytest.mark.extended  # tier 3: the UI's one default run is the browser test's
 def test_terminate_button_stops_continuous_run_cleanly_after_a_complete_micro_batch(story: Story):
     server = story.server
     state = server.lake / "_sideinputs" / MAIN_OUTPUT
