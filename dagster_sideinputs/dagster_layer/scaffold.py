@@ -35,7 +35,9 @@ attributes:
     unmatched: unmatched_orders
 
   # The Spark session and where the tables live. Remove this block when the project
-  # defines `spark` and `io_manager` resources itself.
+  # defines `spark` and `io_manager` resources itself. Give the project's Definitions
+  # `executor=dg.in_process_executor`: a run's steps then share one Spark session
+  # (Dagster's default executor starts a JVM per step).
   resources:
     spark:
       master: local[2]

@@ -3,8 +3,8 @@
 In process: the component builds what ``@side_input_assets`` and the ``build_*``
 functions build for the same declaration, and refuses bad YAML naming the field. Through
 the real ``dg`` CLI (``python -m dagster_dg_cli.cli``, the environment's own): a project
-lists the component, scaffolds it, ``dg check defs`` accepts the scaffold, and its job
-writes the output Delta table.
+lists the component, scaffolds it, ``dg check defs`` accepts the scaffold, and ``dg
+launch`` materializes it: the output Delta tables hold the enriched and unmatched orders.
 """
 
 import datetime as dt
@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 import dagster_sideinputs as dsi
 from dagster_sideinputs.dagster_layer.component import SideInputPipeline, parse_duration
 from dagster_sideinputs.dagster_layer.declaration import declaration_of
+from dagster_sideinputs.dagster_layer.describe import human_duration
 from dagster_sideinputs.dagster_layer.scaffold import DEFS_YAML, PIPELINE_PY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,7 +335,10 @@ def project(tmp_path: Path) -> Iterator[Path]:
     (root / "orders_proj" / "defs" / "__init__.py").write_text("")
     (root / "orders_proj" / "definitions.py").write_text(
         "from pathlib import Path\n\nimport dagster as dg\n\n"
-        "defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+        "defs = dg.Definitions.merge(\n"
+        "    dg.load_from_defs_folder(path_within_project=Path(__file__).parent),\n"
+        "    dg.Definitions(executor=dg.in_process_executor),\n"
+        ")\n"
     )
     yield root
     for name in [m for m in sys.modules if m == "orders_proj" or m.startswith("orders_proj.")]:
@@ -361,19 +365,11 @@ def test_dg_lists_scaffolds_checks_and_materializes_the_component(project, spark
     checked = dg_cli(project, "check", "defs")
     assert "All definitions loaded successfully" in checked.stdout + checked.stderr
 
-    # The run in this process, on the test session (a `dg launch` would start a JVM).
-    sys.path.insert(0, str(project))
-    try:
-        defs = dg.load_from_defs_folder(path_within_project=project)
-    finally:
-        sys.path.remove(str(project))
-    with dg.instance_for_test() as instance:
-        inputs = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-            instance=instance, asset_selection=[dg.AssetKey("orders"), dg.AssetKey("customers")]
-        )
-        assert inputs.success
-        run = defs.resolve_job_def("enrich_orders_job").execute_in_process(instance=instance)
-        assert run.success
+    # Materialized through the CLI as a user does: `dg launch` runs the steps in its own
+    # process (the project's executor is in_process_executor, as the template advises),
+    # the template's local[2] session one JVM for the whole run: inputs, operator, checks.
+    launched = dg_cli(project, "launch", "--assets", "*")
+    assert "RUN_SUCCESS" in launched.stdout + launched.stderr
     written = {
         table: sorted(
             tuple(r) for r in dsi.tables.read_table(spark, str(project / "data" / table)).collect()
@@ -405,3 +401,33 @@ def test_the_example_is_a_dg_project_that_dg_checks_and_lists(tmp_path):
     [entry] = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"]
     assert entry["python_module"]["module_name"] == "assets.definitions"
     assert entry["python_module"]["location_name"] == "payments"
+
+
+DECLARED_INPUTS = """
+import dagster as dg
+from assets.definitions import defs
+node = defs.get_repository_def().asset_graph.get(dg.AssetKey("enriched_transactions"))
+print(node.metadata["dsi/inputs"].value)
+"""
+
+
+def test_make_dev_serves_the_profile_timeout_its_runs_use():
+    """``make dev`` and ``make demo`` give the code location one
+    ``DSI_PROFILE_TIMEOUT_MINUTES`` (the demo waits for it): the UI's "waits up to" of the
+    code location ``make dev`` serves is the runs' timeout, not the code's 30 minutes."""
+    exports = re.findall(
+        r"^([\w -]+): export DSI_PROFILE_TIMEOUT_MINUTES \?= (\S+)$",
+        (REPO / "Makefile").read_text(),
+        flags=re.M,
+    )
+    assert len(exports) == 1, exports
+    [(targets, minutes)] = exports
+    assert {"dev", "demo"} <= set(targets.split())
+    env = {**os.environ, "DSI_PROFILE_TIMEOUT_MINUTES": minutes}
+    shown = subprocess.run(
+        [sys.executable, "-c", DECLARED_INPUTS],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    waits = human_duration(dt.timedelta(minutes=float(minutes)))
+    assert f"a record whose key has no row waits up to {waits}," in shown
+    assert waits != "30 minutes"  # the code's own default, which make test keeps
