@@ -136,6 +136,8 @@ def _stage_files(
     that each table qualifies, then ``job`` writes the files into each table's staging
     folder (returning its seconds), and each table's files get a transaction of their
     own. ``rows_of`` gives a table's rows for Delta's writer, should its commit need it."""
+    if getattr(data.sparkSession, "_jvm", None) is None:
+        return None  # Spark Connect: no Delta transaction to commit files with
     uris = [normalize_uri(target.uri) for target in targets]
     for uri, target, state in zip(uris, targets, states, strict=True):
         if not is_local(uri):
