@@ -337,11 +337,15 @@ def split_job(
     return time.perf_counter() - started
 
 
-def write_job(df: DataFrame, staging: Staging) -> float:
-    """One Spark job writing ``df``'s rows into ``staging``; returns the seconds it took.
-    On failure the folder is left for the caller's discard."""
+def write_job(df: DataFrame, staging: Staging, partition_by: Sequence[str] = ()) -> float:
+    """One Spark job writing ``df``'s rows into ``staging`` (in a folder per value of the
+    ``partition_by`` columns); returns the seconds it took. On failure the folder is left
+    for the caller's discard."""
     started = time.perf_counter()
-    df.write.mode("overwrite").parquet(staging.spark_location())
+    writer = df.write.mode("overwrite")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.parquet(staging.spark_location())
     return time.perf_counter() - started
 
 

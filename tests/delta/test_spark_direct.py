@@ -63,6 +63,8 @@ def test_an_append_commits_with_its_transaction_in_fewer_jobs_than_the_writer(
         spark.createDataFrame([(0, 1, 0.5)], TX), uri, app_transaction=AppTransaction("op", 1)
     )
     data = spark.createDataFrame([(i, i % 3, float(i)) for i in range(1, 51)], TX)
+    # Rows Delta's transaction writes (as for a table staging refuses), not staged ones.
+    monkeypatch.setattr(spark_engine, "stage_append_native", lambda *a, **k: None)
 
     direct, direct_jobs = jobs_of(
         spark, "direct", lambda: engine.write(data, uri, app_transaction=AppTransaction("op", 2))
@@ -283,12 +285,13 @@ def test_files_staged_for_a_commit_that_does_not_happen_are_deleted(spark, tmp_p
     written = staged_files(staged)
     assert engine.commit(staged, app_transaction=AppTransaction("op", 1)).skipped
     assert not written & data_files(uri)
-    # No transaction to commit with: the writer writes the rows, the staged files go.
+    # No transaction to commit with: the staged files are what the commit adds.
     staged = engine.stage(data, uri)
     written = staged_files(staged)
     result = engine.commit(staged)
     assert (result.version, result.num_rows) == (1, 2)
-    assert not written & data_files(uri)
+    assert written <= data_files(uri)
+    assert not written & unreferenced(uri)
     # An empty append that commits nothing.
     staged = engine.stage(spark.createDataFrame([], TX), uri)
     written = staged_files(staged)
@@ -432,3 +435,127 @@ def test_tables_with_other_writer_features_go_through_the_writer(spark, tmp_path
     assert engine.write(frame, uri, app_transaction=AppTransaction("op", 1)).num_rows == 1
     assert rows(spark, uri) == [(0, 1, 0.5), (1, 1, 1.0)]
     assert deltalake.DeltaTable(uri).transaction_version("op") == 1
+
+
+# --- write(): the operator's staging for a plain append or a whole-table overwrite ------
+
+
+@pytest.fixture
+def staged_writes(monkeypatch):
+    """Whether each ``write`` was staged as the operator stages an append (True), or went
+    to Delta's writer (False)."""
+    seen: list[bool] = []
+    real = spark_engine.stage_append_native
+
+    def recording(*args, **kwargs):
+        staged = real(*args, **kwargs)
+        seen.append(staged is not None)
+        return staged
+
+    monkeypatch.setattr(spark_engine, "stage_append_native", recording)
+    return seen
+
+
+def _info(uri: str, version: int) -> dict:
+    return next(a["commitInfo"] for a in commit_file(uri, version) if "commitInfo" in a)
+
+
+PARTED = "tx_id long, day date, region string, amount double"
+
+
+def test_write_stages_appends_and_whole_table_overwrites_in_one_job(spark, tmp_path, staged_writes):
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    first = spark.createDataFrame([(i, i % 3, float(i)) for i in range(10)], TX)
+    second = spark.createDataFrame([(i, i % 3, float(i)) for i in range(10, 15)], TX)
+
+    created, created_jobs = jobs_of(spark, "create", lambda: engine.write(first, uri))
+    appended, append_jobs = jobs_of(spark, "append", lambda: engine.write(second, uri))
+    overwritten = engine.write(second, uri, mode="overwrite")
+
+    assert staged_writes == [True, True, True]
+    # One job writes the rows; the statistics come from the files' footers. (Delta's
+    # commit of a new table runs one more, for its checksum's list of files.)
+    assert append_jobs == 1
+    assert created_jobs <= 2
+    assert [(r.version, r.num_rows) for r in (created, appended, overwritten)] == [
+        (0, 10), (1, 5), (2, 5)
+    ]  # fmt: skip
+    assert [_info(uri, v)["operationParameters"]["mode"] for v in (0, 1, 2)] == [
+        "Append", "Append", "Overwrite"
+    ]  # fmt: skip
+    assert rows(spark, uri) == sorted(tuple(r) for r in second.collect())
+    for version in (0, 1, 2):
+        adds = [a["add"] for a in commit_file(uri, version) if "add" in a]
+        stats = [json.loads(a["stats"]) for a in adds]
+        assert all(s["minValues"]["tx_id"] <= s["maxValues"]["tx_id"] for s in stats)
+    removed = sorted(a["remove"]["path"] for a in commit_file(uri, 2) if "remove" in a)
+    added = sorted(a["add"]["path"] for v in (0, 1) for a in commit_file(uri, v) if "add" in a)
+    assert removed == added
+    # delta-rs reads what Delta's transaction committed.
+    assert deltalake.DeltaTable(uri).to_pyarrow_table().num_rows == 5
+
+
+def test_write_stages_a_partitioned_table_with_the_values_delta_would_log(
+    spark, tmp_path, staged_writes
+):
+    engine = DeltaSparkEngine(spark)
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    data = spark.createDataFrame(
+        [(1, None, "eu west", 1.0), (2, None, None, 2.0), (3, None, "a/b=c%d", 3.0)], PARTED
+    ).withColumn("day", F.expr("date_add(date'2024-01-30', cast(tx_id as int))"))
+
+    engine.write(data, ours, partition_by=["day", "region"])
+    engine.write(data, ours, partition_by=["day", "region"])  # an append to it
+    data.write.format("delta").partitionBy("day", "region").save(theirs)
+
+    assert staged_writes == [True, True]
+
+    def values(uri: str) -> list[tuple]:
+        adds = [a["add"] for a in commit_file(uri, 0) if "add" in a]
+        return sorted(tuple(sorted(a["partitionValues"].items())) for a in adds)
+
+    assert values(ours) == values(theirs)
+    assert rows(spark, ours) == sorted(2 * rows(spark, theirs))
+    on_a_day = spark.read.format("delta").load(ours).where("day = date'2024-02-01'")
+    assert on_a_day.count() == 2
+    table = deltalake.DeltaTable(ours)
+    assert table.metadata().partition_columns == ["day", "region"]
+    assert table.to_pyarrow_table().num_rows == 6
+
+
+def test_write_leaves_an_append_only_tables_overwrite_to_the_writer(spark, tmp_path, staged_writes):
+    engine = DeltaSparkEngine(spark)
+    locked = str(tmp_path / "locked")
+    spark.createDataFrame([(0, 1, 0.5)], TX).write.format("delta").option(
+        "delta.appendOnly", "true"
+    ).save(locked)
+    with pytest.raises(Exception, match=r"(?i)append"):
+        engine.write(spark.createDataFrame([(1, 1, 1.0)], TX), locked, mode="overwrite")
+    assert staged_writes == []  # refused by Delta's writer, never staged
+    assert rows(spark, locked) == [(0, 1, 0.5)]
+
+
+def test_a_staged_overwrite_fails_when_another_writer_appended_meanwhile(
+    spark, tmp_path, monkeypatch
+):
+    """As Delta's own overwrite: an append committed after the files to remove were
+    listed fails the overwrite (Delta's transaction, which removes files and read no
+    predicate, counts as having read the whole table), and nothing is committed."""
+    engine = DeltaSparkEngine(spark)
+    uri = str(tmp_path / "t")
+    engine.write(spark.createDataFrame([(0, 1, 0.5)], TX), uri)
+    real = DeltaSparkEngine.commit
+    raced: list[bool] = []
+
+    def race_then_commit(self, staged, **kwargs):
+        assert staged.handle.direct is not None  # staged, not Delta's writer
+        if not raced:  # (the other writer's own commit comes through here too)
+            raced.append(True)
+            DeltaSparkEngine(spark).write(spark.createDataFrame([(9, 9, 9.0)], TX), uri)
+        return real(self, staged, **kwargs)
+
+    monkeypatch.setattr(DeltaSparkEngine, "commit", race_then_commit)
+    with pytest.raises(ConcurrentWriteError):
+        engine.write(spark.createDataFrame([(1, 1, 1.0)], TX), uri, mode="overwrite")
+    assert rows(spark, uri) == [(0, 1, 0.5), (9, 9, 9.0)]

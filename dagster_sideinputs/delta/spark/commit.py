@@ -172,7 +172,7 @@ def commit_staged_files(
     current: LogState | None,
     files: LogFiles,
     *,
-    app_transaction: AppTransaction,
+    app_transaction: AppTransaction | None,
     commit_metadata: Mapping[str, Any] | None,
     remove_files: Sequence[DataFile] = (),
 ) -> WriteResult:

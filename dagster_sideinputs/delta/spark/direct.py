@@ -318,22 +318,23 @@ def stage_append(frame: DataFrame, uri: str, current: LogState) -> DirectStage |
 
 def commit_stage(
     stage: DirectStage,
-    app_transaction: AppTransaction,
+    app_transaction: AppTransaction | None,
     user_metadata: str,
     *,
     current: LogState | None = None,
     remove: Sequence[DataFile] = (),
     label: str = "",
 ) -> None:
-    """Commit the staged files with the application transaction, and remove ``remove``
-    (live at ``current``), as one commit (the application id registered as read: a
-    concurrent commit of it fails this one)."""
+    """Commit the staged files with the application transaction (if any), and remove
+    ``remove`` (live at ``current``), as one commit (the application id registered as
+    read: a concurrent commit of it fails this one)."""
     removals = []
     if remove:
         assert current is not None
         removals = removal_actions(stage.spark, stage.txn, current, remove, label)
     actions, operation = _commit_actions(stage.spark, app_transaction, user_metadata, removals)
-    stage.txn.readTxn().addOne(app_transaction.app_id)
+    if app_transaction is not None:
+        stage.txn.readTxn().addOne(app_transaction.app_id)
     stage.commit_tried = True
     stage.txn.commit(_with(stage.spark, stage.files, actions), operation)
     _forget_marker(stage)

@@ -29,12 +29,13 @@ from the rows as it writes them, and for a new table the rows would be persisted
 checked first.
 
 Only where that commit is exactly what Delta's writer would commit: a classic session,
-local tables on one filesystem, unpartitioned, whose schema takes the rows as they are
-(no cast, reorder or new column) and whose protocol an append through the transaction
-handles, and nothing Delta checks or derives while writing (CHECK constraints, NOT NULL
-fields, generated or identity columns, column mapping, also for a new table from the
-session's defaults). Anything else: None before any Spark job, and the caller stages
-each table on its own.
+local tables on one filesystem, unpartitioned (one table's append may be partitioned: by
+the column types both engines partition by, whose folder names Delta's writer also turns
+into the values we log), whose schema takes the rows as they are (no cast, reorder or
+new column) and whose protocol an append through the transaction handles, and nothing
+Delta checks or derives while writing (CHECK constraints, NOT NULL fields, generated or
+identity columns, column mapping, also for a new table from the session's defaults).
+Anything else: None before any Spark job, and the caller stages each table on its own.
 """
 
 import json
@@ -49,7 +50,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.engine import SchemaMode, SplitTarget, StagedWrite
+from dagster_sideinputs.delta.engine import SchemaMode, SplitTarget, StagedWrite, WriteMode
 from dagster_sideinputs.delta.log.state import LogState
 from dagster_sideinputs.delta.schema import as_nullable
 from dagster_sideinputs.delta.spark.direct import (
@@ -104,7 +105,13 @@ def stage_split_native(
 
 
 def stage_append_native(
-    df: DataFrame, uri: str, name: str, state: LogState | None, schema_mode: SchemaMode | None
+    df: DataFrame,
+    uri: str,
+    name: str,
+    state: LogState | None,
+    schema_mode: SchemaMode | None,
+    partition_by: Sequence[str] = (),
+    mode: WriteMode = "append",
 ) -> StagedWrite | None:
     """Stage an append of ``df`` to one delta-spark table as the split stages each of its
     tables: Spark writes the files, their statistics come from the footers, and Delta's
@@ -117,11 +124,13 @@ def stage_append_native(
     docstring); the caller then stages it through Delta's writer.
     """
 
+    partitions = list(partition_by or (state.partition_columns if state else ()))
+
     def job(stagings: Sequence[Staging], tables: Sequence[TableFiles]) -> float:
-        return write_job(df, stagings[0])
+        return write_job(df, stagings[0], partitions)
 
     target = SplitTarget(0, uri, name, schema_mode)
-    staged = _stage_files(df, [target], [state], job, lambda target: df)
+    staged = _stage_files(df, [target], [state], job, lambda target: df, partitions, mode)
     return None if staged is None else staged[0]
 
 
@@ -131,11 +140,16 @@ def _stage_files(
     states: Sequence[LogState | None],
     job: Callable[[Sequence[Staging], Sequence[TableFiles]], float],
     rows_of: Callable[[SplitTarget], DataFrame],
+    partitions: Sequence[str] = (),
+    mode: WriteMode = "append",
 ) -> list[StagedWrite] | None:
     """Stage ``data``'s appends to ``targets`` (whose ``states`` the engine read): check
     that each table qualifies, then ``job`` writes the files into each table's staging
     folder (returning its seconds), and each table's files get a transaction of their
-    own. ``rows_of`` gives a table's rows for Delta's writer, should its commit need it."""
+    own. ``rows_of`` gives a table's rows for Delta's writer, should its commit need it.
+    ``partitions``: the tables' partition columns (the job writes their folders);
+    ``mode``: what the write is planned as (an overwrite's files are an append's, and its
+    commit removes the table's)."""
     if getattr(data.sparkSession, "_jvm", None) is None:
         return None  # Spark Connect: no Delta transaction to commit files with
     uris = [normalize_uri(target.uri) for target in targets]
@@ -144,24 +158,25 @@ def _stage_files(
             return None
         # The planning a table staged on its own gets: a foreign folder, or a column
         # Delta cannot store, fails here as it would there.
-        projected, _, partitions = plan_rows(
+        projected, _, planned = plan_rows(
             data, uri, target.name, None if state is None else state.table_snapshot(),
-            mode="append", partition_by=None, replace_partition=None,
+            mode=mode, partition_by=list(partitions), replace_partition=None,
             schema_mode=target.schema_mode,
         )  # fmt: skip
-        if partitions or projected.schema != data.schema:
+        if planned != list(partitions) or projected.schema != data.schema:
             return None  # the table takes the rows in another shape
-        if state is not None and not _plain_table(data, state, target):
+        if state is not None and not _plain_table(data, state, target, partitions):
             return None
     if not same_filesystem(uris):
         return None
     opened = [
-        open_transaction(data, uri, state) if state else _new_table(data, uri)
+        open_transaction(data, uri, state) if state else _new_table(data, uri, partitions)
         for uri, state in zip(uris, states, strict=True)
     ]
     if any(handle is None for handle in opened):
         return None
     spark = data.sparkSession
+    data_schema = T.StructType([f for f in data.schema.fields if f.name not in partitions])
     tables = [TableFiles(uri) for uri in uris]
     stagings = [Staging(files) for files in tables]
     published: list[list[str]] = [[] for _ in targets]
@@ -175,7 +190,7 @@ def _stage_files(
             assert handle is not None
             delta_log, txn = handle
             properties = json.loads(txn.metadata().json())["metaData"].get("configuration")
-            files = staging.collect(data.schema, [], properties)
+            files = staging.collect(data_schema, list(partitions), properties)
             creating = None
             if states[index] is None:  # its folder holds no table: mark what the files are
                 staging.files.write_bytes_atomic(CREATING_MARKER, b"")
@@ -193,7 +208,9 @@ def _stage_files(
                 creating=creating,
             )
             writes.append(
-                _staged(uri, target, rows_of(target), stage, files, seconds, states[index])
+                _staged(
+                    uri, target, rows_of(target), stage, files, seconds, states[index], partitions
+                )
             )
             seconds = 0.0  # the job's time goes to the first table
     except BaseException as exc:
@@ -210,17 +227,21 @@ def _stage_files(
     return writes
 
 
-def _plain_table(data: DataFrame, state: LogState, target: SplitTarget) -> bool:
+def _plain_table(
+    data: DataFrame, state: LogState, target: SplitTarget, partitions: Sequence[str]
+) -> bool:
     """Whether appending ``data`` to the table at ``state`` needs nothing of Delta's writer
     but its commit (same columns and types in the same order: ``plain_append``)."""
     if state.column_mapping:
         return False
     if table_constraints(state.configuration) or not _nullable(state.raw_schema):
         return False
-    return plain_append(data, state, mode="append", schema_mode=target.schema_mode, partition_by=())
+    return plain_append(
+        data, state, mode="append", schema_mode=target.schema_mode, partition_by=partitions
+    )
 
 
-def _new_table(data: DataFrame, uri: str) -> tuple[Any, Any] | None:
+def _new_table(data: DataFrame, uri: str, partitions: Sequence[str]) -> tuple[Any, Any] | None:
     """(DeltaLog, OptimisticTransaction) creating the table at ``uri`` with ``data``'s
     columns, as Delta's writer would: the metadata goes through Delta's
     ``updateMetadataForNewTable``, which adds the session's default table properties and
@@ -238,7 +259,7 @@ def _new_table(data: DataFrame, uri: str) -> tuple[Any, Any] | None:
             "id": str(uuid.uuid4()),
             "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(as_nullable(data.schema).jsonValue()),
-            "partitionColumns": [],
+            "partitionColumns": list(partitions),
             "configuration": {},
             "createdTime": int(time.time() * 1000),
         }
@@ -275,12 +296,13 @@ def _staged(
     files: Sequence[StagedFile],
     seconds: float,
     state: LogState | None,
+    partitions: Sequence[str],
 ) -> StagedWrite:
     return StagedWrite(
         uri=uri,
         name=target.name,
         mode="append",
-        partition_by=[],
+        partition_by=list(partitions),
         replace_partition=None,
         schema_mode=target.schema_mode,
         num_rows=stage.rows or 0,
