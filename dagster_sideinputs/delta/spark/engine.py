@@ -275,7 +275,7 @@ class DeltaSparkEngine:
         refuse_blocked_location(uri, label)
         state = self._state(uri, name=label) if self.exists(uri) else None
         # Files removed in the same commit go with the staged ones (Delta's transaction).
-        plain = mode == "append" and not replace_partition
+        plain = mode == "append"
         with self._cleaning_up(uri):
             if plain and (
                 staged := stage_append_native(
@@ -409,11 +409,11 @@ class DeltaSparkEngine:
         commit_metadata: Mapping[str, Any] | None = None,
         skip_empty_commit: bool = False,
     ) -> WriteResult:
-        """One table. An append that needs nothing of Delta's writer but its commit is
-        staged as the operator's outputs are (Spark writes the files, their statistics
-        come from the footers, Delta's transaction commits them: ``stage_append_native``,
-        0.95x the bridge against 0.64x through the writer, ``bench/delta_io.py``); any
-        other write is Delta's own, atomic by itself (a failing job commits nothing)."""
+        """One table. An append, or an overwrite of the whole table, that needs nothing
+        of Delta's writer but its commit is staged as the operator's outputs are (Spark
+        writes the files, their statistics come from the footers, Delta's transaction
+        commits them: ``stage_append_native``; measured in docs/DECISIONS.md); any other
+        write is Delta's own, atomic by itself (a failing job commits nothing)."""
         started = time.perf_counter()
         uri = normalize_uri(uri)
         label = name or uri
@@ -429,13 +429,12 @@ class DeltaSparkEngine:
                     df, uri, label, current, schema_mode, partition_by or (), mode
                 )
             if staged is not None:  # the operator's one-pass append (delta/spark/split.py)
-                replaced: Sequence[DataFile] = ()
-                if mode == "overwrite" and current is not None:
-                    # The same commit, removing every file the table holds.
-                    replaced = self.snapshot(uri, name=label).files
+                # An overwrite: the same commit, removing every file of the version the
+                # transaction read (a commit since then fails it, as Delta's own).
+                replaced = current.table_snapshot().files if mode == "overwrite" and current else ()
                 result = self.commit(
                     staged, app_transaction=app_transaction, commit_metadata=commit_metadata,
-                    skip_empty_commit=skip_empty_commit and not replaced, remove_files=replaced,
+                    skip_empty_commit=skip_empty_commit, remove_files=replaced,
                 )  # fmt: skip
                 return with_duration(result, time.perf_counter() - started)
         snapshot = None if current is None else self.snapshot(uri, name=label)
