@@ -53,13 +53,20 @@ def with_routes(
     plan: BatchPlan,
     joins: Mapping[str, JoinSpec],
     empty: Mapping[str, Column],
+    *,
+    pre_keyed_check: bool = True,
 ) -> DataFrame:
     """The records with their route and reason columns (``empty``: per side input, the
-    records whose side namespace holds no rows, for ``on_empty="unmatched"``)."""
+    records whose side namespace holds no rows, for ``on_empty="unmatched"``).
+
+    ``pre_keyed_check=False`` leaves out the check of a pre-keyed topic's records, for a
+    frame whose records a job has already routed with it (:func:`route`)."""
     invalid, reason = invalid_reason(spec, df, plan)
-    lie, message = _pre_keyed_check(spec, df, plan)
-    route = F.when(lie, F.raise_error(message))
-    route = route.when(invalid, F.lit("invalid"))
+    if pre_keyed_check:
+        lie, message = _pre_keyed_check(spec, df, plan)
+        route = F.when(lie, F.raise_error(message)).when(invalid, F.lit("invalid"))
+    else:
+        route = F.when(invalid, F.lit("invalid"))
     late = plan.late_namespaces
     if spec.options.routes.late is not None and late:
         route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
