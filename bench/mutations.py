@@ -174,6 +174,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "pre_keyed_topic_unchecked",
+        "dagster_sideinputs/core/batch/route.py",
+        "checked = with_pre_keyed_check(spec, classified, plan)",
+        "checked = classified",
+        "a pre-keyed topic's record in another partition than Kafka's partitioner gives its "
+        "key stops the batch before any write",
+        (
+            "tests/core/test_kafka_keyed.py::test_a_record_on_another_partition_than_its_keys_is_an_error_before_any_write",
+        ),
+    ),
+    Mutation(
+        "pre_keyed_topic_checked_in_writes",
+        "dagster_sideinputs/core/batch/route.py",
+        "counts = translated(context, lambda: count_routes(spec, checked), views=views)\n",
+        "counts = translated(context, lambda: count_routes(spec, checked), views=views)\n"
+        "        classified = checked\n",
+        "a pre-keyed topic's records are joined and written without being shuffled",
+        (
+            "tests/core/test_kafka_keyed.py::test_keyed_side_input_is_joined_without_shuffling_the_main_records",
+        ),
+    ),
+    Mutation(
         "pre_keyed_rows_unchecked",
         "dagster_sideinputs/core/batch/read.py",
         "table=spec.main.asset)\n    _check_rows(context, raw)\n",

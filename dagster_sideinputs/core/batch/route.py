@@ -20,7 +20,11 @@ from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
 from dagster_sideinputs.core.batch.invalid_records import check_invalid
 from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
-from dagster_sideinputs.core.batch.route_rules import lookup, with_routes
+from dagster_sideinputs.core.batch.route_rules import (
+    lookup,
+    with_pre_keyed_check,
+    with_routes,
+)
 from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
@@ -71,16 +75,8 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
         notes.extend(check_one_row_per_key(context, plan, views, first=True))
     if counts is None:
-        counts = translated(context, lambda: count_routes(spec, classified), views=views)
-        if spec.main.keyed_by_partition and spec.options.cache != "always":
-            # That job routed every record with the pre-keyed check, which raises on the
-            # first one that breaks the promise. The writes read the same records, so
-            # they route them without it: the check's Arrow UDF would hide from Spark
-            # that the records are partitioned by their bucket, and Spark would shuffle
-            # them all again to join them (bench/kafka.py --only prekeyed).
-            classified = with_routes(
-                spec, records, plan, views.joins, views.empty, pre_keyed_check=False
-            )
+        checked = with_pre_keyed_check(spec, classified, plan)
+        counts = translated(context, lambda: count_routes(spec, checked), views=views)
     else:
         notes.append("every record released: routes counted from file statistics")
     check_invalid(spec, context.source, classified, counts)

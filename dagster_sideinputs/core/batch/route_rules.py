@@ -53,20 +53,12 @@ def with_routes(
     plan: BatchPlan,
     joins: Mapping[str, JoinSpec],
     empty: Mapping[str, Column],
-    *,
-    pre_keyed_check: bool = True,
 ) -> DataFrame:
     """The records with their route and reason columns (``empty``: per side input, the
-    records whose side namespace holds no rows, for ``on_empty="unmatched"``).
-
-    ``pre_keyed_check=False`` leaves out the check of a pre-keyed topic's records, for a
-    frame whose records a job has already routed with it (:func:`route`)."""
+    records whose side namespace holds no rows, for ``on_empty="unmatched"``). A
+    pre-keyed topic's promise is checked apart: :func:`with_pre_keyed_check`."""
     invalid, reason = invalid_reason(spec, df, plan)
-    if pre_keyed_check:
-        lie, message = _pre_keyed_check(spec, df, plan)
-        route = F.when(lie, F.raise_error(message)).when(invalid, F.lit("invalid"))
-    else:
-        route = F.when(invalid, F.lit("invalid"))
+    route = F.when(invalid, F.lit("invalid"))
     late = plan.late_namespaces
     if spec.options.routes.late is not None and late:
         route = route.when((F.col(ORIGIN) == "new") & F.col(NS_ID).isin(late), F.lit("late"))
@@ -120,20 +112,27 @@ def with_routes(
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
 
 
-def _pre_keyed_check(spec: OperatorSpec, df: DataFrame, plan: BatchPlan) -> tuple[Column, Column]:
-    """(a row breaks the pre-keyed promise, the error text saying how): a pre-keyed Kafka
-    topic's records, checked on their routes. A Delta main input's rows are checked when
-    they are read (:func:`~dagster_sideinputs.core.batch.read.read`)."""
+def with_pre_keyed_check(spec: OperatorSpec, classified: DataFrame, plan: BatchPlan) -> DataFrame:
+    """Routed records (:func:`with_routes`) whose route raises, for a new record of a
+    pre-keyed Kafka topic that breaks the promise (as is for any other input).
+
+    Only the job counting the routes reads it: it routes every record before anything is
+    written, so the first lie stops the batch. The writes read the records without it: the
+    check is an Arrow UDF (Kafka's murmur2), and Spark keeps no partitioning across a
+    Python UDF, so a write joining below it would shuffle the records it reads in place.
+    A Delta main input's rows are checked when they are read
+    (:func:`~dagster_sideinputs.core.batch.read.read`)."""
     key = spec.main.key
     if not (spec.main.keyed_by_partition and key is not None):
-        return F.lit(False), F.lit("")
+        return classified
     count = partition_count(plan.main)
     if not count:
-        return F.lit(False), F.lit("")
+        return classified
     # New records only (buffered ones were checked when they arrived), and not the
     # invalid ones (a corrupt value or a null key has its own route).
     checked = (F.col(ORIGIN) == "new") & F.col(quoted(key)).isNotNull()
-    if CORRUPT in df.columns:
+    if CORRUPT in classified.columns:
         checked = checked & F.col(CORRUPT).isNull()
-    condition, message = violation(key, df.schema[key].dataType, count)
-    return checked & condition, message
+    condition, message = violation(key, classified.schema[key].dataType, count)
+    lie = checked & condition
+    return classified.withColumn(ROUTE, F.when(lie, F.raise_error(message)).otherwise(F.col(ROUTE)))
