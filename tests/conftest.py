@@ -28,13 +28,22 @@ from tests.servers.s3 import S3Server
 # engines they compare. DSI_DELTA_ENGINE=delta-rs runs the rest under the bridge.
 os.environ.setdefault("DSI_DELTA_ENGINE", "auto")
 
-# Every Spark driver of the tests (this session's, and those tests start in subprocesses:
-# workers, demo runs, Connect servers inherit it) collects garbage in one thread. Their
-# heaps are small; on 2 cores this measured faster than the default G1, back to back on
-# the same machine: tests/core/test_recovery.py 95-100 s against 104-111 s (bridge),
-# test_one_pass.py 104-108 s against 110 s (both engines). A value the environment
+# Every JVM the tests start in subprocesses (workers, demo runs, Connect servers, the
+# cluster's driver; tests/cluster.py `spark_env` keeps these options) collects garbage in
+# one thread and compiles with C1 only: they live seconds to minutes, and HotSpot's C2
+# compiler spent their CPU on code they would not run long enough to repay it. A JVM
+# started to write one small Delta table took ~19.5 s of CPU, ~10 s with C1 only; the
+# end-to-end modules (crash harness, concurrency, cluster, docs, webserver, browser), two
+# workers, idle machine, alternating: 261 and 319 s against 307 and 375 s. This session's
+# own JVM, which runs the whole module's Spark work, keeps both compilers
+# (MAIN_JVM_OPTIONS: C1 only measured slower there, docs/testing.md). SerialGC: the
+# heaps are small; on 2 cores it measured faster than the default G1
+# (tests/core/test_recovery.py 95-100 s against 104-111 s). A value the environment
 # already has is kept.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+MAIN_JVM_OPTIONS = "-XX:TieredStopAtLevel=4"
+"""Appended to this session's driver options (after ``SPARK_SUBMIT_OPTS``: the last flag
+wins): both JIT compilers."""
 
 # The tests start hundreds of JVMs of a few class paths (this session's, the workers',
 # demo runs', Connect servers'): they opt in to the class archive of each class path
@@ -193,6 +202,7 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.warehouse.dir": warehouse,
             "spark.driver.memory": "2g",
             "spark.sql.adaptive.enabled": "true",
+            "spark.driver.extraJavaOptions": MAIN_JVM_OPTIONS,
         },
     )
     yield session
