@@ -59,13 +59,15 @@ def webserver(tmp_path_factory, connect_server: LocalConnectServer) -> Iterator[
 @pytest.fixture(scope="session")
 def sources(webserver: Webserver) -> Webserver:
     """Profiles, fraud rules, this hour's FX rates; 500 transactions of this hour (5% by
-    unknown customers), then 200 of the previous hour (no unknown customers)."""
+    unknown customers), then 200 of the previous hour (no unknown customers). The
+    unpartitioned assets and an hourly partition of ``fx_rates`` go in one run (each run is
+    a process: fewer runs, a shorter story)."""
     webserver.run(
         ASSET_JOB,
-        ["fraud_rules", "customer_profiles", "transactions"],
+        ["fraud_rules", "customer_profiles", "transactions", "fx_rates"],
         run_config=transactions_config(500),  # the code location's executor is in-process
+        tags={"dagster/partition": THIS_HOUR},
     )
-    webserver.run(ASSET_JOB, ["fx_rates"], tags={"dagster/partition": THIS_HOUR})
     webserver.run(
         ASSET_JOB, ["transactions"], run_config=transactions_config(200, hours_back=1, unknown=0)
     )
@@ -79,10 +81,10 @@ def story(sources: Webserver) -> Story:
     runs = {"first": server.run(OPERATOR_JOB)}
     server.run(
         ASSET_JOB,
-        ["customer_profiles"],
+        ["customer_profiles", "fx_rates"],
         run_config={"ops": {"customer_profiles": {"config": {"extra_customers": 60}}}},
+        tags={"dagster/partition": PREVIOUS_HOUR},
     )
-    server.run(ASSET_JOB, ["fx_rates"], tags={"dagster/partition": PREVIOUS_HOUR})
     runs["release"] = server.run(OPERATOR_JOB)
     runs["idle"] = server.run(OPERATOR_JOB)
     runs["replay"] = server.run("replay_unmatched_transactions_job")
