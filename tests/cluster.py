@@ -53,16 +53,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-KEPT = ("SPARK_SUBMIT_OPTS", "DSI_JVM_ARCHIVE")
+KEPT = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "DSI_JVM_ARCHIVE")
 
 
 def spark_env(**extra: str) -> dict[str, str]:
     """This environment without Spark / project settings, plus loopback Spark settings.
 
     ``PYSPARK_PYTHON`` is this interpreter, so executors' Python workers run the same
-    packages as the driver. ``SPARK_SUBMIT_OPTS`` and ``DSI_JVM_ARCHIVE`` stay: under
-    pytest they hold the JVM options and the class archive of every JVM a test starts
-    (tests/conftest.py); a benchmark's environment has neither.
+    packages as the driver. ``SPARK_SUBMIT_OPTS``, ``SPARK_DAEMON_JAVA_OPTS`` and
+    ``DSI_JVM_ARCHIVE`` stay: under pytest they hold the JVM options and the class
+    archive of every JVM a test starts (tests/conftest.py); a benchmark's environment has
+    none of them.
     """
     env = {
         key: value

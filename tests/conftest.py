@@ -29,18 +29,25 @@ from tests.servers.s3 import S3Server
 os.environ.setdefault("DSI_DELTA_ENGINE", "auto")
 
 # Every JVM the tests start in subprocesses (workers, demo runs, Connect servers, the
-# cluster's driver; tests/cluster.py `spark_env` keeps these options) collects garbage in
-# one thread and compiles with C1 only: they live seconds to minutes, and HotSpot's C2
+# cluster's driver, and through it its executors; the cluster's master and workers, as
+# daemons; tests/cluster.py `spark_env` keeps these variables) collects garbage in one
+# thread and compiles with C1 only: they live seconds to minutes, and HotSpot's C2
 # compiler spent their CPU on code they would not run long enough to repay it. A JVM
 # started to write one small Delta table took ~19.5 s of CPU, ~10 s with C1 only; the
 # end-to-end modules (crash harness, concurrency, cluster, docs, webserver, browser), two
-# workers, idle machine, alternating: 261 and 319 s against 307 and 375 s. This session's
-# own JVM, which runs the whole module's Spark work, keeps both compilers
-# (MAIN_JVM_OPTIONS: C1 only measured slower there, docs/testing.md). SerialGC: the
-# heaps are small; on 2 cores it measured faster than the default G1
-# (tests/core/test_recovery.py 95-100 s against 104-111 s). A value the environment
-# already has is kept.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+# workers, idle machine, alternating: 261 and 319 s against 307 and 375 s; the cluster's
+# module alone, its executors and daemons too: 62 s against 77. This session's own JVM,
+# which runs the whole module's Spark work, keeps both compilers (MAIN_JVM_OPTIONS: C1
+# only measured slower there, docs/testing.md). SerialGC: the heaps are small; on 2 cores
+# it measured faster than the default G1 (tests/core/test_recovery.py 95-100 s against
+# 104-111 s). A value the environment already has is kept.
+SUBPROCESS_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS",
+    # A driver reads spark.* system properties as settings: a cluster's executors too.
+    f"{SUBPROCESS_JVM_OPTIONS} -Dspark.executor.extraJavaOptions='{SUBPROCESS_JVM_OPTIONS}'",
+)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", SUBPROCESS_JVM_OPTIONS)
 MAIN_JVM_OPTIONS = "-XX:TieredStopAtLevel=4"
 """Appended to this session's driver options (after ``SPARK_SUBMIT_OPTS``: the last flag
 wins): both JIT compilers."""
