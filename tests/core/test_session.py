@@ -298,6 +298,26 @@ print("REPORT " + json.dumps(report))
 """
 
 
+def test_subprocess_jvms_of_the_tests_get_their_jvm_options_and_nothing_else_of_spark(
+    monkeypatch,
+):
+    """``spark_env`` (every JVM the tests start in a subprocess) passes on the JVM options
+    and the class-archive setting tests/conftest.py gives them, and drops every other
+    Spark or project setting of this process."""
+    kept = {
+        "SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1",
+        "SPARK_DAEMON_JAVA_OPTS": "-XX:+UseSerialGC",
+        "DSI_JVM_ARCHIVE": "on",
+    }
+    for name, value in {**kept, "SPARK_CONF_DIR": "/elsewhere", "DSI_LAKE_ROOT": "/x"}.items():
+        monkeypatch.setenv(name, value)
+    env = spark_env(DSI_SPARK_UI="false")
+    assert {name: env.get(name) for name in kept} == kept
+    assert "SPARK_CONF_DIR" not in env
+    assert "DSI_LAKE_ROOT" not in env
+    assert env["DSI_SPARK_UI"] == "false"
+
+
 def start_offline(
     tmp_path: Path, ivy: Path | None = None, *, hide_m2: bool = True, **args: object
 ) -> dict:
