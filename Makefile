@@ -90,7 +90,7 @@ test: install airflow  ## run the whole test suite (real Spark, Delta, Dagster, 
 	$(PYTEST)
 
 test-extended: install  ## the long end-to-end runs the default suite leaves out (docs/testing.md)
-	$(PYTEST) -m extended
+	DSI_TEST_CODEGEN=1 $(PYTEST) -m extended
 
 test-engines: install  ## the core tests with every test under both Delta engines (the full matrix)
 	DSI_BOTH_ENGINES=1 $(PYTEST) tests/core

@@ -43,6 +43,7 @@ from dagster_sideinputs.core.spark.session import (
 from dagster_sideinputs.delta.spark.setup import delta_package
 from dagster_sideinputs.errors import SparkStartupError
 from tests.cluster import free_port, spark_env
+from tests.conftest import CODEGEN
 
 INSTALL_HINT = "openjdk-17-jre-headless"
 
@@ -457,6 +458,17 @@ def test_a_bad_package_coordinate_fails_before_the_jvm_starts(monkeypatch, tmp_p
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JVM start would fail on Java first
     with pytest.raises(SparkStartupError, match="'kafka-0-10' is neither a Maven coordinate"):
         build_spark_session(master="local[1]", packages=["kafka-0-10"])
+
+
+def test_the_shared_session_interprets_expressions_unless_told_to_generate_code(spark):
+    """tests/conftest.py INTERPRETED: no whole-stage code in the shared session's plans
+    (``*(1)`` marks a generated stage), unless ``DSI_TEST_CODEGEN=1`` asked for Spark's
+    defaults."""
+    plan = spark.range(3).selectExpr("id + 1 AS n")._jdf.queryExecution().executedPlan()
+    generated = "*(" in plan.toString()
+    assert generated == CODEGEN, plan.toString()
+    factory = spark.conf.get("spark.sql.codegen.factoryMode")
+    assert factory == ("FALLBACK" if CODEGEN else "NO_CODEGEN")
 
 
 def test_delta_rebuilds_table_state_in_as_many_tasks_as_shuffle_partitions(spark):
