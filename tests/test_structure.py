@@ -348,3 +348,45 @@ def test_modules_sharing_a_server_name_modules_that_use_it():
     for module, scope in [*SHARED_SCOPES.items(), *((s, s) for s in uses)]:
         text = (root / module).read_text()
         assert any(fixture in text for fixture in uses[scope]), (module, uses[scope])
+
+
+def test_the_workers_get_the_modules_in_the_collections_order_end_to_end_first():
+    """The scheduler of ``make test`` (xdist's own, with :data:`SHARED_SCOPES`) hands the
+    modules out in the collection's order, the long end-to-end modules first. xdist's
+    default hands out the modules with the most tests first: a one-test end-to-end module
+    would start last and keep one worker running alone."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from tests.conftest import pytest_xdist_make_scheduler
+
+    class Worker:
+        shutting_down = False
+
+        def __init__(self, name: str) -> None:
+            self.gateway = SimpleNamespace(id=name)
+            self.sent: list[list[int]] = []
+
+        def send_runtest_some(self, indices: list[int]) -> None:
+            self.sent.append(indices)
+
+        def shutdown(self) -> None:
+            self.shutting_down = True
+
+    option = SimpleNamespace(loadscopereorder=True)  # xdist's default
+    config = SimpleNamespace(getvalue={"dist": "loadfile", "tx": ["2*popen"]}.get, option=option)
+    scheduler: Any = pytest_xdist_make_scheduler(config, None)  # type: ignore[arg-type]
+    collection = [
+        "tests/test_cluster.py::test_driver_report",  # end to end: one long test
+        *(f"tests/core/test_semantics.py::test_{n}" for n in range(5)),
+        *(f"tests/core/test_temporal.py::test_{n}" for n in range(4)),
+        "tests/test_api.py::test_names",
+    ]
+    workers = [Worker("gw0"), Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    first = workers[0].sent[0]
+    assert [collection[i] for i in first] == collection[:1]
+    assert [collection[i] for i in workers[1].sent[0]] == collection[1:6]
