@@ -7,10 +7,12 @@ The lake's object store settings come from the ``AWS_*`` environment variables (
 ``ready`` once its Spark session is up, ``locked <epoch seconds>`` when it holds the
 operator's lock, ``in-batch <epoch seconds>`` when the function of a batch starts, and
 ``batches=<n> replayed=<n>`` at the end. Exit code 0: ran; 3: refused because another
-run holds the operator.
+run holds the operator. With ``DSI_TEST_START_GATE`` set to a path, it waits after
+``ready`` until that file exists (a test starts its JVM early and lets it run later).
 """
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -61,6 +63,10 @@ def main() -> int:
         storage=dsi.DeltaStorage(root),
     )
     print("ready", flush=True)
+    gate = os.environ.get("DSI_TEST_START_GATE")
+    deadline = time.monotonic() + 600
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         result = op.run(spark, wait_for_lock=wait)
     except dsi.OperatorBusyError as exc:

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,8 +31,14 @@ pytestmark = pytest.mark.slow
 class Worker:
     """One worker process (its own process group: the JVM dies with it), its output lines."""
 
-    def __init__(self, lake: Lake, wait: float, function_s: float = 6.0) -> None:
+    def __init__(
+        self, lake: Lake, wait: float, function_s: float = 6.0, gate: Path | None = None
+    ) -> None:
+        """``gate``: the worker starts its session at once but runs the operator only once
+        that file exists (tests/core/concurrent_worker.py)."""
         env = {**os.environ, **lake.storage.storage_options, "DSI_LOCK_LEASE_SECONDS": str(LEASE_S)}
+        if gate is not None:
+            env["DSI_TEST_START_GATE"] = str(gate)
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -150,24 +157,26 @@ def test_a_second_run_that_waits_finds_the_work_done_and_writes_nothing_twice(la
     assert sorted(r[0] for r in lake.rows("enriched", "tx_id")) == list(range(50))
 
 
-def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lake):
+def test_a_run_killed_holding_the_lock_is_taken_over_and_its_batch_completed(lake, tmp_path):
     """A is SIGKILLed in the middle of its batch, while B waits for the lock. B gets it at
     once on a filesystem (the kernel drops a dead process's flock) and completes the batch;
     the output holds every record once. (On S3 the lease of a killed holder passes on after
-    a lease: tests/delta/test_object_store.py, across processes.)"""
+    a lease: tests/delta/test_object_store.py, across processes.) B's JVM starts beside
+    A's; B asks for the lock only once A holds it and is in its batch."""
     prepare(lake)
+    gate = tmp_path / "holder-in-batch"
     holder = Worker(lake, wait=0, function_s=120)
-    with workers(holder):
+    waiting = Worker(lake, wait=180, function_s=0, gate=gate)
+    with workers(holder, waiting):
         holder.wait_for("in-batch")  # A holds the lock and has planned its batch
-        waiting = Worker(lake, wait=180)
-        with workers(waiting):
-            waiting.wait_for("ready")
-            time.sleep(2 * LEASE_S)  # B tries meanwhile; A, alive, renews its lease
-            assert not waiting.has("locked"), "B took the lock while A held it"
-            holder.kill()
-            killed_at = time.time()
-            took_over_at, _ = waiting.wait_for("locked", timeout=120)
-            code, out, err = waiting.finish()
+        waiting.wait_for("ready")
+        gate.touch()
+        time.sleep(2 * LEASE_S)  # B tries meanwhile; A, alive, renews its lease
+        assert not waiting.has("locked"), "B took the lock while A held it"
+        holder.kill()
+        killed_at = time.time()
+        took_over_at, _ = waiting.wait_for("locked", timeout=120)
+        code, out, err = waiting.finish()
     assert code == 0, err[-3000:]
     assert out.splitlines()[-1].startswith("batches=1"), out
     assert took_over_at - killed_at < LEASE_S / 2, took_over_at - killed_at
