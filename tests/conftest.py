@@ -244,6 +244,18 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_session_first(request: pytest.FixtureRequest) -> None:
+    """Start :func:`spark` before any test of a session that uses it. A test that builds
+    its own local session first (a Dagster resource materializing in-process, as
+    test_airflow.py's comparison does) would otherwise launch this process's one JVM
+    without the optional packages, and the shared session's getOrCreate() would return
+    that session: every later Kafka, avro and S3A test of the worker failed. The order of
+    the modules decides which comes first, so it is not left to it."""
+    if any("spark" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("spark")
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator["KafkaBroker"]:
     """A real Kafka broker on 127.0.0.1 (KRaft, one node), shared by the session.
