@@ -249,9 +249,10 @@ def shared_session_first(request: pytest.FixtureRequest) -> None:
     """Start :func:`spark` before any test of a session that uses it. A test that builds
     its own local session first (a Dagster resource materializing in-process, as
     test_airflow.py's comparison does) would otherwise launch this process's one JVM
-    without the optional packages, and the shared session's getOrCreate() would return
-    that session: every later Kafka, avro and S3A test of the worker failed. The order of
-    the modules decides which comes first, so it is not left to it."""
+    without the optional packages, and the shared session's start would be refused
+    (``build_spark_session`` refuses a running session without the packages asked for;
+    before that refusal every later Kafka, avro and S3A test of the worker failed). The
+    order of the modules decides which comes first, so it is not left to it."""
     if any("spark" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("spark")
 

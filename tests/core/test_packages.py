@@ -242,3 +242,45 @@ def test_avro_functions_and_the_dsv2_avro_reader_work(spark, tmp_path):
         assert spark.read.format("avro").load(str(tmp_path / "a")).count() == 3
     finally:
         spark.conf.unset("spark.sql.sources.useV1SourceList")
+
+
+# --- a session already running ----------------------------------------------------------------
+
+REUSE_SCRIPT = """
+import json
+from dagster_sideinputs.core.spark.session import build_spark_session
+from dagster_sideinputs.errors import SparkStartupError
+
+start = dict(master="local[1]", delta=False, ui_enabled=False)
+first = build_spark_session(**start, packages=["avro"])
+again = build_spark_session(**start, packages=["avro"])
+plain = build_spark_session(**start)
+try:
+    build_spark_session(**start, packages=["avro", "kafka"])
+    refusal = None
+except SparkStartupError as exc:
+    refusal = str(exc)
+print(json.dumps({"reused": again is first and plain is first, "refusal": refusal}))
+"""
+
+
+def test_a_running_session_without_the_packages_asked_for_is_refused_naming_them():
+    """Before: the running session came back without them, and the first Kafka read failed
+    far away (a worker's tests did, when an in-process resource had started Spark first)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REUSE_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=spark_env(),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["reused"], result
+    refusal = result["refusal"]
+    assert refusal is not None, "a session without Kafka was returned for packages=['kafka']"
+    for coordinate in parse_packages("kafka"):
+        assert coordinate in refusal
+    assert AVRO not in refusal, refusal  # it is loaded
+    assert "first session this process starts" in refusal, refusal

@@ -151,6 +151,26 @@ class FetchResult:
     output: str
 
 
+def packages_not_loaded(coordinates: Iterable[str], jar_paths: Iterable[str]) -> list[str]:
+    """The coordinates whose jar is not among ``jar_paths`` (a running JVM's class path and
+    ``spark.jars``): named as Spark retrieves it (``<group>_<artifact>-<v>.jar``) or as
+    Maven publishes it (``<artifact>-<v>.jar``).
+
+    Examples:
+        >>> packages_not_loaded(["g:a:1", "g:b:2"], ["/ivy/jars/g_a-1.jar", "/m2/b-3.jar"])
+        ['g:b:2']
+    """
+    names = {os.path.basename(path.strip()) for path in jar_paths}
+    missing = []
+    for coordinate in coordinates:
+        retrieved = os.path.basename(retrieved_jar(coordinate, "/"))
+        group = coordinate.split(":", 1)[0]
+        published = retrieved[len(group) + 1 :]
+        if retrieved not in names and published not in names:
+            missing.append(coordinate)
+    return missing
+
+
 def _spark_submit() -> str:
     home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     return os.path.join(home, "bin", "spark-submit")

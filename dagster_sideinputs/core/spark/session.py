@@ -30,6 +30,7 @@ from dagster_sideinputs.core.spark.packages import (
     DeltaMode,
     cached_jar_list,
     forget_jar_list,
+    packages_not_loaded,
     parse_packages,
     remember_jar_list,
     resolve_session_packages,
@@ -221,6 +222,28 @@ def _remember_jars(
     remember_jar_list(coordinates, settings, conf.get("spark.jars", ""))
 
 
+def _check_running_packages(spark: SparkSession, required: list[str]) -> None:
+    """Refuse a running session that lacks packages asked for: it was started first (by
+    other code, or another resource) without them, and a JVM loads packages only when it
+    starts, so the first read of a Kafka topic or an ``s3a://`` path would fail far away."""
+    if not required:
+        return
+    conf = spark.sparkContext.getConf()
+    jvm = spark.sparkContext._jvm
+    class_path = jvm.java.lang.System.getProperty("java.class.path") if jvm is not None else ""
+    jars = [*conf.get("spark.jars", "").split(","), *str(class_path).split(os.pathsep)]
+    missing = packages_not_loaded(required, jars)
+    if missing:
+        raise SparkStartupError(
+            f"A Spark session already runs in this process without the packages {missing}: "
+            "a session's JVM loads packages only when it starts, and this one was started "
+            "earlier (by other code or another resource) without them.",
+            fix="ask for these packages in the first session this process starts "
+            "(build_spark_session(packages=[...]) or SparkResource(packages=[...]) before "
+            "anything else starts Spark), or run this code in its own process",
+        )
+
+
 def build_spark_session(
     *,
     master: str = "local[*]",
@@ -275,7 +298,9 @@ def build_spark_session(
             ``remote`` URL without the Spark Connect client installed or with no server
             answering (checked before connecting, so it never hangs either), a setting the
             Connect server refuses, packages that cannot be fetched (or Delta's jar with
-            ``delta=True``), or the session could not start.
+            ``delta=True``), a session already running in this process without the
+            packages asked for (or without Delta, with ``delta=True``): a JVM loads packages
+            only when it starts, or the session could not start.
 
     Examples:
         >>> spark = build_spark_session(master="local[2]", ui_enabled=False)  # doctest: +SKIP
@@ -345,6 +370,8 @@ def build_spark_session(
             packages=wanted,
             jars=jars,
         )
+    # A JVM already running in this process is reused: it keeps the packages it started with.
+    running = remote is None and SparkContext._gateway is not None
     try:
         try:
             with _launch_class_path(jars if is_local_master(master) else None):
@@ -366,7 +393,9 @@ def build_spark_session(
                 app_name, master, settings, delta=use_delta, packages=wanted, jars=None
             )
             spark = builder.getOrCreate()
-        if remote is None and coordinates and not jars:
+        if running:
+            _check_running_packages(spark, [c for c in coordinates if c in wanted or delta is True])
+        elif remote is None and coordinates and not jars:
             _remember_jars(spark, coordinates, settings)
         if remote is not None:
             try:
