@@ -390,3 +390,44 @@ def test_the_workers_get_the_modules_in_the_collections_order_end_to_end_first()
     first = workers[0].sent[0]
     assert [collection[i] for i in first] == collection[:1]
     assert [collection[i] for i in workers[1].sent[0]] == collection[1:6]
+
+
+def test_a_server_is_stopped_once_the_tests_of_its_scope_are_done_unless_the_next_asks():
+    """The idle Kafka broker kept a few percent of a core busy for the rest of the run: it
+    stops when the next test is in another scope and does not ask for it (not between two
+    tests of its scope, which may leave it out: the next may ask again)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from tests.conftest import pytest_runtest_teardown
+
+    class Server:
+        def __init__(self) -> None:
+            self.cached_result: object = ("broker", None, None)
+            self.stops = 0
+
+        def finish(self, request: object) -> None:
+            self.stops += 1
+            self.cached_result = None
+
+    broker = Server()
+
+    def item(nodeid: str, *fixtures: str) -> Any:
+        defs = {name: (broker,) for name in fixtures}
+        info = SimpleNamespace(name2fixturedefs=defs)
+        return SimpleNamespace(
+            nodeid=nodeid, fixturenames=list(fixtures), _fixtureinfo=info, _request=None
+        )
+
+    kafka = item("tests/core/test_kafka.py::test_read", "kafka_broker")
+    pure = item("tests/core/test_kafka.py::test_offsets_parse")  # same scope, no broker
+    assets = item("tests/dagster_layer/test_kafka_assets.py::test_run", "kafka_broker")
+    other = item("tests/core/test_semantics.py::test_join", "spark")
+    pytest_runtest_teardown(kafka, pure)
+    assert broker.stops == 0  # its scope goes on
+    pytest_runtest_teardown(pure, assets)
+    assert broker.stops == 0  # the next test asks for it
+    pytest_runtest_teardown(assets, other)
+    assert broker.stops == 1
+    pytest_runtest_teardown(other, kafka)
+    assert broker.stops == 1  # stopped once; the next test that asks starts another
