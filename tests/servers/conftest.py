@@ -1,14 +1,12 @@
-"""Fixtures for the server tests: Spark's Kafka connector in a session of its own."""
-
-from collections.abc import Iterator
+"""Fixtures for the server tests: Spark's Kafka connector in the shared session."""
 
 import pytest
+from pyspark.sql import SparkSession
 
-from tests.servers.spark_kafka import SparkKafkaSession
+from tests.servers.spark_kafka import SparkKafka
 
 
-@pytest.fixture(scope="session")
-def spark_kafka(tmp_path_factory) -> Iterator[SparkKafkaSession]:
-    """A SparkSession with ``spark-sql-kafka-0-10``, in a subprocess (see spark_kafka.py)."""
-    with SparkKafkaSession(tmp_path_factory.mktemp("spark-kafka")) as session:
-        yield session
+@pytest.fixture
+def spark_kafka(spark: SparkSession) -> SparkKafka:
+    """The connector in the tests' shared session (see spark_kafka.py)."""
+    return SparkKafka(spark)

@@ -1,46 +1,23 @@
-"""Spark's Kafka connector (``spark-sql-kafka-0-10``) in a SparkSession of its own.
+"""Spark's Kafka connector (``spark-sql-kafka-0-10``) as the tests' shared session has it.
 
-The connector's jars come through ``spark.jars.packages`` (:data:`SPARK_KAFKA_PACKAGES`),
-which a SparkContext reads only when it starts; the test session's shared context is
-already running without them. :class:`SparkKafkaSession` therefore runs a second
-session in a subprocess (``python -m tests.servers.spark_kafka serve``) and sends it
-requests as JSON lines on stdin; answers come back on stdout, marked, because the JVM
-writes to the same stream.
-
-Requests: ``read`` (a batch ``spark.read.format("kafka")`` with the given options,
-collected), ``write`` (a batch write through the connector, i.e. the Java producer)
-and ``topic_id`` (the topic id from the Java ``Admin`` client inside the Spark JVM).
+The shared session loads the connector with the optional packages
+(tests/core/test_packages.py checks its jars are there), so :class:`SparkKafka` reads,
+writes and asks the Java ``Admin`` client in that JVM. Errors come back as
+:class:`SparkKafkaError`: the exception class, Spark's error condition and the message
+without the stack trace. (It used to start a second session in a subprocess, from when the
+shared one had no connector: a JVM that started in ~12 s and then idled to the end of the run.)
 """
 
 import contextlib
 import json
-import os
-import queue
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Spark 4.1.x's connector; 4.1.1 is the newest 4.1 release whose jar and
-# spark-token-provider-kafka-0-10 dependency Maven Central serves here. It pulls
-# kafka-clients 3.9.1 and commons-pool2 2.12.1.
-SPARK_KAFKA_VERSION = "4.1.1"
-SPARK_KAFKA_PACKAGES: Sequence[str] = (
-    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_KAFKA_VERSION}",
-)
-# The connector also depends on jars pyspark ships (same versions); the two Hadoop
-# client jars are 30+ MB that every executor would fetch again for nothing.
-SPARK_KAFKA_EXCLUDES: Sequence[str] = (
-    "org.apache.hadoop:hadoop-client-runtime",
-    "org.apache.hadoop:hadoop-client-api",
-)
+from pyspark.sql import SparkSession
 
 REPO = Path(__file__).resolve().parents[2]
-_MARK = "@@spark-kafka@@ "
 
 
 @dataclass(frozen=True)
@@ -55,7 +32,7 @@ class KafkaRow:
 
 
 class SparkKafkaError(Exception):
-    """A request the Spark session answered with an error.
+    """What the connector or the JVM's Kafka client raised, described.
 
     Attributes:
         type: The Python exception class (``Py4JJavaError``, ``IllegalArgumentException``).
@@ -100,141 +77,62 @@ def exact_range_options(
     }
 
 
-class SparkKafkaSession:
-    """A SparkSession with the Kafka connector, in a subprocess.
+class SparkKafka:
+    """Batch reads and writes through the connector, and topic ids from the JVM's ``Admin``
+    client, in ``spark`` (which must have the connector loaded).
 
-    Args:
-        workdir: Where the subprocess writes its log (``spark-kafka.log``).
-        packages: Maven coordinates for ``spark.jars.packages``.
-        excludes: ``spark.jars.excludes``.
+    Raises:
+        SparkKafkaError: what the connector or the client raised, described.
     """
 
-    def __init__(
-        self,
-        workdir: Path,
-        *,
-        packages: Sequence[str] = SPARK_KAFKA_PACKAGES,
-        excludes: Sequence[str] = SPARK_KAFKA_EXCLUDES,
-    ) -> None:
-        self.workdir = workdir
-        self.packages = list(packages)
-        self.excludes = list(excludes)
-        self.jars: list[str] = []
-        self.startup_s = 0.0
-        self._popen: subprocess.Popen | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
 
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "spark-kafka.log"
-
-    def start(self, *, timeout_s: float = 600.0) -> "SparkKafkaSession":
-        """Start the subprocess; returns once its session is up (jars resolved)."""
-        from tests.cluster import spark_env
-        from tests.servers.kafka import _die_with_parent
-
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        args = [sys.executable, "-m", "tests.servers.spark_kafka", "serve"]
-        args += ["--packages", ",".join(self.packages), "--excludes", ",".join(self.excludes)]
-        with open(self.log_path, "wb") as log:
-            self._popen = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=spark_env(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1"),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        threading.Thread(target=self._pump, daemon=True).start()
-        ready = self._answer(timeout_s)
-        self.jars = list(ready["jars"])
-        self.startup_s = time.monotonic() - started
-        return self
-
-    def _pump(self) -> None:
-        assert self._popen is not None
-        assert self._popen.stdout is not None
-        for line in self._popen.stdout:
-            if line.startswith(_MARK):
-                self._lines.put(line[len(_MARK) :])
-        self._lines.put(None)  # the process closed its stdout: it has exited
-
-    def _answer(self, timeout_s: float) -> dict[str, Any]:
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError(f"Spark Kafka session: no answer in {timeout_s}s") from None
-        if line is None:
-            raise RuntimeError(f"Spark Kafka session exited:\n{self._log_tail()}")
-        answer: dict[str, Any] = json.loads(line)
-        if "error" in answer:
-            raise SparkKafkaError(answer["error"])
-        return answer
-
-    def _log_tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def request(self, payload: Mapping[str, Any], *, timeout_s: float = 300.0) -> dict[str, Any]:
-        if self._popen is None or self._popen.stdin is None:
-            raise RuntimeError("SparkKafkaSession is not started")
-        self._popen.stdin.write(json.dumps(payload) + "\n")
-        self._popen.stdin.flush()
-        return self._answer(timeout_s)
-
-    def read(self, options: Mapping[str, str], *, timeout_s: float = 300.0) -> list[KafkaRow]:
+    def read(self, options: Mapping[str, str]) -> list[KafkaRow]:
         """``spark.read.format("kafka").options(**options).load()``, collected, sorted by
         partition and offset."""
-        answer = self.request({"op": "read", "options": dict(options)}, timeout_s=timeout_s)
-        return [KafkaRow(*row) for row in answer["rows"]]
+        with _described():
+            frame = self.spark.read.format("kafka").options(**options).load()
+            rows = frame.selectExpr(
+                "topic", "partition", "offset", "CAST(key AS STRING)", "CAST(value AS STRING)"
+            ).collect()
+        return sorted(
+            (KafkaRow(*row) for row in rows), key=lambda r: (r.topic, r.partition, r.offset)
+        )
 
     def write(self, topic: str, bootstrap_servers: str, records: Sequence[tuple[str, str]]) -> None:
         """Write ``(key, value)`` records with the connector's batch sink (Java producer)."""
-        payload = {
-            "op": "write",
-            "options": {"kafka.bootstrap.servers": bootstrap_servers, "topic": topic},
-            "rows": [list(r) for r in records],
-        }
-        self.request(payload)
+        options = {"kafka.bootstrap.servers": bootstrap_servers, "topic": topic}
+        with _described():
+            frame = self.spark.createDataFrame(
+                [list(r) for r in records], "key string, value string"
+            )
+            frame.write.format("kafka").options(**options).save()
 
     def topic_id(self, topic: str, bootstrap_servers: str) -> str:
         """The topic id as the Java ``Admin`` client in the Spark JVM reports it."""
-        payload = {"op": "topic_id", "topic": topic, "bootstrap_servers": bootstrap_servers}
-        return str(self.request(payload)["topic_id"])
-
-    def stop(self) -> None:
-        if self._popen is None:
-            return
-        from tests.servers.kafka import stop_process_group
-
-        with contextlib.suppress(OSError):
-            if self._popen.stdin is not None:
-                self._popen.stdin.close()  # the server ends its loop and stops Spark
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._popen.wait(timeout=30)
-        stop_process_group(self._popen)  # whatever is left of the group (the JVM)
-        self._popen = None
-
-    def __enter__(self) -> "SparkKafkaSession":
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        with _described():
+            props = jvm.java.util.Properties()
+            props.put("bootstrap.servers", bootstrap_servers)
+            admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+            try:
+                names = jvm.java.util.Collections.singletonList(topic)
+                described = admin.describeTopics(names).allTopicNames().get()
+                return str(described.get(topic).topicId().toString())
+            finally:
+                admin.close()
 
 
-# -- the subprocess ------------------------------------------------------------------
-
-
-_answers = sys.stdout
-
-
-def _send(answer: Mapping[str, Any]) -> None:
-    _answers.write(_MARK + json.dumps(answer) + "\n")
-    _answers.flush()
+@contextlib.contextmanager
+def _described():
+    try:
+        yield
+    except SparkKafkaError:
+        raise
+    except Exception as exc:
+        raise SparkKafkaError(_describe(exc)) from exc
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
@@ -261,78 +159,3 @@ def _describe(exc: BaseException) -> dict[str, Any]:
         line for line in text.splitlines() if not line.lstrip().startswith("at ")
     ).strip()
     return error
-
-
-def _serve(packages: str, excludes: str) -> None:
-    global _answers
-    # Answers get the pipe to themselves: the JVM this process starts inherits fd 1,
-    # and a long answer could otherwise be interleaved with what the JVM prints.
-    _answers = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("dagster-sideinputs-kafka")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.jars.packages", packages)
-    )
-    if excludes:
-        builder = builder.config("spark.jars.excludes", excludes)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    _send({"jars": spark.sparkContext.getConf().get("spark.jars", "").split(",")})
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            _send(_handle(spark, request))
-        except Exception as exc:
-            _send({"error": _describe(exc)})
-    spark.stop()
-
-
-def _handle(spark: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    op = request["op"]
-    if op == "read":
-        frame = spark.read.format("kafka").options(**request["options"]).load()
-        rows = frame.selectExpr(
-            "topic", "partition", "offset", "CAST(key AS STRING)", "CAST(value AS STRING)"
-        ).collect()
-        return {"rows": sorted([list(r) for r in rows], key=lambda r: (r[0], r[1], r[2]))}
-    if op == "write":
-        frame = spark.createDataFrame(request["rows"], "key string, value string")
-        frame.write.format("kafka").options(**request["options"]).save()
-        return {"written": len(request["rows"])}
-    if op == "topic_id":
-        jvm = spark.sparkContext._jvm
-        props = jvm.java.util.Properties()
-        props.put("bootstrap.servers", request["bootstrap_servers"])
-        admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
-        try:
-            names = jvm.java.util.Collections.singletonList(request["topic"])
-            described = admin.describeTopics(names).allTopicNames().get()
-            return {"topic_id": described.get(request["topic"]).topicId().toString()}
-        finally:
-            admin.close()
-    raise ValueError(f"unknown op {op!r}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m tests.servers.spark_kafka")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="answer JSON-line requests on stdin")
-    serve.add_argument("--packages", default=",".join(SPARK_KAFKA_PACKAGES))
-    serve.add_argument("--excludes", default=",".join(SPARK_KAFKA_EXCLUDES))
-    args = parser.parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    _serve(args.packages, args.excludes)
-
-
-if __name__ == "__main__":
-    main()

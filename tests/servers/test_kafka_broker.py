@@ -1,7 +1,7 @@
 """The test Kafka broker, its clients, and Spark's batch reads over exact offset ranges.
 
 Everything runs against a real broker on 127.0.0.1 (``kafka_broker``) and, for the
-Spark tests, the real ``spark-sql-kafka-0-10`` connector in its own session
+Spark tests, the real ``spark-sql-kafka-0-10`` connector in the shared session
 (``spark_kafka``). The Spark tests record the connector behaviours a pinned batch
 plan depends on: what it does when offsets were deleted, when the topic was recreated
 and when partitions were added.
