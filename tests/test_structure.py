@@ -392,14 +392,20 @@ def test_the_workers_get_the_modules_in_the_collections_order_end_to_end_first()
     assert [collection[i] for i in workers[1].sent[0]] == collection[1:6]
 
 
-def test_a_server_is_stopped_once_the_tests_of_its_scope_are_done_unless_the_next_asks():
+def test_a_server_is_stopped_once_the_tests_of_its_scope_are_done_unless_the_next_asks(
+    monkeypatch,
+):
     """The idle Kafka broker kept a few percent of a core busy for the rest of the run: it
     stops when the next test is in another scope and does not ask for it (not between two
     tests of its scope, which may leave it out: the next may ask again)."""
     from types import SimpleNamespace
     from typing import Any
 
+    from tests import conftest
     from tests.conftest import pytest_runtest_teardown
+
+    # The hook's record of this session's running servers stays as it is.
+    monkeypatch.setattr(conftest, "_running_servers", {})
 
     class Server:
         def __init__(self) -> None:

@@ -260,7 +260,14 @@ try:
     refusal = None
 except SparkStartupError as exc:
     refusal = str(exc)
-print(json.dumps({"reused": again is first and plain is first, "refusal": refusal}))
+try:
+    build_spark_session(**{**start, "delta": True}, packages=["avro"])
+    delta_refusal = None
+except SparkStartupError as exc:
+    delta_refusal = str(exc)
+print(json.dumps({
+    "reused": again is first and plain is first, "refusal": refusal, "delta": delta_refusal
+}))
 """
 
 
@@ -284,3 +291,6 @@ def test_a_running_session_without_the_packages_asked_for_is_refused_naming_them
         assert coordinate in refusal
     assert AVRO not in refusal, refusal  # it is loaded
     assert "first session this process starts" in refusal, refusal
+    # delta=True needs Delta's jar in the running JVM too (delta="auto" falls back instead).
+    assert result["delta"] is not None, "a session without Delta was returned for delta=True"
+    assert delta_package() in result["delta"], result["delta"]
