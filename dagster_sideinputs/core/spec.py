@@ -83,10 +83,11 @@ class OperatorSpec:
 
     def written_tables(self) -> list[str]:
         """Every table a batch may commit to: outputs, buffer, and a landing folder's ledger."""
-        tables = [self.table_uri(tag) for tag in self.all_tags] + [self.buffer_uri]
-        if self.main.kind == "files":
-            tables.append(self.files_seen_uri)
-        return tables
+        return [self.table_uri(tag) for tag in self.all_tags] + self.own_tables()
+
+    def own_tables(self) -> list[str]:
+        """The operator's own tables: the buffer, and a landing folder's ledger."""
+        return [self.buffer_uri] + ([self.files_seen_uri] if self.main.kind == "files" else [])
 
     @property
     def all_tags(self) -> list[OutputTag]:

@@ -361,6 +361,12 @@ class DeltaEngine(Protocol):
         """Delete files no version newer than ``retention_hours`` references."""
         ...
 
+    def set_properties(
+        self, uri: str, properties: Mapping[str, str], *, name: str | None = None
+    ) -> None:
+        """Set table properties (``delta.*`` configuration) in one metadata commit."""
+        ...
+
     def compact(self, uri: str, *, name: str | None = None) -> None:
         """Rewrite a table's small files into few (a ``dataChange: false`` commit: rows,
         application transactions and incremental readers are unaffected), for operator

@@ -1,11 +1,15 @@
 """The bridge keeps the tables it commits to cheap to open, however long their history."""
 
 import json
+import os
 import time
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
+from dagster_sideinputs.core.batch.record import OWN_LOG_RETENTION, RETENTION_KEY
+from dagster_sideinputs.delta.bridge import commit as bridge_commit
 from dagster_sideinputs.delta.bridge.commit import CHECKPOINT_EVERY
 from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
 from dagster_sideinputs.delta.engine import AppTransaction
@@ -120,3 +124,42 @@ def tasks_of(spark, group: str, timeout_s: float = 120.0) -> int:
     stages = [tracker.getStageInfo(stage) for job in jobs for stage in job.stageIds]  # type: ignore[union-attr]
     assert any(stages), stages
     return sum(stage.numTasks for stage in stages if stage is not None)
+
+
+@pytest.mark.parametrize("engine_name", ["delta-rs", "delta-spark"])
+def test_an_own_tables_short_log_retention_keeps_its_log_short(
+    spark, tmp_path, monkeypatch, engine_name
+):
+    """The operator gives its own tables (buffer, ledger) a short log retention
+    (record.OWN_LOG_RETENTION): at the next checkpoint due for cleanup the expired commit
+    files go (under delta-spark, those of days before the cutoff's), and the table keeps
+    its rows and application transactions."""
+    monkeypatch.setattr(bridge_commit, "CLEANUP_EVERY", CHECKPOINT_EVERY)
+    engine = DeltaRsEngine() if engine_name == "delta-rs" else DeltaSparkEngine(spark)
+    uri, log = str(tmp_path / "ledger"), tmp_path / "ledger" / "_delta_log"
+
+    def append(batch: int) -> None:
+        rows = pa.table({"path": [f"f{batch}.json"], "batch_id": pa.array([batch], pa.int64())})
+        engine.append_rows(uri, rows, app_transaction=AppTransaction("op", batch))
+
+    append(0)
+    engine.set_properties(uri, OWN_LOG_RETENTION)
+    assert engine.snapshot(uri).configuration[RETENTION_KEY] == OWN_LOG_RETENTION[RETENTION_KEY]
+    batch = 1
+
+    def append_to(version: int) -> None:
+        nonlocal batch
+        while engine.snapshot(uri).version < version:
+            append(batch)
+            batch += 1
+
+    append_to(2 * CHECKPOINT_EVERY - 1)
+    three_days_ago = time.time() - 3 * 86_400  # the log so far, checkpoint at 10 included
+    for entry in log.iterdir():
+        if entry.is_file():
+            os.utime(entry, (three_days_ago, three_days_ago))
+    append_to(2 * CHECKPOINT_EVERY)  # the checkpoint at 20: the cleanup cuts the log there
+    commits_left = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+    assert commits_left == [2 * CHECKPOINT_EVERY], commits_left  # every expired one
+    assert engine.transaction_version(uri, "op") == batch - 1
+    assert sorted(engine.read_rows(uri).column("batch_id").to_pylist()) == list(range(batch))

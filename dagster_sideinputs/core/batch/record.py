@@ -4,9 +4,10 @@ The commit record is written last: from then on the batch is complete, and the n
 run plans the batch after it. Old plans and commit records are pruned after every batch
 (the state folder never holds more than :data:`~dagster_sideinputs.core.state.folder.KEEP` of
 each, so listing it costs the same at batch 10,000 as at batch 10). Every
-``VACUUM_EVERY`` batches the buffer's unreferenced files are deleted, and a landing
+``VACUUM_EVERY`` batches the buffer's unreferenced files are deleted, a landing
 folder's ledger of files read (one small file per batch) is compacted into one, so that
-reading it costs one file, not one per batch ever run.
+reading it costs one file, not one per batch ever run, and the operator's own tables get
+a short log retention (:data:`OWN_LOG_RETENTION`) unless they set one.
 """
 
 import datetime as dt
@@ -19,6 +20,20 @@ from dagster_sideinputs.core.metrics import BatchMetrics
 from dagster_sideinputs.core.sideinputs.windows import as_utc
 
 VACUUM_EVERY = 25
+RETENTION_KEY = "delta.logRetentionDuration"
+OWN_LOG_RETENTION = {
+    RETENTION_KEY: "interval 1 hour",
+    "delta.deletedFileRetentionDuration": "interval 1 hour",
+}
+"""The log retention of the operator's own tables (buffer, ledger; Delta asks that a
+log keeps removed files' entries as long as they may be vacuumed, so both). A commit a
+batch: with Delta's default (30 days) their logs would grow to millions of files,
+which delta-spark lists at every commit and checkpoint. Their old versions are never
+read: a replay reads the buffer at the version its plan pinned, and the operator, the
+tables' only writer, commits nothing between a crash and its replay (the buffer is
+vacuumed with no retention anyway: ``VACUUM_EVERY``). Expired entries go when a
+checkpoint is written, back to the newest checkpoint before them (delta-spark: every 10
+versions, keeping them to the end of the day they expire in; the bridge: every 100)."""
 log = logging.getLogger("dagster_sideinputs")
 
 
@@ -41,7 +56,24 @@ def record(context: StageContext, batch: Batch) -> BatchMetrics:
     if plan.batch_id % VACUUM_EVERY == VACUUM_EVERY - 1:
         spec.engine.vacuum(spec.buffer_uri, retention_hours=0)
         context.source.tidy()
+        keep_own_logs_short(context)
     return metrics
+
+
+def keep_own_logs_short(context: StageContext) -> None:
+    """Give each of the operator's own tables :data:`OWN_LOG_RETENTION` unless it sets a
+    retention itself (tables made before this existed get it here too). The batch is
+    committed already: a failure only leaves the retention as it was."""
+    spec = context.spec
+    for uri in spec.own_tables():
+        try:
+            if not spec.engine.exists(uri):
+                continue
+            if RETENTION_KEY in spec.engine.snapshot(uri).configuration:
+                continue
+            spec.engine.set_properties(uri, OWN_LOG_RETENTION)
+        except Exception as exc:  # housekeeping after the commit: never fail the batch
+            log.warning("%s: the log retention of %s was not set (%s)", spec.operator_id, uri, exc)
 
 
 def metrics_of(context: StageContext, batch: Batch) -> BatchMetrics:

@@ -16,7 +16,13 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from dagster_sideinputs.delta.bridge.commit import ENGINE_NAME, append_rows, commit_removals
+from dagster_sideinputs.delta.bridge.commit import (
+    ENGINE_NAME,
+    HOOKS,
+    append_rows,
+    commit_removals,
+    committed_version,
+)
 from dagster_sideinputs.delta.bridge.read import read_changes
 from dagster_sideinputs.delta.bridge.split import stage_split_dataframe
 from dagster_sideinputs.delta.bridge.table import (
@@ -286,3 +292,11 @@ class DeltaRsEngine:
             enforce_retention_duration=False,
             dry_run=False,
         )
+
+    def set_properties(
+        self, uri: str, properties: Mapping[str, str], *, name: str | None = None
+    ) -> None:
+        label = name or uri
+        table = open_table(uri, storage_options=self.storage_options, name=label)
+        table.alter.set_table_properties(dict(properties), post_commithook_properties=HOOKS)
+        committed_version(uri, storage_options=self.storage_options, label=label, table=table)

@@ -57,7 +57,7 @@ from dagster_sideinputs.delta.spark.commit import (
     with_duration,
 )
 from dagster_sideinputs.delta.spark.direct import discard_stage
-from dagster_sideinputs.delta.spark.predicates import sql_table, whole_partitions
+from dagster_sideinputs.delta.spark.predicates import sql_literal, sql_table, whole_partitions
 from dagster_sideinputs.delta.spark.read import read_subset
 from dagster_sideinputs.delta.spark.split import stage_append_native, stage_split_native
 from dagster_sideinputs.delta.spark.stage import SparkStage, plan_rows, stage_rows
@@ -513,6 +513,13 @@ class DeltaSparkEngine:
             session_setting(spark, LISTING_PARALLELISM, listing_parallelism(spark)),
         ):
             spark.sql(f"VACUUM {sql_table(uri)} RETAIN {hours} HOURS").collect()
+
+    def set_properties(
+        self, uri: str, properties: Mapping[str, str], *, name: str | None = None
+    ) -> None:
+        spark = self._spark(f"set the properties of {name or uri}")
+        pairs = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in properties.items())
+        spark.sql(f"ALTER TABLE {sql_table(uri)} SET TBLPROPERTIES ({pairs})").collect()
 
 
 def listing_parallelism(spark: SparkSession) -> str | None:
