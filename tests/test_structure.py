@@ -437,3 +437,109 @@ def test_a_server_is_stopped_once_the_tests_of_its_scope_are_done_unless_the_nex
     assert broker.stops == 1
     pytest_runtest_teardown(other, kafka)
     assert broker.stops == 1  # stopped once; the next test that asks starts another
+
+
+OWN_LOG_CODE = {
+    "delta/log/files.py": "lists and reads a table's _delta_log (local, obstore, Spark)",
+    "delta/log/replay.py": "which commit and checkpoint files of _delta_log make a version",
+    "delta/log/reader.py": "probes V+1.json by name instead of listing the folder",
+    "delta/log/commits.py": "reads a range of commit files one by one (a main input's)",
+    "delta/bridge/log_commit.py": "writes a local table's next commit file itself",
+    "delta/bridge/table.py": "commit_timestamps lists _delta_log and reads each commit's time",
+}
+"""The library's modules that list, read or write ``_delta_log`` entries themselves, each
+with its reason; docs/DECISIONS.md names each (its path, or its folder's) and says why a
+library's call does not do instead. Every other module reaches a table's log through them
+or through delta-rs and delta-spark."""
+
+_LOG_WORDS = ("_delta_log", "_last_checkpoint", ".checkpoint.")
+"""The log folder, or a checkpoint, named in a string."""
+_LOG_SUFFIXES = (".json", ".checkpoint", ".crc")
+"""What follows a version in the name of a log entry (commit, checkpoint, checksum)."""
+_LOG_NAME_TEXT = re.compile(
+    r"\\d\{20\}"  # a regex of a version's file name
+    r"|(?:^\.?|^/|_delta_log/)(?:%020d|\{[^{}]*:020d\})\.(?:json|checkpoint|crc)"  # a format
+)
+
+
+def _names_log_entry(joined: ast.JoinedStr) -> bool:
+    """An f-string building a log entry's name: a 20-digit version then a log suffix, as a
+    file's own name (nothing, a dot or a slash before it) or in ``_delta_log/``; not in a
+    folder of another name (the operator's ``plans/{batch:020d}.json``)."""
+    parts = joined.values
+    for i, part in enumerate(parts):
+        spec = part.format_spec if isinstance(part, ast.FormattedValue) else None
+        if not isinstance(spec, ast.JoinedStr):
+            continue
+        if "020d" not in "".join(str(v.value) for v in spec.values if isinstance(v, ast.Constant)):
+            continue
+        before = parts[i - 1] if i else None
+        after = parts[i + 1] if i + 1 < len(parts) else None
+        prefix = str(before.value) if isinstance(before, ast.Constant) else ""
+        named_here = prefix in ("", ".", "/") or prefix.endswith("_delta_log/")
+        suffix = str(after.value) if isinstance(after, ast.Constant) else ""
+        if named_here and suffix.startswith(_LOG_SUFFIXES):
+            return True
+    return False
+
+
+def _identifier(node: ast.AST) -> str | None:
+    """The name a variable, an attribute or an imported name refers to."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.name if isinstance(node, ast.alias) else None
+
+
+def _log_references(path: Path) -> list[str]:
+    """Where a module's code (its docstrings left out) names ``_delta_log`` or a log
+    entry: the folder or a checkpoint in a string (in a message too), ``LOG_DIR`` (our name
+    for the folder), a regex or format of a version's file name, or an f-string building
+    one (:func:`_names_log_entry`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    documents = {  # docstrings, attribute docstrings: strings standing as statements
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if id(node) not in documents and (
+                any(word in text for word in _LOG_WORDS) or _LOG_NAME_TEXT.search(text)
+            ):
+                found.append((line, repr(text[:60])))
+        elif isinstance(node, ast.JoinedStr) and _names_log_entry(node):
+            found.append((line, "an f-string naming a log entry"))
+        elif _identifier(node) == "LOG_DIR":
+            found.append((line, "LOG_DIR"))
+    return [f"{path.relative_to(PACKAGE)}:{line} {what}" for line, what in sorted(found)]
+
+
+def test_only_the_modules_docs_decisions_names_read_or_write_the_delta_log_themselves():
+    """Issue 38: a module of ours that lists, reads or writes ``_delta_log`` entries itself
+    is kept only where a library cannot do it, and docs/DECISIONS.md says why. A new one
+    fails here (add it to :data:`OWN_LOG_CODE` with its reason, and to DECISIONS.md, or use
+    delta/log/ or a library); one that no longer touches the log must leave the list."""
+    touching = {
+        str(path.relative_to(PACKAGE)): refs
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (refs := _log_references(path))
+    }
+    assert set(touching) == set(OWN_LOG_CODE), {
+        "new (reason it, or go through delta/log/)": {
+            m: touching[m][:3] for m in sorted(set(touching) - set(OWN_LOG_CODE))
+        },
+        "no longer touching the log (remove it)": sorted(set(OWN_LOG_CODE) - set(touching)),
+    }
+    decisions = (ROOT / "docs" / "DECISIONS.md").read_text()
+    unnamed = [  # by its path, or by its folder's (`delta/log/`)
+        module
+        for module in OWN_LOG_CODE
+        if module not in decisions
+        and not re.search(re.escape(module.rsplit("/", 1)[0]) + r"/(?![\w.])", decisions)
+    ]
+    assert unnamed == [], f"docs/DECISIONS.md does not say why these touch _delta_log: {unnamed}"
