@@ -8,6 +8,7 @@ partition values and statistics, the commit time, the table id).
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError as _DeltaRsTableNotFound
 
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
-from dagster_sideinputs.delta.log.files import LocalLogFiles, log_files
+from dagster_sideinputs.delta.log.files import LocalLogFiles
 from dagster_sideinputs.delta.log.lazy_files import LazyFiles
 from dagster_sideinputs.delta.log.reader import READER
 from dagster_sideinputs.delta.log.state import LogState
@@ -212,20 +213,32 @@ def unsupported_feature_error(exc: Exception, label: str) -> UnsupportedTableFea
     )
 
 
-def _commit_timestamp(files: TableFiles, version: int) -> dt.datetime:
-    """A version's commit time on an object store delta-rs opened: its in-commit
-    timestamp, else ``commitInfo.timestamp``, else the commit file's time."""
+def _commit_timestamp(
+    files: TableFiles, version: int, modification_time_ms: int | None = None
+) -> dt.datetime:
     relative = f"_delta_log/{version:020d}.json"
     try:
         for line in files.read_bytes(relative).splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info and ("inCommitTimestamp" in info or "timestamp" in info):
-                return _from_ms(info.get("inCommitTimestamp", info.get("timestamp")))
+            action = json.loads(line)
+            info = action.get("commitInfo")
+            if info and "inCommitTimestamp" in info:
+                return _from_ms(info["inCommitTimestamp"])
+            if info and "timestamp" in info:
+                return _from_ms(info["timestamp"])
     except FileNotFoundError:
         pass
+    if modification_time_ms is not None:
+        return _from_ms(modification_time_ms)
     entries = list(files.list_files("_delta_log"))
     stamps = [e.modification_time_ms for e in entries if e.path.endswith(f"{version:020d}.json")]
     return _from_ms(stamps[0] if stamps else 0)
+
+
+_COMMIT_FILE = re.compile(r"^_delta_log/(\d{20})\.json$")
+# Commit files never change once written: their timestamps are read once per process
+# (keyed by the file's size and modification time too, so a table recreated at the same
+# location is read again).
+_TIMESTAMPS: dict[tuple[str, int, int, int], dt.datetime] = {}
 
 
 def commit_timestamps(
@@ -235,32 +248,33 @@ def commit_timestamps(
     storage_options: Mapping[str, str] | None = None,
     name: str | None = None,
 ) -> list[tuple[int, dt.datetime]]:
-    """``(version, commit timestamp)`` of every commit file the log holds, oldest first,
-    as the log reader gives them to both engines (each commit file read once per
-    process); from delta-rs's history on an object store whose options delta-rs finds
-    itself (no options given: obstore would not have them).
+    """``(version, commit timestamp)`` of every commit file the log holds, oldest first.
 
     Raises:
         TableNotFoundError: the table has no commit files (or none up to ``up_to``).
     """
     root = normalize_uri(uri)
-    label = name or root
-    if is_local(root) or storage_options:
-        files = log_files(root, None, storage_options)
-        return READER.commit_timestamps(files, up_to=up_to, table=label)
-    history = open_table(root, name=label).history()
-    found = sorted(
-        (int(h["version"]), _from_ms(int(h.get("inCommitTimestamp") or h["timestamp"])))
-        for h in history
-        if up_to is None or int(h["version"]) <= up_to
-    )
+    files = TableFiles(root, storage_options)
+    found: list[tuple[int, dt.datetime]] = []
+    entries = files.list_files("_delta_log") if files.exists("_delta_log") else iter(())
+    for entry in entries:
+        match = _COMMIT_FILE.match(entry.path.replace("\\", "/"))
+        if match is None:
+            continue
+        version = int(match.group(1))
+        if up_to is not None and version > up_to:
+            continue
+        key = (root, version, entry.size, entry.modification_time_ms)
+        if key not in _TIMESTAMPS:
+            _TIMESTAMPS[key] = _commit_timestamp(files, version, entry.modification_time_ms)
+        found.append((version, _TIMESTAMPS[key]))
     if not found:
         raise TableNotFoundError(
-            f"No commits in the Delta log of {label}"
+            f"No commits in the Delta log of {name or root}"
             + (f" up to version {up_to}." if up_to is not None else "."),
             fix="materialize the table first",
         )
-    return found
+    return sorted(found)
 
 
 def _from_ms(millis: int) -> dt.datetime:
