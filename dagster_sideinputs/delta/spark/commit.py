@@ -33,6 +33,7 @@ from dagster_sideinputs.delta.spark.direct import (
     commit_stage,
     direct_append,
     qualifies,
+    without_file_list,
 )
 from dagster_sideinputs.delta.spark.predicates import (
     removal_predicate,
@@ -148,7 +149,10 @@ def save(
     try:
         if schema_mode is not None and current is not None:
             _support_timestamp_ntz(frame, current, uri)
-        with session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None):
+        with (
+            session_setting(spark, CONSTRAINT_CHECK, "false" if relax_constraint else None),
+            without_file_list(spark),
+        ):
             writer.save(spark_uri(uri))
     except Exception as exc:
         raise _translated(exc, label, replace_partition) from exc

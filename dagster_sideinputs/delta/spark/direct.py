@@ -64,10 +64,24 @@ from dagster_sideinputs.delta.engine import (
     WriteMode,
 )
 from dagster_sideinputs.delta.log.state import COLUMN_MAPPING_KEYS, LiveFile, LogState
+from dagster_sideinputs.delta.session import session_setting
 from dagster_sideinputs.delta.store.files import spark_uri
 from dagster_sideinputs.errors import ConcurrentWriteError
 
 log = logging.getLogger(__name__)
+
+# Delta's checksum (the .crc beside each commit) may list every live file of a small
+# table. For a new table Delta lists them with a Spark job of their own (0.2-0.3 s of a
+# 4M-row write), and a commit after one without the list rebuilds the table's state
+# (two more jobs). The engine's commits leave the list out, every one of them: neither
+# its reads nor its commits use it (docs/DECISIONS.md, "delta-spark split writes").
+ALL_FILES_IN_CRC = "spark.databricks.delta.allFilesInCrc.enabled"
+
+
+def without_file_list(spark: SparkSession) -> contextlib.AbstractContextManager[None]:
+    """The session's commits, for the duration, write checksums without the file list."""
+    return session_setting(spark, ALL_FILES_IN_CRC, "false")
+
 
 # Table features an append through Delta's transaction handles as the writer does (the
 # transaction's writeFiles and commit do the work for these); a table with any other
@@ -200,7 +214,8 @@ def open_append(
 
     def commit() -> None:
         written = txn.writeFiles(getattr(frame, "_jdf")) if write_rows else None  # noqa: B009
-        txn.commit(_with(spark, written, actions), operation)
+        with without_file_list(spark):
+            txn.commit(_with(spark, written, actions), operation)
 
     return commit
 
@@ -336,7 +351,8 @@ def commit_stage(
     if app_transaction is not None:
         stage.txn.readTxn().addOne(app_transaction.app_id)
     stage.commit_tried = True
-    stage.txn.commit(_with(stage.spark, stage.files, actions), operation)
+    with without_file_list(stage.spark):
+        stage.txn.commit(_with(stage.spark, stage.files, actions), operation)
     _forget_marker(stage)
 
 
