@@ -50,6 +50,7 @@ from bench.operator import (
     SUSPICIOUS,
     THRESHOLD,
     TIMES,
+    OperatorRun,
     SparkRest,
     _load,
     comparison,
@@ -62,7 +63,9 @@ from bench.operator import (
     median_of,
     output_counts,
     print_counts,
+    print_profile,
     print_ratios,
+    profile_operator_run,
     profiles,
     rate,
     run_available_now,
@@ -221,6 +224,13 @@ def bench_frames(ctx: dict[str, Any]) -> dict[str, Any]:
     print(f"  SideInputOperator, MainInput.kafka              {rate(figures, 'operator')}")
     print_ratios(figures)
     print_counts(figures, "hand-written")
+
+    def profiled() -> OperatorRun:
+        root, result = operator(-2)
+        return OperatorRun(result, root)
+
+    figures["profile"] = profile_operator_run(ctx["lake"], ctx["rest"], profiled)
+    print_profile(figures["profile"])
     return figures
 
 

@@ -329,7 +329,7 @@ def enforce_limits(
         .withColumn(
             REASON, F.when(overflow, F.lit(f"buffer limit: {problem}")).otherwise(F.col(REASON))
         )
-        .persist(StorageLevel.MEMORY_AND_DISK)
+        .persist(StorageLevel.MEMORY_AND_DISK_DESER)
     )
     return reclassified, recount(reclassified)
 

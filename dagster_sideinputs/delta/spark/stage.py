@@ -194,7 +194,7 @@ def stage_rows(
                 seconds=time.perf_counter() - started,
                 handle=SparkStage(projected, schema, True, persisted=False, direct=direct),
             )
-    frame = projected.persist(StorageLevel.MEMORY_AND_DISK)
+    frame = projected.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         rows = materialize_and_check(
             frame, schema, replace_partition if mode == "overwrite" else None, label

@@ -133,10 +133,14 @@ def _parsed(
         parsed = F.from_json(text, with_corrupt, options)
 
         def json_corrupt(parsed: Column) -> Column:
+            # A blank value never parses into a record (Spark gives null, or a corrupt
+            # record for \v and \f), so the pattern runs only where the parse failed: it
+            # converts the value to a Java string, 0.4 s per 1M records when run on all.
+            parsed_whole = parsed.isNotNull() & parsed.getField(CORRUPT).isNull()
             return (
                 F.when(F.col("value").isNull(), F.concat(where, F.lit(TOMBSTONE)))
                 .when(F.length(F.col("value")) == 0, F.concat(where, F.lit(EMPTY)))
-                .when(text.rlike(r"^\s*$"), F.concat(where, F.lit(BLANK)))
+                .when(~parsed_whole & text.rlike(r"^\s*$"), F.concat(where, F.lit(BLANK)))
                 .when(
                     ~F.is_valid_utf8(text),
                     F.concat(where, F.lit(NOT_UTF8), hex_prefix(F.col("value"))),
