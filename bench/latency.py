@@ -88,7 +88,7 @@ def run_once(spark: SparkSession, root: Path, args: argparse.Namespace, interval
         fn=enrich,
         main_output="enriched",
         side_outputs=[BIG_TAG],
-        storage=dsi.DeltaStorage(str(root / "lake")),
+        storage=dsi.DeltaStorage(str(root / "lake"), engine=args.engine),
     )
     op.run(spark, trigger="available_now")  # warm up: table creation, first version
     run = Run()
@@ -162,12 +162,19 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=3.0, help="seconds between appends")
     parser.add_argument("--interval", type=float, action="append", help="polling interval (s)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "delta-spark", "delta-rs"),
+        default="auto",
+        help="the Delta engine (auto: delta-spark where its jars are)",
+    )
     args = parser.parse_args()
     intervals = args.interval or [10.0, 1.0]
     work = Path(tempfile.mkdtemp(prefix="dsi-latency-"))
     spark = build_spark_session(master=args.master, ui_enabled=False, app_name="bench-latency")
     print(
-        f"{args.appends} appends of {args.rows} records every {args.every}s, {args.master} "
+        f"{args.appends} appends of {args.rows} records every {args.every}s, {args.master}, "
+        f"engine {args.engine} "
         "(shared machine: figures are noisy)"
     )
     try:
