@@ -69,6 +69,18 @@ def table_of_depth(path: Path, versions: int) -> DeltaTable:
     return table
 
 
+def assert_still_grows(seconds: dict[str, float], doing: str, then: str) -> None:
+    """Fail, saying what can then go (``then``), once delta-rs ``doing`` on a kept handle
+    no longer costs more than GROWTH times as much deep in the log as near its start."""
+    growth = seconds["deep"] / seconds["shallow"]
+    assert growth > GROWTH, (
+        f"deltalake {deltalake.__version__} now {doing} on a kept handle in "
+        f"{1000 * seconds['deep']:.1f} ms at {DEEP:,} versions against "
+        f"{1000 * seconds['shallow']:.1f} ms at {SHALLOW} ({growth:.1f}x): its cost no "
+        f"longer grows with the log. {then}"
+    )
+
+
 def fastest_seconds(
     tables: dict[str, tuple[Path, DeltaTable]],
     prepare: Callable[[Path, DeltaTable, int], object],
@@ -112,17 +124,15 @@ def test_delta_rs_still_looks_a_transaction_up_in_time_that_grows_with_the_log(
         assert table.transaction_version(APP) == 0
 
     seconds = fastest_seconds(shallow_and_deep, one_more_commit, look_up)
-    growth = seconds["deep"] / seconds["shallow"]
-    assert growth > GROWTH, (
-        f"deltalake {deltalake.__version__} now looks a transaction up on a kept handle in "
-        f"{1000 * seconds['deep']:.1f} ms at {DEEP:,} versions against "
-        f"{1000 * seconds['shallow']:.1f} ms at {SHALLOW} ({growth:.1f}x): its cost no "
-        "longer grows with the log. The bridge can then read local tables' metadata "
+    assert_still_grows(
+        seconds,
+        "looks a transaction up",
+        "The bridge can then read local tables' metadata "
         "through kept delta-rs handles instead of our log reader's probes "
         "(dagster_sideinputs/delta/log/reader.py, reached through "
         "delta/bridge/table.py `local_log`; delta-spark still needs delta/log/). Confirm "
         "with bench/library_flatness.py, then update docs/DECISIONS.md, 'A batch's Delta "
-        "bookkeeping at any history depth'."
+        "bookkeeping at any history depth'.",
     )
 
 
@@ -158,16 +168,14 @@ def test_delta_rs_still_commits_in_time_that_grows_with_the_log(shallow_and_deep
     for _, table in shallow_and_deep.values():
         table.update_incremental()
         assert table.transaction_version(APP) == ROUNDS
-    growth = seconds["deep"] / seconds["shallow"]
-    assert growth > GROWTH, (
-        f"deltalake {deltalake.__version__} now commits on a kept handle in "
-        f"{1000 * seconds['deep']:.1f} ms at {DEEP:,} versions against "
-        f"{1000 * seconds['shallow']:.1f} ms at {SHALLOW} ({growth:.1f}x): its cost no "
-        "longer grows with the log. Our own commit files "
+    assert_still_grows(
+        seconds,
+        "commits",
+        "Our own commit files "
         "(dagster_sideinputs/delta/bridge/log_commit.py) can then go: commit every write "
         "through `create_write_transaction` on a kept handle. Confirm with "
         "bench/library_flatness.py, then update docs/DECISIONS.md, 'Plain commits to "
-        "local tables are ours'."
+        "local tables are ours'.",
     )
 
 
