@@ -362,23 +362,27 @@ the kill points of the side-change trials. ``after-first-table-spark`` is
 bridge's kill points are never reached there)."""
 
 
-def kill_point_engine(name: str) -> str | None:
+def kill_point_engine(name: str, *, local: bool = True) -> str | None:
     """The Delta engine a kill point's code runs under: the bridge's writer only under
-    ``delta-rs``, delta-spark's engine only under ``delta-spark``; None for the operator's
-    own code (either engine: the environment's)."""
+    ``delta-rs``, delta-spark's engine only under ``delta-spark``; the staging both share
+    under either on a local lake, on an object store only under ``delta-rs`` (delta-spark
+    stages files itself only for local tables); None for the operator's own code (either
+    engine: the environment's)."""
     module = KILL_POINTS[name].split(":", 1)[0]
     if ".delta.bridge." in module:
         return "delta-rs"
     if ".delta.spark." in module:
         return "delta-spark"
+    if module.endswith(".delta.staging") and not local:
+        return "delta-rs"
     return None
 
 
-def _engine_of(kill_point: str) -> Any:
+def _engine_of(kill_point: str, template: "Template") -> Any:
     """The workers' engine (``DSI_DELTA_ENGINE``, which they inherit) for a whole trial:
     the one whose code holds the kill point, so that the kill lands (the environment's
     ``auto`` is delta-spark where its jars are) and the rerun runs the same engine."""
-    engine = kill_point_engine(kill_point)
+    engine = kill_point_engine(kill_point, local=lake_of(template.path).local)
     return mock.patch.dict(os.environ, {"DSI_DELTA_ENGINE": engine} if engine else {})
 
 
@@ -1066,7 +1070,7 @@ def run_targeted_trial(
 ) -> TrialResult:
     """Copy the template, run the first worker with a kill point armed, rerun, compare
     (under the kill point's engine: :func:`kill_point_engine`)."""
-    with _engine_of(name):
+    with _engine_of(name, template):
         return _targeted_trial(template, reference, name, path, number)
 
 
@@ -1143,7 +1147,7 @@ def run_side_change_trial(
     side input (:data:`SIDE_CHANGE`), rerun, and compare with ``reference`` (a run without
     faults of ``short-change-first`` for a batch planned again, ``short-change-after`` for
     a replayed one). Under the kill point's engine (:func:`kill_point_engine`)."""
-    with _engine_of(kill_point):
+    with _engine_of(kill_point, template):
         return _side_change_trial(template, reference, kill_point, path, number)
 
 
