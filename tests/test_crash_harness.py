@@ -288,3 +288,14 @@ def test_sigkill_then_a_side_input_changed_before_the_rerun_is_exact(
     if replanned:
         assert how.template_version is not None
         assert how.profiles_version > how.template_version, how
+
+
+def test_each_kill_point_runs_under_the_engine_whose_code_holds_it():
+    """A kill point in the staging both engines share lands under either on a local lake;
+    on an object store only the bridge moves staged files (delta-spark writes through
+    Delta's writer there), so its trials run under the bridge."""
+    assert harness.kill_point_engine("before-publish-1") is None
+    assert harness.kill_point_engine("before-publish-1", local=False) == "delta-rs"
+    assert harness.kill_point_engine("after-first-table") == "delta-rs"
+    assert harness.kill_point_engine("after-first-table-spark", local=False) == "delta-spark"
+    assert harness.kill_point_engine("before-first-plan", local=False) is None
