@@ -11,6 +11,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 
 from dagster_sideinputs.core.batch.buffer import BufferState, Counts
+from dagster_sideinputs.core.batch.route_counts import ObservedRoutes
 from dagster_sideinputs.core.batch.tagged_layout import TaggedResult
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
@@ -55,6 +56,8 @@ class Batch:
         views: route: side data and joins.
         classified: route: records with their route.
         counts: route: records per (route, origin), with oldest first-seen and max time.
+        observed: route: the routes are counted by the job staging the outputs, and
+            ``counts`` holds until then what they are expected to be (write takes them).
         outputs: compute: a DataFrame per output tag.
         function_tags: compute: the tags the user function wrote (not only routes).
         tagged: compute: a row function's tagged result, which its outputs read.
@@ -72,6 +75,7 @@ class Batch:
     views: Views = field(default_factory=Views)
     classified: DataFrame | None = None
     counts: Counts = field(default_factory=dict)
+    observed: ObservedRoutes | None = None
     outputs: Mapping[OutputTag, DataFrame] = field(default_factory=dict)
     function_tags: frozenset[OutputTag] = frozenset()
     tagged: TaggedResult | None = None

@@ -4,13 +4,15 @@ The side views in play are joined to the records (at the plan's pinned versions)
 every record gets one route: ``released`` (to the function), ``buffered`` (its namespace
 is not ready), ``key_wait`` (waiting for the side row of its key), ``late``,
 ``unmatched``, ``overflow`` or ``invalid``. One Spark job counts the routes (or, when
-every record is plainly released, the new files' Delta statistics do); the counts are
-the batch's metrics, and they decide, before any write, whether invalid records or the
-buffer's limits stop the batch. The rules live in :mod:`~dagster_sideinputs.core.batch.route_rules`
-and :mod:`~dagster_sideinputs.core.batch.invalid_records`.
+every record is plainly released, the new files' Delta statistics do, or else the job
+writing the outputs: :mod:`~dagster_sideinputs.core.batch.route_counts`); the counts are
+the batch's metrics, and they decide, before anything commits, whether invalid records or
+the buffer's limits stop the batch. The rules live in
+:mod:`~dagster_sideinputs.core.batch.route_rules` and
+:mod:`~dagster_sideinputs.core.batch.invalid_records`.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -20,12 +22,13 @@ from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
 from dagster_sideinputs.core.batch.invalid_records import check_invalid
 from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
+from dagster_sideinputs.core.batch.route_counts import count_routes, observe_routes
 from dagster_sideinputs.core.batch.route_rules import (
     lookup,
     with_pre_keyed_check,
     with_routes,
 )
-from dagster_sideinputs.core.columns import FIRST_SEEN, NS_ID, NS_START, ORIGIN, ROUTE, quoted
+from dagster_sideinputs.core.columns import NS_ID, NS_START, ORIGIN, ROUTE
 from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     bucketing_obstacle,
@@ -69,27 +72,50 @@ def route(context: StageContext, batch: Batch) -> Batch:
         "float",
         "double",
     )
-    counts = None
-    if not float_key and batch.source is not None and plainly_released(spec, plan, views.joins):
-        counts = counts_from_statistics(spec, plan, context.source.statistics(batch.source))
+    source = batch.source if released_unless_invalid(spec, plan, views) else None
+    counts = files = None
+    if source is not None:
+        files = context.source.statistics(source)
+        # No statistics give a float key's NaNs, nor the newest event time.
+        if not float_key and spec.main.event_time is None:
+            counts = counts_from_statistics(spec, plan, files)
+    observed = None
+    if counts is None and source is not None and "invalid" not in spec.routes:
+        # No table takes invalid records: counted by the job writing the outputs.
+        expected = context.source.record_count(source) if files is None else record_total(files)
+        if expected:
+            classified, observed = observe_routes(
+                classified, expected, plan.now, time_column=spec.main.event_time
+            )
+            counts = observed.provisional
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
         notes.extend(check_one_row_per_key(context, plan, views, first=True))
     if counts is None:
         checked = with_pre_keyed_check(spec, classified, plan)
         counts = translated(context, lambda: count_routes(spec, checked), views=views)
-    else:
+    elif observed is None:
         notes.append("every record released: routes counted from file statistics")
-    check_invalid(spec, context.source, classified, counts)
+    if observed is None:
+        check_invalid(spec, context.source, classified, counts)
     limited, counts = enforce_limits(
         spec, plan, classified, counts, batch.buffer, lambda frame: count_routes(spec, frame)
     )
     if limited is not classified:
         context.on_cleanup(limited.unpersist)
         classified = limited
+        if observed is not None:  # recounted by a job of their own
+            observed = None
+            check_invalid(spec, context.source, classified, counts)
+    if observed is not None:
+        notes.append("every record released unless invalid: routes counted by the write job")
     # Planned now, while the batch's settings and temporary tables are in place.
     physical_plan = explain(classified) if context.explain else None
     return batch.but(
-        views=views, classified=classified, counts=counts, physical_plan=physical_plan
+        views=views,
+        classified=classified,
+        counts=counts,
+        observed=observed,
+        physical_plan=physical_plan,
     ).noted(*notes)
 
 
@@ -221,38 +247,37 @@ def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
 # --- counts -------------------------------------------------------------------------------
 
 
-def count_routes(spec: OperatorSpec, classified: DataFrame) -> Counts:
-    """Records per (route, origin), with the oldest first-seen and newest event time."""
-    time_column = spec.window.time_column if spec.window else spec.main.event_time
-    aggregates = [F.count(F.lit(1)).alias("n"), F.min(FIRST_SEEN).alias("oldest")]
-    if time_column is not None and time_column in classified.columns:
-        # Of valid new records only: an invalid time (year 1, say) must not move the
-        # watermark, nor even reach Python, whose datetimes cannot hold every timestamp.
-        time = F.col(quoted(time_column)).cast("timestamp")  # dates too
-        valid_new = (F.col(ORIGIN) == "new") & (F.col(ROUTE) != "invalid")
-        aggregates.append(F.max(F.when(valid_new, time)).alias("max_time"))
-    rows = classified.groupBy(ROUTE, ORIGIN).agg(*aggregates).collect()
-    return {(r[ROUTE], r[ORIGIN]): r.asDict() for r in rows}
-
-
-def plainly_released(spec: OperatorSpec, plan: BatchPlan, joins: Mapping[str, JoinSpec]) -> bool:
-    """Every record of the batch is released unless its key is null: one ready global
-    namespace, no buffered records read, no per-key routing, no pre-keyed check on the
-    routes (a pre-keyed topic's), no event time to track."""
+def released_unless_invalid(spec: OperatorSpec, plan: BatchPlan, views: Views) -> bool:
+    """Every record of the batch is released unless it is invalid: one ready global
+    namespace, no buffered records read, no per-key routing, no side input routing
+    records unmatched (an empty one declaring ``on_empty="unmatched"``) or holding them
+    back (an as-of map's horizon), no pre-keyed check on the routes (a pre-keyed
+    topic's)."""
+    joins = views.joins
     return (
-        not plan.read_slots
+        not views.empty
+        and not plan.read_slots
         and spec.window is None
-        and spec.main.event_time is None
         and not spec.main.keyed_by_partition
         and GLOBAL in plan.ready_namespaces
         and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
+        and not any(bound.side.as_of is not None for bound in spec.sides)
     )
+
+
+def record_total(files: Sequence[DataFile]) -> int | None:
+    """The records of a slice's files by their statistics (None: some file has none, or
+    deletion vectors hide some of its rows)."""
+    if any(f.num_records is None or f.deletion_vector for f in files):
+        return None
+    return sum(f.num_records or 0 for f in files)
 
 
 def counts_from_statistics(
     spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile] | None
 ) -> Counts | None:
-    """The counts of a :func:`plainly_released` batch without a Spark job, when the
+    """The counts of a :func:`released_unless_invalid` batch with no event time to track,
+    without a Spark job, when the
     statistics of its new files (a Delta input's log, landed parquet footers) say no key
     is null (float keys, which could be NaN, always take the job), or the source knows
     the slice holds no record (no new file, only empty files, no Kafka offset). None

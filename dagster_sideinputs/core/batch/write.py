@@ -3,7 +3,9 @@
 1. **Stage** each output the batch writes (main first), then the records that wait (the
    buffer). Staging runs the batch's Spark jobs (the user function, the joins) and
    leaves nothing visible. Any error here, of the data or of the code, stops the batch
-   with nothing committed, and the staged files are discarded.
+   with nothing committed, and the staged files are discarded. A batch whose routes the
+   staging job counted (core/batch/route_counts.py) takes its counts here, and its
+   invalid records stop it here.
 2. **Claim** the plan for commit (:meth:`OperatorState.claim`, put-if-absent): a plan
    another run set aside meanwhile commits nothing.
 3. **Commit** each staged table, with the batch's application transaction
@@ -22,6 +24,8 @@ from pyspark.sql import DataFrame
 from dagster_sideinputs.core.batch.buffer import BUFFER_ROUTES, released_files, waiting_rows
 from dagster_sideinputs.core.batch.context import Batch, StageContext
 from dagster_sideinputs.core.batch.frame_split import one_pass
+from dagster_sideinputs.core.batch.invalid_records import check_invalid
+from dagster_sideinputs.core.batch.route_counts import count_routes
 from dagster_sideinputs.core.columns import SLOT, TAG
 from dagster_sideinputs.core.metrics import TableWrite
 from dagster_sideinputs.core.outputs import OutputTag
@@ -92,6 +96,7 @@ def write(context: StageContext, batch: Batch) -> Batch:
                     ),
                 )
             )
+        batch = _observed_counts(context, batch)
     except BaseException as exc:
         for stage in [*(stage for _, stage in staged), *shared.values()]:
             if stage is not None:
@@ -145,6 +150,23 @@ def write(context: StageContext, batch: Batch) -> Batch:
         writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
     batch = batch.but(writes=writes)
     return batch.noted(f"outputs {one_pass} written in one pass") if one_pass else batch
+
+
+def _observed_counts(context: StageContext, batch: Batch) -> Batch:
+    """The batch with the routes its staging job counted (core/batch/route_counts.py), or
+    counted by a job now when that job did not see every record once; invalid records
+    with no table to go to stop the batch here, its outputs staged but not committed."""
+    observed, classified = batch.observed, batch.classified
+    if observed is None:
+        return batch
+    assert classified is not None
+    spec = context.spec
+    counts, notes = observed.counts(), []
+    if counts is None:
+        counts = translated(context, lambda: count_routes(spec, classified), views=batch.views)
+        notes.append("the write job did not see every record once: routes counted by a job")
+    check_invalid(spec, context.source, classified, counts)
+    return batch.but(counts=counts, observed=None).noted(*notes)
 
 
 def _discard(context: StageContext, stage: StagedWrite, *, during: BaseException) -> None:

@@ -180,6 +180,9 @@ class DeltaTableSource:
     def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
         return piece.files  # the log's added files, which the read reads: none, no record
 
+    def record_count(self, piece: SourceSlice) -> int | None:
+        return None  # its statistics count the records
+
     def schema(self) -> T.StructType | None:
         return None  # each slice's snapshot has it
 

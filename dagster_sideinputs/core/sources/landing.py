@@ -175,6 +175,9 @@ class LandingFolder:
         except Exception:  # an unreadable footer: the Spark jobs decide
             return None
 
+    def record_count(self, piece: SourceSlice) -> int | None:
+        return None  # its statistics count the records
+
     def schema(self) -> T.StructType:
         declared = self.spec.main.schema
         schema = T.StructType.fromDDL(declared) if isinstance(declared, str) else declared

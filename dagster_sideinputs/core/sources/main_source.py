@@ -48,6 +48,14 @@ class MainSource(Protocol):
         is plainly released."""
         ...
 
+    def record_count(self, piece: SourceSlice) -> int | None:
+        """How many records the slice holds, when the source knows without reading them
+        and its :meth:`statistics` do not say (a Kafka range's offsets: more than the
+        records of a compacted or transactional topic); None otherwise. A batch counting
+        its routes in the job that writes its outputs trusts those counts only when their
+        total is this (core/batch/route_counts.py)."""
+        ...
+
     def schema(self) -> T.StructType | None:
         """The declared schema (landing folders); None when slices carry it (Delta)."""
         ...

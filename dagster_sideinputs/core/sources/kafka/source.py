@@ -146,6 +146,9 @@ class KafkaSource:
             return ()  # no offset to read: no record
         return None  # Kafka keeps no per-record statistics
 
+    def record_count(self, piece: SourceSlice) -> int | None:
+        return sum(r.size for r in piece.range.offsets)
+
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
 
