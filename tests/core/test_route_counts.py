@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch import route as route_stage
 from dagster_sideinputs.core.batch import write as write_stage
+from dagster_sideinputs.core.batch.context import StageContext
 from dagster_sideinputs.core.sideinputs.windows import as_utc
 from tests.core.catalogue import nothing_committed
 from tests.core.conftest import Lake
@@ -172,3 +173,30 @@ def test_an_empty_side_input_routing_unmatched_is_counted_batch_after_batch(lake
         assert batch.routes["released"] == 0
     assert lake.rows("unmatched_tx", "tx_id") == [(i,) for i in range(1, 6)]
     assert lake.rows("enriched") == []
+
+
+@pytest.mark.kafka
+def test_kafka_records_are_cached_only_when_a_second_job_reads_them(
+    lake, kafka_broker, monkeypatch
+):
+    """A fetch from the brokers is costly, so records that two jobs read (the routes'
+    count, then the writes) are cached; a batch that one job reads whole (the outputs in
+    one pass, its routes observed there) reads the topic once, uncached."""
+    cached: list[list[str]] = []
+    persist = StageContext.persist
+
+    def recording(self: StageContext, frame: DataFrame) -> DataFrame:
+        cached.append(frame.columns)
+        return persist(self, frame)
+
+    monkeypatch.setattr(StageContext, "persist", recording)
+    one_job = kafka_operator(lake, kafka_broker, new_topic(kafka_broker, [tx(0), tx(1)]))
+    one_job.run(lake.spark)
+    assert cached == []
+    invalid = dsi.OutputTag("invalid_tx")
+    name = new_topic(kafka_broker, [tx(0), "{", tx(2)])
+    routes = dsi.Routes(invalid=invalid)
+    two_jobs = kafka_operator(lake, kafka_broker, name, routes=routes, operator_id="checked")
+    [batch] = two_jobs.run(lake.spark).batches
+    assert len(cached) == 1 and "kafka_offset" in cached[0], cached
+    assert (batch.routes["released"], batch.routes["invalid"]) == (2, 1)

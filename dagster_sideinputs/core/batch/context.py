@@ -52,6 +52,8 @@ class Batch:
         source: the main-input slice (files, snapshot) when already known.
         records: read: new and buffered records with bookkeeping columns.
         main_columns: read: the main input's columns.
+        decoded: read: the records as read, for the batch to cache once a second Spark
+            job reads them (a source costly to read again: ``MainSource.caching``).
         buffer: read: the buffer at the plan's version.
         views: route: side data and joins.
         classified: route: records with their route.
@@ -71,6 +73,7 @@ class Batch:
     source: SourceSlice | None = None
     records: DataFrame | None = None
     main_columns: tuple[str, ...] = ()
+    decoded: DataFrame | None = None
     buffer: BufferState = field(default_factory=lambda: BufferState(None))
     views: Views = field(default_factory=Views)
     classified: DataFrame | None = None
@@ -110,6 +113,7 @@ class StageContext:
         # (side table, version, table id, key groups): whether its rows sit in their groups
         self.key_groups_checked: dict[tuple[Any, ...], bool] = {}
         self._cleanups: list[Callable[[], Any]] = []
+        self._shared: set[int] = set()
 
     def on_cleanup(self, action: Callable[[], Any]) -> None:
         """Run ``action`` when the batch ends (successful or not)."""
@@ -124,11 +128,19 @@ class StageContext:
         self.on_cleanup(persisted.unpersist)
         return persisted
 
+    def share(self, frame: DataFrame | None) -> None:
+        """Persist ``frame`` (as :meth:`persist`) for the Spark jobs still to read it, once
+        per batch (None: nothing to share)."""
+        if frame is not None and id(frame) not in self._shared:
+            self._shared.add(id(frame))
+            self.persist(frame)
+
     @contextlib.contextmanager
     def batch_scope(self) -> Iterator[None]:
         """Runs the batch's cleanups; a cleanup failure never hides the batch's own error
         (it is logged, and attached to that error as a note)."""
         self._cleanups = []
+        self._shared = set()
         failed: BaseException | None = None
         try:
             yield

@@ -77,12 +77,15 @@ def read(context: StageContext, batch: Batch) -> Batch:
     if spec.main.pre_keyed is not None and piece.files:
         raw, note = _pre_keyed_scan(context, raw, piece)
         notes.append(note)
-    if CORRUPT in raw.columns and not _decoded_whole(spec):
+    caching, decoded = context.source.caching(), None
+    if caching == "before_jobs" and CORRUPT in raw.columns:
         # JSON / CSV records parse only the columns a Spark job reads, so whether a record
         # is corrupt would depend on the job: the job counting routes might see a valid
         # record that the job writing an output sees corrupt, and the record would reach
         # neither. Parsed once, whole, each record is corrupt or not for the whole batch.
         raw = context.persist(raw)
+    elif caching == "several_jobs":
+        decoded = raw  # cached by the stage that knows a second job will read it
     main_columns = tuple(c for c in raw.columns if c not in (CORRUPT, *INTERNAL))
     main_schema = T.StructType([raw.schema[c] for c in main_columns])
     check_main_schema(spec, main_schema)
@@ -98,19 +101,9 @@ def read(context: StageContext, batch: Batch) -> Batch:
     if buffered is not None and kafka_keyed:
         buffered = _with_kafka_bucket(spec, buffered, plan)
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
-    return batch.but(source=piece, records=records, main_columns=main_columns, buffer=state).noted(
-        *notes
-    )
-
-
-def _decoded_whole(spec: OperatorSpec) -> bool:
-    """Whether every record's corrupt text comes from its whole value whatever columns a
-    job reads (Kafka ``string`` and ``bytes`` values, landed ``text`` lines: no parse to
-    prune), so the batch need not persist its parsed records."""
-    kafka = spec.main.kafka_input
-    if kafka is None:
-        return spec.main.format == "text"
-    return kafka.value_format in ("string", "bytes")
+    return batch.but(
+        source=piece, records=records, main_columns=main_columns, buffer=state, decoded=decoded
+    ).noted(*notes)
 
 
 def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:

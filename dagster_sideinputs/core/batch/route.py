@@ -88,6 +88,8 @@ def route(context: StageContext, batch: Batch) -> Batch:
                 classified, expected, plan.now, time_column=spec.main.event_time
             )
             counts = observed.provisional
+    if observed is None:  # a job counts, and others write
+        context.share(batch.decoded)
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
         notes.extend(check_one_row_per_key(context, plan, views, first=True))
     if counts is None:

@@ -81,7 +81,11 @@ def write(context: StageContext, batch: Batch) -> Batch:
     shared: dict[str, StagedWrite] = {}
     removed = released_files(batch.buffer, plan)
     try:
+        if not _one_job(batch, pending):
+            context.share(batch.decoded)
         shared = _stage_function_outputs(context, batch, pending)
+        if not shared and len(pending) > 1 and batch.tagged is None:
+            context.share(batch.decoded)  # the engine split nothing: a job per table
         one_pass = list(shared)
         for target in pending:
             staged.append(
@@ -150,6 +154,12 @@ def write(context: StageContext, batch: Batch) -> Batch:
         writes["files_seen"] = _table_write(_Target("files_seen", ledger.uri, None), ledger)
     batch = batch.but(writes=writes)
     return batch.noted(f"outputs {one_pass} written in one pass") if one_pass else batch
+
+
+def _one_job(batch: Batch, pending: list[_Target]) -> bool:
+    """Whether one Spark job may stage every pending table: each is an output of the
+    function, which the engine can stage together (:func:`_stage_function_outputs`)."""
+    return all(t.tag in batch.function_tags and t.frame is not None for t in pending)
 
 
 def _observed_counts(context: StageContext, batch: Batch) -> Batch:

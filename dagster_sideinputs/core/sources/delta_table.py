@@ -7,7 +7,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.keyed import check_pre_keyed
-from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom
+from dagster_sideinputs.core.sources.main_source import Caching, SourceSlice, StartFrom
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
@@ -179,6 +179,9 @@ class DeltaTableSource:
 
     def statistics(self, piece: SourceSlice) -> Sequence[DataFile] | None:
         return piece.files  # the log's added files, which the read reads: none, no record
+
+    def caching(self) -> Caching:
+        return "never"
 
     def record_count(self, piece: SourceSlice) -> int | None:
         return None  # its statistics count the records

@@ -13,7 +13,12 @@ from pyspark.sql import types as T
 
 from dagster_sideinputs.core.columns import CORRUPT
 from dagster_sideinputs.core.decoded import CORRUPT_FORMATS, checked_lines, checked_text
-from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom, no_version_position
+from dagster_sideinputs.core.sources.main_source import (
+    Caching,
+    SourceSlice,
+    StartFrom,
+    no_version_position,
+)
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
@@ -174,6 +179,9 @@ class LandingFolder:
                 return tuple(pool.map(described, listed))
         except Exception:  # an unreadable footer: the Spark jobs decide
             return None
+
+    def caching(self) -> Caching:
+        return "before_jobs" if self.spec.main.format in CORRUPT_FORMATS else "never"
 
     def record_count(self, piece: SourceSlice) -> int | None:
         return None  # its statistics count the records

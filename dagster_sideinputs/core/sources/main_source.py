@@ -17,6 +17,9 @@ from dagster_sideinputs.core.state.plan import MainRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, TableSnapshot, WriteResult
 from dagster_sideinputs.errors import DeclarationError
 
+Caching = Literal["before_jobs", "several_jobs", "never"]
+"""When a batch caches the main records it read (:meth:`MainSource.caching`)."""
+
 StartFrom = Literal["beginning", "latest"] | int
 """Where a reset may start a main input: its beginning, its latest position, or (a Delta
 table) the version after which to read."""
@@ -46,6 +49,14 @@ class MainSource(Protocol):
         slice holds no new record for sure; None when the source cannot tell (the
         batch's jobs then count its records). Asked only by a batch whose every record
         is plainly released."""
+        ...
+
+    def caching(self) -> Caching:
+        """When a batch caches its records: ``before_jobs`` when each Spark job parses only
+        the columns it reads (landed JSON and CSV: a record could be corrupt in one job
+        and valid in another), ``several_jobs`` when reading again is costly (Kafka: a
+        fetch from the brokers; its values decode whole whatever a job reads), ``never``
+        when recomputing measured cheaper than building Spark's cache (Delta, parquet)."""
         ...
 
     def record_count(self, piece: SourceSlice) -> int | None:

@@ -32,7 +32,12 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
     partitioned_read,
 )
 from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, keep_position, plan_ranges
-from dagster_sideinputs.core.sources.main_source import SourceSlice, StartFrom, no_version_position
+from dagster_sideinputs.core.sources.main_source import (
+    Caching,
+    SourceSlice,
+    StartFrom,
+    no_version_position,
+)
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
@@ -145,6 +150,9 @@ class KafkaSource:
         if all(r.size == 0 for r in piece.range.offsets):
             return ()  # no offset to read: no record
         return None  # Kafka keeps no per-record statistics
+
+    def caching(self) -> Caching:
+        return "several_jobs"
 
     def record_count(self, piece: SourceSlice) -> int | None:
         return sum(r.size for r in piece.range.offsets)
