@@ -24,10 +24,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.connect.observation import Observation as ConnectObservation
-from pyspark.sql.observation import Observation
 
 from dagster_sideinputs.core.batch.buffer import Counts
 from dagster_sideinputs.core.columns import FIRST_SEEN, ORIGIN, ROUTE, quoted
@@ -98,24 +96,13 @@ def observe_routes(
 ) -> tuple[DataFrame, ObservedRoutes]:
     """``classified`` counting its routes (and the newest event time of its valid
     records, ``time_column``'s) as the first action over it runs."""
-    observation = _observation(classified, f"dsi_routes_{next(_names)}")
+    observation = Observation(f"dsi_routes_{next(_names)}")
     aggregates = [F.count(F.when(F.col(ROUTE) == r, 1)).alias(r) for r in OBSERVED_ROUTES]
     if time_column is not None:  # as count_routes: of valid records only
         time = F.col(quoted(time_column)).cast("timestamp")
         aggregates.append(F.max(F.when(F.col(ROUTE) != "invalid", time)).alias("max_time"))
     observed = classified.observe(observation, F.count(F.lit(1)).alias("total"), *aggregates)
     return observed, ObservedRoutes(expected, now, observation)
-
-
-def _observation(frame: DataFrame, name: str) -> Any:
-    """An observation of the frame's own kind of session. ``Observation(name)`` gives a
-    Connect one once any Connect session started in the process (an environment
-    variable), which a classic DataFrame refuses, and a process may hold both."""
-    if getattr(frame.sparkSession, "_jvm", None) is None:
-        return ConnectObservation(name)
-    observation = object.__new__(Observation)  # past its __new__, which picks by process
-    Observation.__init__(observation, name)
-    return observation
 
 
 def _observed(observation: Any) -> dict[str, Any] | None:
