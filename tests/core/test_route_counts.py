@@ -20,7 +20,9 @@ from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.context import StageContext
 from dagster_sideinputs.core.sideinputs.windows import as_utc
 from tests.core.catalogue import nothing_committed
+from dagster_sideinputs.delta.storage import DeltaRsEngine
 from tests.core.conftest import Lake
+from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
 from tests.servers.kafka import KafkaBroker
 
 TX = "tx_id long, customer_id long, amount double"
@@ -201,3 +203,24 @@ def test_kafka_records_are_cached_only_when_a_second_job_reads_them(
     [columns] = cached
     assert "kafka_offset" in columns
     assert (batch.routes["released"], batch.routes["invalid"]) == (2, 1)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("crash_after", [0, 1])
+def test_a_batch_whose_write_job_counted_its_routes_replays_exactly_once(
+    lake, kafka_broker, crash_after
+):
+    """Cut off before any commit, or between its two tables' commits: the rerun replays
+    the batch (the second table's staging job then counts its routes) and every record
+    is in each table once, with the batch's counts."""
+    name = new_topic(kafka_broker, [tx(i) for i in range(12)])
+    engine = CrashingEngine(DeltaRsEngine(), crash_after=crash_after)
+    storage = dsi.DeltaStorage(lake.storage.root, engine=engine)
+    crashing = kafka_operator(lake, kafka_broker, name, storage=storage)
+    with pytest.raises(InjectedCrash):
+        crashing.run(lake.spark)
+    [batch] = kafka_operator(lake, kafka_broker, name).run(lake.spark).batches
+    assert batch.replayed
+    assert (batch.rows_in, batch.routes["released"]) == (12, 12)
+    assert sorted(lake.rows("enriched", "tx_id")) == [(i,) for i in range(12)]
+    assert sorted(lake.rows("big", "tx_id")) == [(i,) for i in range(6, 12)]
