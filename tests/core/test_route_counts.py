@@ -19,8 +19,8 @@ from dagster_sideinputs.core.batch import route as route_stage
 from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.context import StageContext
 from dagster_sideinputs.core.sideinputs.windows import as_utc
-from tests.core.catalogue import nothing_committed
 from dagster_sideinputs.delta.storage import DeltaRsEngine
+from tests.core.catalogue import nothing_committed
 from tests.core.conftest import Lake
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
 from tests.servers.kafka import KafkaBroker
