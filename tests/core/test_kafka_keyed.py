@@ -180,6 +180,8 @@ def test_keyed_side_input_is_joined_without_shuffling_the_main_records(
     [batch] = batches
 
     assert any("read in place" in note for note in batch.notes), batch.notes
+    # The job writing the outputs checks the promise and counts the routes: one job.
+    assert any("routes counted by the write job" in note for note in batch.notes), batch.notes
     shuffles = exchanges(batch.physical_plan or "")
     # The side rows are shuffled by their Kafka bucket; the main records not at all.
     assert shuffles, batch.physical_plan

@@ -76,14 +76,16 @@ def route(context: StageContext, batch: Batch) -> Batch:
     counts = files = None
     if source is not None:
         files = context.source.statistics(source)
-        # No statistics give a float key's NaNs, nor the newest event time.
-        if not float_key and spec.main.event_time is None:
+        # No statistics give a float key's NaNs, nor the newest event time, nor check a
+        # pre-keyed topic's promise.
+        if not float_key and spec.main.event_time is None and not spec.main.keyed_by_partition:
             counts = counts_from_statistics(spec, plan, files)
     observed = None
     if counts is None and source is not None and "invalid" not in spec.routes:
         # No table takes invalid records: counted by the job writing the outputs.
         expected = context.source.record_count(source) if files is None else record_total(files)
         if expected:
+            classified = with_pre_keyed_check(spec, classified, plan, in_place=True)
             classified, observed = observe_routes(
                 classified, expected, plan.now, time_column=spec.main.event_time
             )
@@ -253,14 +255,12 @@ def released_unless_invalid(spec: OperatorSpec, plan: BatchPlan, views: Views) -
     """Every record of the batch is released unless it is invalid: one ready global
     namespace, no buffered records read, no per-key routing, no side input routing
     records unmatched (an empty one declaring ``on_empty="unmatched"``) or holding them
-    back (an as-of map's horizon), no pre-keyed check on the routes (a pre-keyed
-    topic's)."""
+    back (an as-of map's horizon)."""
     joins = views.joins
     return (
         not views.empty
         and not plan.read_slots
         and spec.window is None
-        and not spec.main.keyed_by_partition
         and GLOBAL in plan.ready_namespaces
         and all(bound.side.missing == "null" for bound in spec.sides if bound.name in joins)
         and not any(bound.side.as_of is not None for bound in spec.sides)

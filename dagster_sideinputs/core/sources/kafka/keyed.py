@@ -122,12 +122,15 @@ def murmur2_partition(key_bytes: Column, partitions: int) -> Column:
 
 
 @cache
-def _partition_udf(partitions: int) -> Any:
+def _partition_udf(partitions: int, in_place: bool = False) -> Any:
     def kafka_partition(keys: pa.Array) -> pa.Array:
         return kafka_partitions(keys, partitions)
 
     udf: Any = F.arrow_udf  # its overloads do not cover a plain function and a DDL type
-    return udf(kafka_partition, "int")
+    made = udf(kafka_partition, "int")
+    # Spark moves no nondeterministic expression: a check written above a join stays
+    # there, where a Python UDF cannot cost the join the partitioning of its input.
+    return made.asNondeterministic() if in_place else made
 
 
 def key_bytes(column: str, data_type: T.DataType) -> Column:
@@ -200,9 +203,12 @@ def check_partition_count(ranges: Sequence[OffsetRange], keyed: KeyGroups, label
         )
 
 
-def violation(key: str, key_type: T.DataType, partitions: int) -> tuple[Column, Column]:
-    """(condition, message) of a record breaking the pre-keyed promise."""
-    expected = murmur2_partition(F.col(KEY), partitions)
+def violation(
+    key: str, key_type: T.DataType, partitions: int, *, in_place: bool = False
+) -> tuple[Column, Column]:
+    """(condition, message) of a record breaking the pre-keyed promise (``in_place``:
+    evaluated where it is written, never pushed below a join)."""
+    expected = _partition_udf(int(partitions), in_place)(F.col(KEY))
     wrong_partition = F.col(PARTITION) != expected
     key_text = F.col(quoted(key)).cast("string")
     wrong_key = (
