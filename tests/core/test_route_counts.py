@@ -224,3 +224,19 @@ def test_a_batch_whose_write_job_counted_its_routes_replays_exactly_once(
     assert (batch.rows_in, batch.routes["released"]) == (12, 12)
     assert sorted(lake.rows("enriched", "tx_id")) == [(i,) for i in range(12)]
     assert sorted(lake.rows("big", "tx_id")) == [(i,) for i in range(6, 12)]
+
+
+@pytest.mark.kafka
+def test_a_compacted_topic_counts_its_routes_in_a_job_of_its_own(lake, kafka_broker, monkeypatch):
+    """A compacted log numbers more offsets than records, so the write job's counts would
+    never match them and the batch would read the topic twice: its routes are counted
+    first, from the records cached for the writes, as before."""
+    calls = counted_by_jobs(monkeypatch)
+    name = kafka_broker.create_topic(
+        kafka_broker.unique_topic("compacted"), 2, config={"cleanup.policy": "compact"}
+    )
+    kafka_broker.produce(name, [(f"k{i}", tx(i)) for i in range(6)])  # type: ignore[misc]
+    [batch] = kafka_operator(lake, kafka_broker, name).run(lake.spark).batches
+    assert calls == ["route"]
+    assert not any(WRITE_JOB in note for note in batch.notes), batch.notes
+    assert (batch.rows_in, batch.routes["released"]) == (6, 6)

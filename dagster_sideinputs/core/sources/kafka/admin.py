@@ -231,6 +231,29 @@ class KafkaMetadata:
             found[name] = TopicInfo(name, topic_id_text(description.topic_id), partitions)
         return found
 
+    def compacted(self, topics: Iterable[str]) -> set[str]:
+        """The topics whose ``cleanup.policy`` compacts their log (their offsets then
+        number more than the records they hold); a topic whose configuration cannot be
+        read (an ACL without DescribeConfigs) counts as compacted."""
+        wanted = sorted(set(topics))
+        admin = self._admin_module
+        resources = [admin.ConfigResource(admin.ResourceType.TOPIC, t) for t in wanted]
+        compacted: set[str] = set()
+        try:
+            futures = self._admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S)
+        except Exception:
+            return set(wanted)
+        for resource, future in futures.items():
+            try:
+                entries = future.result(timeout=REQUEST_TIMEOUT_S)
+            except Exception:
+                compacted.add(resource.name)
+                continue
+            policy = entries.get("cleanup.policy")
+            if policy is None or "compact" in str(policy.value):
+                compacted.add(resource.name)
+        return compacted
+
     def offsets(
         self, partitions: Iterable[tuple[str, int]], which: str
     ) -> dict[tuple[str, int], int]:
