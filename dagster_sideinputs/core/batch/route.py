@@ -279,11 +279,10 @@ def counts_from_statistics(
     spec: OperatorSpec, plan: BatchPlan, files: Sequence[DataFile] | None
 ) -> Counts | None:
     """The counts of a :func:`released_unless_invalid` batch with no event time to track,
-    without a Spark job, when the
-    statistics of its new files (a Delta input's log, landed parquet footers) say no key
-    is null (float keys, which could be NaN, always take the job), or the source knows
-    the slice holds no record (no new file, only empty files, no Kafka offset). None
-    when a job must count."""
+    without a Spark job, when the statistics of its new files (a Delta input's log,
+    landed parquet footers) say no key is null (float keys, which could be NaN, always
+    take the job), or the source knows the slice holds no record (no new file, only
+    empty files, no Kafka offset). None when a job must count."""
     if files is None:
         return None
     total = 0
