@@ -244,6 +244,55 @@ def test_a_record_on_another_partition_than_its_keys_is_an_error_before_any_writ
 
 
 @pytest.mark.kafka
+def test_a_misplaced_record_is_found_as_it_is_read_whatever_its_value(lake, kafka_broker):
+    """The partition check runs on the connector's rows (the Kafka key's bytes, before
+    any decoding): a record Kafka's partitioner would place elsewhere is a broken promise
+    even when its value is corrupt, and it stops the batch when a job counts the routes
+    first (a table takes invalid records) as when the write job does."""
+    topic = kafka_broker.create_topic(kafka_broker.unique_topic("keyed"), 4)
+    kafka_broker.produce_json(topic, tx(range(20)), key="customer_id")
+    wrong = (default_partition(b"7", 4) + 1) % 4
+    kafka_broker.produce(topic, [(b"7", b"{not json")], partition=wrong)
+    op = keyed_operator(
+        lake, kafka_broker, topic, routes=dsi.Routes(invalid=dsi.OutputTag("bad_records"))
+    )
+
+    with pytest.raises(dsi.errors.PreKeyedViolationError) as raised:
+        op.run(lake.spark)
+
+    assert f"key 7 is in partition {topic}[{wrong}]" in str(raised.value)
+    assert not lake.exists("enriched")
+    assert not lake.exists("bad_records")
+
+
+@pytest.mark.kafka
+def test_a_topic_read_with_a_shuffle_checks_the_promise_with_the_routes(
+    lake, kafka_broker, monkeypatch
+):
+    """A session that cannot read a topic in place (Spark Connect: no JVM in the
+    client) reads it with a shuffle and checks every record's partition where the
+    routes are counted; a lie still stops the batch before anything is written."""
+    from dagster_sideinputs.core.sources.kafka import source
+
+    monkeypatch.setattr(source, "partitioned_read", lambda spark, reads, partitions: None)
+    topic = kafka_broker.create_topic(kafka_broker.unique_topic("keyed"), 4)
+    kafka_broker.produce_json(topic, tx(range(20)), key="customer_id")
+    clean = keyed_operator(lake, kafka_broker, topic)
+    result = clean.run(lake.spark)
+    assert result.emitted("enriched") == 20
+    assert any("read with a shuffle" in n for n in result.batches[0].notes)
+
+    wrong = (default_partition(b"5", 4) + 1) % 4
+    kafka_broker.produce_json(
+        topic, [{"tx_id": 99, "customer_id": 5, "amount": 1.0}], key="customer_id", partition=wrong
+    )
+    with pytest.raises(dsi.errors.PreKeyedViolationError) as raised:
+        keyed_operator(lake, kafka_broker, topic).run(lake.spark)
+    assert f"puts it in partition {default_partition(b'5', 4)} of 4" in str(raised.value)
+    assert len(lake.rows("enriched")) == 20
+
+
+@pytest.mark.kafka
 def test_a_key_column_that_is_not_the_kafka_key_is_an_error(lake, kafka_broker):
     topic = kafka_broker.create_topic(kafka_broker.unique_topic("keyed"), 2)
     kafka_broker.produce_json(topic, tx(range(5)), key=lambda r: f"c-{r['customer_id']}")

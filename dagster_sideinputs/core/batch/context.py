@@ -55,6 +55,8 @@ class Batch:
         decoded: read: the records as read, for the batch to cache once a second Spark
             job reads them (a source costly to read again: ``MainSource.caching``).
         buffer: read: the buffer at the plan's version.
+        partitions_checked: read: a pre-keyed topic read in place, each new record's
+            partition checked against its key as it was read.
         views: route: side data and joins.
         classified: route: records with their route.
         counts: route: records per (route, origin), with oldest first-seen and max time.
@@ -75,6 +77,7 @@ class Batch:
     main_columns: tuple[str, ...] = ()
     decoded: DataFrame | None = None
     buffer: BufferState = field(default_factory=lambda: BufferState(None))
+    partitions_checked: bool = False
     views: Views = field(default_factory=Views)
     classified: DataFrame | None = None
     counts: Counts = field(default_factory=dict)

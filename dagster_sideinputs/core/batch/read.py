@@ -47,7 +47,7 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
     murmur2_partition,
     partition_count,
 )
-from dagster_sideinputs.core.sources.kafka.source import KafkaSource
+from dagster_sideinputs.core.sources.kafka.source import KafkaSource, PartitionedRead
 from dagster_sideinputs.core.sources.main_source import SourceSlice
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
@@ -69,8 +69,9 @@ def read(context: StageContext, batch: Batch) -> Batch:
     piece = batch.source or context.source.files(plan.main)
     notes: list[str] = []
     kafka_keyed = spec.main.keyed_by_partition
+    partitions_checked = False
     if kafka_keyed:
-        raw, note = _kafka_pre_keyed_read(context, piece)
+        raw, partitions_checked, note = _kafka_pre_keyed_read(context, piece)
         notes.append(note)
     else:
         raw = context.source.read(context.spark, piece)
@@ -102,15 +103,20 @@ def read(context: StageContext, batch: Batch) -> Batch:
         buffered = _with_kafka_bucket(spec, buffered, plan)
     records = new if buffered is None else new.unionByName(buffered, allowMissingColumns=True)
     return batch.but(
-        source=piece, records=records, main_columns=main_columns, buffer=state, decoded=decoded
+        source=piece,
+        records=records,
+        main_columns=main_columns,
+        buffer=state,
+        decoded=decoded,
+        partitions_checked=partitions_checked,
     ).noted(*notes)
 
 
-def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[DataFrame, str]:
+def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> PartitionedRead:
     source = context.source
     assert isinstance(source, KafkaSource)
-    frame, note = source.read_partitioned(context.spark, piece)
-    if "read in place" in note:
+    read = source.read_partitioned(context.spark, piece)
+    if read.in_place:
         # The partitioned read hash-partitions by bucket only, while joins match on key
         # and bucket: let Spark reuse a partitioning on some of the join keys for the
         # other side (it then shuffles the side only) for this batch.
@@ -119,7 +125,7 @@ def _kafka_pre_keyed_read(context: StageContext, piece: SourceSlice) -> tuple[Da
         before = conf.get(setting, None)
         conf.set(setting, "false")
         context.on_cleanup(lambda: conf.set(setting, before) if before else conf.unset(setting))
-    return frame, note
+    return read
 
 
 def _with_kafka_bucket(spec: OperatorSpec, buffered: DataFrame, plan: BatchPlan) -> DataFrame:

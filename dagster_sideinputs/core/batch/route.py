@@ -85,7 +85,13 @@ def route(context: StageContext, batch: Batch) -> Batch:
         # No table takes invalid records: counted by the job writing the outputs.
         expected = context.source.record_count(source) if files is None else record_total(files)
         if expected:
-            classified = with_pre_keyed_check(spec, classified, plan, in_place=True)
+            classified = with_pre_keyed_check(
+                spec,
+                classified,
+                plan,
+                in_place=True,
+                partitions_checked=batch.partitions_checked,
+            )
             classified, observed = observe_routes(
                 classified, expected, plan.now, time_column=spec.main.event_time
             )
@@ -95,7 +101,9 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
         notes.extend(check_one_row_per_key(context, plan, views, first=True))
     if counts is None:
-        checked = with_pre_keyed_check(spec, classified, plan)
+        checked = with_pre_keyed_check(
+            spec, classified, plan, partitions_checked=batch.partitions_checked
+        )
         counts = translated(context, lambda: count_routes(spec, checked), views=views)
     elif observed is None:
         notes.append("every record released: routes counted from file statistics")

@@ -113,21 +113,28 @@ def with_routes(
 
 
 def with_pre_keyed_check(
-    spec: OperatorSpec, classified: DataFrame, plan: BatchPlan, *, in_place: bool = False
+    spec: OperatorSpec,
+    classified: DataFrame,
+    plan: BatchPlan,
+    *,
+    in_place: bool = False,
+    partitions_checked: bool = False,
 ) -> DataFrame:
     """Routed records (:func:`with_routes`) whose route raises, for a new record of a
     pre-keyed Kafka topic that breaks the promise (as is for any other input).
 
-    The job counting the routes reads it: it routes every record before anything is
-    written, so the first lie stops the batch. The writes read the records without it:
-    the check is an Arrow UDF (Kafka's murmur2), and Spark keeps no partitioning across
-    a Python UDF, so a write joining below it would shuffle the records it reads in
-    place. ``in_place``: for a batch whose routes the write job counts (and checks), the
-    UDF marked nondeterministic, which Spark evaluates where it is written (above the
-    joins) instead of pushing it below them with the filter of the released records;
-    the first lie then fails the write job, before anything commits. A Delta main
-    input's rows are checked when they are read
-    (:func:`~dagster_sideinputs.core.batch.read.read`)."""
+    A topic read in place (``partitions_checked``) had each record's partition checked
+    against its key as it was read (:func:`~dagster_sideinputs.core.sources.kafka.keyed.
+    checked_bucket`); what is left here (the key column is the Kafka key, each task read
+    its own partition) are Spark expressions, evaluated by whichever job reads the
+    routes first. A topic read with a shuffle is checked here in full: by the job
+    counting the routes, before anything is written; the writes read the records without
+    it (the partition check is an Arrow UDF, Kafka's murmur2). ``in_place``: for a batch
+    whose routes the write job counts (and checks), the UDF is marked nondeterministic,
+    which Spark evaluates where it is written (above the joins) instead of pushing it
+    below them with the filter of the released records; the first lie then fails the
+    write job, before anything commits. A Delta main input's rows are checked when they
+    are read (:func:`~dagster_sideinputs.core.batch.read.read`)."""
     key = spec.main.key
     if not (spec.main.keyed_by_partition and key is not None):
         return classified
@@ -139,6 +146,12 @@ def with_pre_keyed_check(
     checked = (F.col(ORIGIN) == "new") & F.col(quoted(key)).isNotNull()
     if CORRUPT in classified.columns:
         checked = checked & F.col(CORRUPT).isNull()
-    condition, message = violation(key, classified.schema[key].dataType, count, in_place=in_place)
+    condition, message = violation(
+        key,
+        classified.schema[key].dataType,
+        count,
+        in_place=in_place,
+        partitions_checked=partitions_checked,
+    )
     lie = checked & condition
     return classified.withColumn(ROUTE, F.when(lie, F.raise_error(message)).otherwise(F.col(ROUTE)))

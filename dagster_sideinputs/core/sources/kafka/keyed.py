@@ -14,10 +14,11 @@ joined with keyed side inputs without shuffling its records:
 - the join matches on the key and the bucket.
 
 The promise is verified, not assumed. Before anything is written, every new record's
-partition must be the one Kafka's partitioner gives its key, its key column's string
-form must be its Kafka key (the side is partitioned by that form), and the topic must
-have at most ``max_key_groups`` partitions. Each Spark task also checks that it reads
-the Kafka partition it should (``spark_partition_id``), so a read that does not line up
+partition must be the one Kafka's partitioner gives its key (checked on the connector's
+rows as each partition is read: :func:`checked_bucket`), its key column's string form
+must be its Kafka key (the side is partitioned by that form), and the topic must have
+at most ``max_key_groups`` partitions. Each Spark task also checks that it reads the
+Kafka partition it should (``spark_partition_id``), so a read that does not line up
 fails instead of joining wrongly. A session that cannot build the partitioned read
 (Spark Connect has no JVM in the client) reads with a shuffle and says so.
 
@@ -203,13 +204,46 @@ def check_partition_count(ranges: Sequence[OffsetRange], keyed: KeyGroups, label
         )
 
 
+def misplaced_key(
+    key: Column, partition: Column, topic: Column, partitions: int, *, in_place: bool = False
+) -> tuple[Column, Column]:
+    """(condition, message) of a record whose non-null Kafka key (``key``: its bytes or
+    its string) Kafka's default partitioner puts in another partition than ``partition``
+    (``in_place``: evaluated where it is written, never pushed below a join)."""
+    expected = _partition_udf(int(partitions), in_place)(key)
+    message = F.concat(
+        F.lit(f"{PRE_KEYED_MARK}: the record of key "),
+        F.coalesce(key.cast("string"), F.lit("null")),
+        F.lit(" is in partition "),
+        topic,
+        F.lit("["),
+        partition.cast("string"),
+        F.lit("] but Kafka's default partitioner puts it in partition "),
+        F.coalesce(expected.cast("string"), F.lit("none (a null key)")),
+        F.lit(f" of {partitions}"),
+    )
+    return F.coalesce(partition != expected, F.lit(True)), message
+
+
 def violation(
-    key: str, key_type: T.DataType, partitions: int, *, in_place: bool = False
+    key: str,
+    key_type: T.DataType,
+    partitions: int,
+    *,
+    in_place: bool = False,
+    partitions_checked: bool = False,
 ) -> tuple[Column, Column]:
     """(condition, message) of a record breaking the pre-keyed promise (``in_place``:
-    evaluated where it is written, never pushed below a join)."""
-    expected = _partition_udf(int(partitions), in_place)(F.col(KEY))
-    wrong_partition = F.col(PARTITION) != expected
+    evaluated where it is written, never pushed below a join; ``partitions_checked``:
+    the read already checked each record's partition against its key, see
+    :func:`checked_bucket`, and only the key column and the task are checked here)."""
+    wrong_partition, wrong_partition_message = (
+        (F.lit(False), F.lit(None).cast("string"))
+        if partitions_checked
+        else misplaced_key(
+            F.col(KEY), F.col(PARTITION), F.col(TOPIC), partitions, in_place=in_place
+        )
+    )
     key_text = F.col(quoted(key)).cast("string")
     wrong_key = (
         F.lit(False)
@@ -244,21 +278,21 @@ def violation(
                 F.lit(": the key column must be the string form of the Kafka key"),
             ),
         )
-        .otherwise(
-            F.concat(
-                F.lit(f"{PRE_KEYED_MARK}: the record of key "),
-                F.coalesce(F.col(KEY).cast("string"), F.lit("null")),
-                F.lit(" is in partition "),
-                F.col(TOPIC),
-                F.lit("["),
-                F.col(PARTITION).cast("string"),
-                F.lit("] but Kafka's default partitioner puts it in partition "),
-                F.coalesce(expected.cast("string"), F.lit("none (a null key)")),
-                F.lit(f" of {partitions}"),
-            )
-        )
+        .otherwise(wrong_partition_message)
     )
-    return F.coalesce(wrong_partition, F.lit(True)) | wrong_key | misplaced, message
+    return wrong_partition | wrong_key | misplaced, message
+
+
+def checked_bucket(partition: int, partitions: int) -> Column:
+    """Over the connector's rows of Kafka partition ``partition``: its bucket, or an error
+    for a record whose Kafka key the default partitioner puts elsewhere.
+
+    Checked as the records are read, on the connector's narrow rows, where the Python
+    UDF costs least and no join is above it yet; a null key is not checked here (it is
+    invalid, or its key column must match it: :func:`violation`)."""
+    lie, message = misplaced_key(F.col("key"), F.col("partition"), F.col("topic"), partitions)
+    bucket = F.lit(buckets(partitions)[partition])
+    return F.when(F.col("key").isNotNull() & lie, F.raise_error(message)).otherwise(bucket)
 
 
 # --- reading partition by partition ---------------------------------------------------------

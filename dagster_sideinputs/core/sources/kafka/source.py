@@ -10,7 +10,7 @@ and JSON ``startingOffsets`` / ``endingOffsets``: the connector returns exactly
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -28,7 +28,7 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
     ALIGNED,
     BUCKET,
     bucket_of,
-    buckets,
+    checked_bucket,
     partitioned_read,
 )
 from dagster_sideinputs.core.sources.kafka.offsets import check_pinned, keep_position, plan_ranges
@@ -42,6 +42,16 @@ from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import MainRange, OffsetRange
 from dagster_sideinputs.delta.engine import AppTransaction, DataFile, WriteResult
 from dagster_sideinputs.errors import KafkaSourceError
+
+
+class PartitionedRead(NamedTuple):
+    """A pre-keyed topic's records as read: ``in_place`` when each Kafka partition is
+    its own Spark partition and every record's partition was checked against its key
+    as it was read (otherwise the records are read with a shuffle, unchecked)."""
+
+    frame: DataFrame
+    in_place: bool
+    note: str
 
 
 class KafkaSource:
@@ -104,13 +114,13 @@ class KafkaSource:
         raw = self._load(spark, ranges) if ranges else empty_kafka_frame(spark)
         return decode(self.kafka, self.label, spark, raw)
 
-    def read_partitioned(self, spark: SparkSession, piece: SourceSlice) -> tuple[DataFrame, str]:
+    def read_partitioned(self, spark: SparkSession, piece: SourceSlice) -> PartitionedRead:
         """A pre-keyed topic's records with their bucket, Kafka partition ``p`` read as
         Spark partition ``p`` when the session allows (see
-        :mod:`~dagster_sideinputs.core.sources.kafka.keyed`); a note says how it was read."""
+        :mod:`~dagster_sideinputs.core.sources.kafka.keyed`), each record's partition then
+        checked against its key as it is read."""
         ranges = {r.partition: r for r in piece.range.offsets}
         count = len(ranges)
-        values = buckets(count) if count else ()
         if count and sorted(ranges) == list(range(count)):
             reads = []
             for p in range(count):
@@ -120,7 +130,7 @@ class KafkaSource:
                     if r.size
                     else empty_kafka_frame(spark, one_partition=True)
                 )
-                reads.append(raw.withColumn(BUCKET, F.lit(values[p])))
+                reads.append(raw.withColumn(BUCKET, checked_bucket(p, count)))
             partitioned = partitioned_read(spark, reads, count)
             if partitioned is not None:
                 note = (
@@ -128,15 +138,14 @@ class KafkaSource:
                     "Kafka's partitioner (no shuffle of the main records)"
                 )
                 keep = (BUCKET, ALIGNED)
-                return decode(self.kafka, self.label, spark, partitioned, keep=keep), note
+                frame = decode(self.kafka, self.label, spark, partitioned, keep=keep)
+                return PartitionedRead(frame, True, note)
         raw = self.read(spark, piece)
         frame = raw.withColumn(
             BUCKET, bucket_of(F.col(PARTITION), count) if count else F.lit(None).cast("int")
         ).withColumn(ALIGNED, F.lit(None).cast("int"))
-        return (
-            frame,
-            "pre-keyed Kafka: the partitioned read is not available here; read with a shuffle",
-        )
+        note = "pre-keyed Kafka: the partitioned read is not available here; read with a shuffle"
+        return PartitionedRead(frame, False, note)
 
     def _load(self, spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
         reader = spark.read.format("kafka").options(**self.reader_options(ranges))
