@@ -131,7 +131,10 @@ def _summary(text: str) -> str:
 def _extract(text: str, marker: str) -> str:
     start = text.find(marker)
     line = text[start + len(marker) :] if start >= 0 else text
-    return line.strip().splitlines()[0][:500] if line.strip() else text[:500]
+    if not line.strip():
+        return text[:500]
+    # raise_error's message as Spark prints it, without the SQL state it appends
+    return re.sub(r"\s*SQLSTATE: \w+\s*$", "", line.strip().splitlines()[0])[:500]
 
 
 def _function_name(fn: Any) -> str:

@@ -33,7 +33,6 @@ from dagster_sideinputs.core.keyed import (
     check_pre_keyed,
     drop_bucketed_scan,
     key_group,
-    key_group_offenders,
 )
 from dagster_sideinputs.core.sideinputs.windows import (
     assign_global,
@@ -49,13 +48,11 @@ from dagster_sideinputs.core.sources.kafka.keyed import (
 )
 from dagster_sideinputs.core.sources.kafka.source import KafkaSource, PartitionedRead
 from dagster_sideinputs.core.sources.main_source import SourceSlice
-from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.spec import OperatorSpec
 from dagster_sideinputs.core.state.plan import BatchPlan
 from dagster_sideinputs.delta.store.files import join_uri
 from dagster_sideinputs.errors import (
     DeclarationError,
-    PreKeyedViolationError,
     did_you_mean,
 )
 
@@ -232,9 +229,9 @@ def _pre_keyed_scan(
     context: StageContext, raw: DataFrame, piece: SourceSlice
 ) -> tuple[DataFrame, str]:
     """The batch's new files of a pre-keyed Delta main input, read as buckets when they are
-    local, once their rows are checked: every file holds one key group (from the Delta
-    log) and every row with a key sits in its key's group (one Spark job over the two
-    columns, before anything is written)."""
+    local, once every file is checked to hold one key group (from the Delta log). That
+    every row sits in its key's group is checked with the routes
+    (:func:`~dagster_sideinputs.core.batch.route_rules.with_key_group_check`)."""
     spec = context.spec
     keyed = spec.main.pre_keyed
     snapshot = piece.snapshot
@@ -242,7 +239,6 @@ def _pre_keyed_scan(
     assert spec.main.key is not None
     assert snapshot is not None
     splits = check_pre_keyed(piece.files, keyed, key=spec.main.key, table=spec.main.asset)
-    _check_rows(context, raw)
     partition_columns = set(snapshot.partition_columns)
     if partition_columns - {keyed.column}:
         return raw, "pre-keyed: partition columns besides the key group; read with a shuffle"
@@ -261,23 +257,3 @@ def _pre_keyed_scan(
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, "pre-keyed: main files read as buckets (no shuffle)"
-
-
-def _check_rows(context: StageContext, raw: DataFrame) -> None:
-    """Every new row with a key sits in its key's group, or the batch stops."""
-    spec = context.spec
-    keyed, key = spec.main.pre_keyed, spec.main.key
-    assert keyed is not None
-    assert key is not None
-    offenders = translated(
-        context, lambda: key_group_offenders(raw, key=key, groups=keyed, limit=3)
-    )
-    if offenders:
-        shown = [f"key {row[0]!r} in key group {row[1]!r} hashes to {row[2]}" for row in offenders]
-        raise PreKeyedViolationError(
-            f"Main input {spec.main.asset!r} is declared pre-keyed (KeyGroups(max_key_groups="
-            f"{keyed.max_key_groups}, column={keyed.column!r})), but its key-group column "
-            f"lies: {'; '.join(shown)}. Nothing was written.",
-            fix=f"write {keyed.column} = pmod(hash({key}), {keyed.max_key_groups}) at the "
-            "source, or drop pre_keyed= to let the operator shuffle",
-        )

@@ -25,6 +25,7 @@ from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
 from dagster_sideinputs.core.batch.route_counts import count_routes, observe_routes
 from dagster_sideinputs.core.batch.route_rules import (
     lookup,
+    with_key_group_check,
     with_pre_keyed_check,
     with_routes,
 )
@@ -60,7 +61,9 @@ def route(context: StageContext, batch: Batch) -> Batch:
     records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
-    classified = with_routes(spec, records, plan, views.joins, views.empty)
+    classified = with_key_group_check(
+        spec, with_routes(spec, records, plan, views.joins, views.empty)
+    )
     notes: list[str] = list(views.notes)
     if spec.options.cache == "always":
         # Otherwise every write recomputes the records from the batch's pinned inputs,

@@ -13,10 +13,12 @@ from dagster_sideinputs.core.columns import (
     FIRST_SEEN,
     NS_ID,
     ORIGIN,
+    PRE_KEYED_MARK,
     REASON,
     ROUTE,
     quoted,
 )
+from dagster_sideinputs.core.keyed import key_group
 from dagster_sideinputs.core.sideinputs.joins import JoinSpec
 from dagster_sideinputs.core.sideinputs.temporal import main_time_column, waits_for_horizon
 from dagster_sideinputs.core.sideinputs.windows import shifted
@@ -110,6 +112,41 @@ def with_routes(
         )
     why = why.when(F.col(ROUTE) == "unmatched", F.concat(F.lit("no side row in: "), missing))
     return df.withColumn(ROUTE, route).withColumn(REASON, why)
+
+
+def with_key_group_check(spec: OperatorSpec, classified: DataFrame) -> DataFrame:
+    """Routed records (:func:`with_routes`) whose route raises for a new record of a
+    pre-keyed Delta main input outside its key's group (its key-group column is not
+    ``pmod(hash(key), max_key_groups)``; a null key is left out: it joins nothing wherever
+    it sits, and has its own route).
+
+    A Spark expression, so no partitioning is lost: whichever job reads the routes first
+    evaluates it on every record (the job counting the routes, or the one staging the
+    outputs), and a lie fails that job before anything commits. The Delta log's part
+    of the promise (one key group per file) is checked when the batch is read."""
+    keyed, key = spec.main.pre_keyed, spec.main.key
+    if keyed is None or key is None or spec.main.keyed_by_partition:
+        return classified
+    declared = F.col(quoted(keyed.column))
+    actual = key_group(key, keyed.max_key_groups)
+    lie = (
+        (F.col(ORIGIN) == "new")
+        & F.col(quoted(key)).isNotNull()
+        & (declared.isNull() | (declared != actual))
+    )
+    message = F.concat(
+        F.lit(f"{PRE_KEYED_MARK}: its key-group column lies: key "),
+        F.col(quoted(key)).cast("string"),
+        F.lit(" in key group "),
+        F.coalesce(declared.cast("string"), F.lit("null")),
+        F.lit(" hashes to "),
+        actual.cast("string"),
+        F.lit(
+            f" (KeyGroups(max_key_groups={keyed.max_key_groups}, column={keyed.column!r}): "
+            f"write {keyed.column} = pmod(hash({key}), {keyed.max_key_groups}) at the source)"
+        ),
+    )
+    return classified.withColumn(ROUTE, F.when(lie, F.raise_error(message)).otherwise(F.col(ROUTE)))
 
 
 def with_pre_keyed_check(
