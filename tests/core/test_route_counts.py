@@ -131,6 +131,47 @@ def test_an_invalid_record_counted_by_the_write_job_still_stops_the_batch(
 
 
 @pytest.mark.kafka
+def test_a_topic_with_transaction_markers_counts_first_once_a_batch_missed(
+    lake, kafka_broker, monkeypatch
+):
+    """Transactional producers' commit markers take offsets: the first batch's write job
+    sees fewer records than its offsets and a job counts again after it (reading the
+    topic twice); the run's later batches of that topic count first, with the records
+    cached for the writes, instead of missing every time."""
+    calls = counted_by_jobs(monkeypatch)
+    name = kafka_broker.create_topic(kafka_broker.unique_topic("txn"), 1)
+    producer = kafka_broker.producer(**{"transactional.id": name})
+    producer.init_transactions(30)
+    for first in (0, 6):  # 6 records, then a commit marker: 7 offsets per transaction
+        producer.begin_transaction()
+        for i in range(first, first + 6):
+            producer.produce(name, tx(i).encode(), f"k{i}".encode())
+        producer.commit_transaction(30)
+    op = lake.operator(
+        main=dsi.MainInput.kafka(
+            name,
+            bootstrap_servers=kafka_broker.bootstrap_servers,
+            schema=TX,
+            key="customer_id",
+            max_records_per_batch=7,
+        ),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=with_big,
+        main_output="enriched",
+        side_outputs=[BIG],
+    )
+    lake.append("profiles", [(c, f"customer {c}") for c in range(3)], PROFILES)
+
+    first, second = op.run(lake.spark).batches
+
+    assert calls == ["write", "route"]
+    assert COUNTED_AGAIN in first.notes
+    assert COUNTED_AGAIN not in second.notes
+    assert (first.routes["released"], second.routes["released"]) == (6, 6)
+    assert sorted(tx_id for (tx_id,) in lake.rows("enriched", "tx_id")) == list(range(12))
+
+
+@pytest.mark.kafka
 def test_counts_a_user_action_saw_first_are_counted_again(lake, kafka_broker, monkeypatch):
     """A function that takes one record before returning its frames completes the batch's
     observation with that one record: the total is not the slice's, so a job counts."""

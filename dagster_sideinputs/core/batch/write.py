@@ -175,6 +175,8 @@ def _observed_counts(context: StageContext, batch: Batch) -> Batch:
     if counts is None:
         counts = translated(context, lambda: count_routes(spec, classified), views=batch.views)
         notes.append("the write job did not see every record once: routes counted by a job")
+        if batch.source is not None:
+            context.source.record_count_missed(batch.source)
     check_invalid(spec, context.source, classified, counts)
     return batch.but(counts=counts, observed=None).noted(*notes)
 

@@ -186,6 +186,9 @@ class LandingFolder:
     def record_count(self, piece: SourceSlice) -> int | None:
         return None  # its statistics count the records
 
+    def record_count_missed(self, piece: SourceSlice) -> None:
+        return None  # it offers no count
+
     def schema(self) -> T.StructType:
         declared = self.spec.main.schema
         schema = T.StructType.fromDDL(declared) if isinstance(declared, str) else declared

@@ -67,6 +67,13 @@ class MainSource(Protocol):
         total is this (core/batch/route_counts.py)."""
         ...
 
+    def record_count_missed(self, piece: SourceSlice) -> None:
+        """The job writing ``piece``'s outputs saw another number of records than
+        :meth:`record_count` said (a topic whose transaction markers take offsets; a
+        user's function that ran an action first): the source may stop offering counts
+        for what it reads next, whose batches would read it twice again."""
+        ...
+
     def schema(self) -> T.StructType | None:
         """The declared schema (landing folders); None when slices carry it (Delta)."""
         ...

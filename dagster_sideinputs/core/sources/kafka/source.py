@@ -65,6 +65,7 @@ class KafkaSource:
         self.label = f"Kafka main input {spec.main.asset!r} ({kafka.describe()})"
         self._metadata: KafkaMetadata | None = None
         self._compacted: dict[str, bool] = {}  # topic: whether its log is compacted
+        self._miscounted: set[str] = set()  # topics whose offsets numbered other records
 
     @property
     def metadata(self) -> KafkaMetadata:
@@ -166,16 +167,25 @@ class KafkaSource:
 
     def record_count(self, piece: SourceSlice) -> int | None:
         """The offsets of the slice, unless a topic's log is compacted (asked once per
-        topic): its offsets then number more records than it holds, and a batch counting
-        by them would always count twice (docs/DECISIONS.md, "Counting routes")."""
+        topic) or an earlier slice of it held fewer records than offsets
+        (:meth:`record_count_missed`): its offsets then number more records than it
+        holds, and a batch counting by them would always count twice (docs/DECISIONS.md,
+        "Counting routes")."""
         topics = {r.topic for r in piece.range.offsets if r.size}
         unknown = topics - self._compacted.keys()
         if unknown:
             compacted = self.metadata.compacted(unknown)
             self._compacted.update({t: t in compacted for t in unknown})
-        if any(self._compacted[t] for t in topics):
+        if any(self._compacted[t] or t in self._miscounted for t in topics):
             return None
         return sum(r.size for r in piece.range.offsets)
+
+    def record_count_missed(self, piece: SourceSlice) -> None:
+        """A slice held fewer records than offsets: a topic written by transactional
+        producers (each commit marker takes an offset) cannot be told from its
+        configuration, so its later slices in this run are counted by a job first (with
+        the records cached) rather than read again after the write job."""
+        self._miscounted.update(r.topic for r in piece.range.offsets if r.size)
 
     def record_read(self, main: MainRange, txn: AppTransaction) -> WriteResult | None:
         return None  # the position lives in the plans
