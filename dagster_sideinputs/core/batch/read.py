@@ -176,12 +176,15 @@ def with_bookkeeping(
 ) -> DataFrame:
     """New records with their namespace, key group, first-seen time, batch and fingerprint."""
     frame = _namespaced(spec, raw, plan)
-    return (
-        frame.withColumn(KEY_GROUP, _key_group(spec))
-        .withColumn(FIRST_SEEN, F.lit(plan.now).cast("timestamp"))
-        .withColumn(BATCH, F.lit(plan.batch_id).cast("long"))
-        .withColumn(FINGERPRINT, fingerprint(raw.schema, main_columns))
-        .withColumn(ORIGIN, F.lit("new"))
+    # One projection (each withColumn is a plan analysis on the driver).
+    return frame.withColumns(
+        {
+            KEY_GROUP: _key_group(spec),
+            FIRST_SEEN: F.lit(plan.now).cast("timestamp"),
+            BATCH: F.lit(plan.batch_id).cast("long"),
+            FINGERPRINT: fingerprint(raw.schema, main_columns),
+            ORIGIN: F.lit("new"),
+        }
     )
 
 

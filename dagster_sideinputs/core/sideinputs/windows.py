@@ -359,8 +359,8 @@ def assign_windows(
 
 
 def assign_global(df: DataFrame) -> DataFrame:
-    return df.withColumn(NS_START, F.lit(None).cast("timestamp")).withColumn(
-        NS_END, F.lit(None).cast("timestamp")
+    return df.withColumns(
+        {NS_START: F.lit(None).cast("timestamp"), NS_END: F.lit(None).cast("timestamp")}
     )
 
 
