@@ -384,6 +384,18 @@ class Lake:
             self.tables[name] = uri
         return self.tables[name]
 
+    def keyed_main_table(self, rows: int) -> str:
+        """The transactions partitioned by key group (``KEY_GROUPS``): a pre-keyed main."""
+        return self.table(
+            f"transactions_keyed_{rows}",
+            lambda: (
+                transactions(self.spark, rows, self.args.side_rows)
+                .withColumn("key_group", F.expr(f"pmod(hash(customer_id), {KEY_GROUPS})"))
+                .repartition(KEY_GROUPS, "key_group")
+            ),
+            partition_by=["key_group"],
+        )
+
     def main_table(self, rows: int, shape: Shape = SHAPES["wide"]) -> str:
         files = max(2, rows // 500_000)
         suffix = "" if shape == SHAPES["wide"] else "_" + "_".join(shape.main)
@@ -1387,15 +1399,7 @@ def both_outputs_by_hand(joined: DataFrame, out: Path) -> None:
 
 def bench_prekeyed(lake: Lake, rest: SparkRest | None) -> dict[str, Any]:
     spark, args = lake.spark, lake.args
-    main_uri = lake.table(
-        f"transactions_keyed_{args.rows}",
-        lambda: (
-            transactions(spark, args.rows, args.side_rows)
-            .withColumn("key_group", F.expr(f"pmod(hash(customer_id), {KEY_GROUPS})"))
-            .repartition(KEY_GROUPS, "key_group")
-        ),
-        partition_by=["key_group"],
-    )
+    main_uri = lake.keyed_main_table(args.rows)
     keyed_profiles = lake.table(
         "customer_profiles_keyed",
         lambda: (

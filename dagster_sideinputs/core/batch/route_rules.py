@@ -170,8 +170,8 @@ def with_pre_keyed_check(
     whose routes the write job counts (and checks), the UDF is marked nondeterministic,
     which Spark evaluates where it is written (above the joins) instead of pushing it
     below them with the filter of the released records; the first lie then fails the
-    write job, before anything commits. A Delta main input's rows are checked when they
-    are read (:func:`~dagster_sideinputs.core.batch.read.read`)."""
+    write job, before anything commits. A Delta main input's rows are checked by
+    :func:`with_key_group_check`."""
     key = spec.main.key
     if not (spec.main.keyed_by_partition and key is not None):
         return classified
