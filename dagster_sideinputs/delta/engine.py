@@ -256,6 +256,19 @@ class DeltaEngine(Protocol):
         """A small table's rows on the driver (operator bookkeeping tables only)."""
         ...
 
+    def read_on_driver(
+        self,
+        snapshot: TableSnapshot,
+        *,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> pa.Table | None:
+        """A small pinned version's rows (``columns`` of them, the first ``limit``) read on
+        the driver without a Spark job, typed as Spark's ``toArrow`` types them; None when
+        this engine reads them with Spark (the caller then does)."""
+        ...
+
     # --- writes --------------------------------------------------------------------------
 
     def validate_append(

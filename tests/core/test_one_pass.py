@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.frame_split import one_pass as split_frames
+from dagster_sideinputs.errors import DuplicateKeyError
 from tests.conftest import table_files
 from tests.core.conftest import Lake
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
@@ -356,3 +357,65 @@ def test_a_split_write_keeps_one_file_per_table_open_only_while_it_writes(
         assert spark.conf.get(key) == "32"
     finally:
         spark.conf.unset(key)
+
+
+def batch_stage_names(spark, action):
+    """``action()``'s result and the names of the Spark stages it ran (their call sites)."""
+    group = "one-pass-stages"
+    context = spark.sparkContext
+    context.setJobGroup(group, "batch")
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    tracker = context.statusTracker()
+    names = []
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info else ():
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is not None:
+                names.append(stage_info.name)
+    return result, names
+
+
+def test_a_frames_batch_reads_its_small_side_tables_without_a_job_of_their_own(lake):
+    """The map's one-row-per-key check and the singleton's row are read on the driver by
+    the bridge's delta-rs (no Spark job); delta-spark reads them with Spark. The outputs
+    are the same either way."""
+    fill(lake)
+    lake.append("limits", [(100.0, "v1")], "threshold double, label string")
+
+    def by_threshold(main, sides):
+        limit = sides["limits"]
+        enriched = enriched_frame(main).withColumn("label", F.lit(limit.label))
+        return {dsi.MAIN: enriched, LARGE: enriched.filter(F.col("amount") > limit.threshold)}
+
+    op = lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="broadcast"),
+            "limits": dsi.SideInput.singleton("limits"),
+        },
+        fn=by_threshold,
+        main_output="enriched",
+        side_outputs=[LARGE],
+    )
+    result, stages = batch_stage_names(lake.spark, lambda: lake.run(op))
+    assert one_pass(result)
+    assert lake.rows("big", "tx_id", "amount", "name", "label") == [
+        (2, 500.0, "bob", "v1"),
+        (3, 900.0, None, "v1"),
+    ]
+    assert any("checked on the driver" in n for b in result.batches for n in b.notes)
+    small_reads = [n for n in stages if n.startswith(("collect", "toArrow"))]
+    if lake.engine_id == "rs":
+        assert small_reads == [], stages
+    else:
+        assert len(small_reads) == 2, stages
+    # A duplicated key is still refused before anything is written, with the keys named.
+    lake.append("profiles", [(10, "ann again")], "customer_id long, name string")
+    fill(lake, [(4, 10, 700.0)])
+    with pytest.raises(DuplicateKeyError, match="10"):
+        lake.run(op)
+    assert lake.rows("big", "tx_id", "amount", "name", "label")[-1][0] == 3

@@ -141,3 +141,98 @@ def test_incremental_read_after_schema_evolution_fills_new_columns_with_nulls(sp
     )
     rows, _ = read_changes(spark, uri, start_version=-1)
     assert sorted(rows.collect()) == [Row(id=1, tag=None), Row(id=2, tag="x")]
+
+
+# --- small tables read on the driver (singletons, a map's keys): no Spark job ------------
+
+DRIVER_SCHEMA = (
+    "i INT, l LONG, s STRING, b BINARY, d DECIMAL(10,2), ts TIMESTAMP, tn TIMESTAMP_NTZ, "
+    "dt DATE, f DOUBLE, arr ARRAY<STRING>, m MAP<STRING,INT>, st STRUCT<a:INT,b:STRING>, p STRING"
+)
+
+
+def driver_rows(spark):
+    import datetime as dt
+    from decimal import Decimal
+
+    return spark.createDataFrame(
+        [
+            (1, 2, "x", bytearray(b"ab"), Decimal("1.50"), dt.datetime(2024, 1, 2, 3, 4, 5, 6),
+             dt.datetime(2024, 1, 2, 3, 4, 5), dt.date(2024, 1, 2), 1.5, ["a", None], {"k": 1},
+             (1, "z"), "P"),
+            (None, None, None, None, None, None, None, None, None, None, None, None, None),
+        ],
+        DRIVER_SCHEMA,
+    )  # fmt: skip
+
+
+def jobs_run_by(spark, action):
+    """``action()``'s result and the Spark jobs it ran (ids of its job group)."""
+    group = f"driver-read-{id(action)}"
+    context = spark.sparkContext
+    context.setJobGroup(group, "driver read")
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return result, list(context.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
+def test_the_bridge_reads_a_small_table_on_the_driver_as_spark_collects_it(
+    spark, tmp_path, partitioned
+):
+    from dagster_sideinputs.core.sideinputs.side_data import arrow_rows
+    from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+
+    uri = str(tmp_path / "small")
+    write_dataframe(driver_rows(spark), uri, partition_by=["p"] if partitioned else None)
+    engine = DeltaRsEngine()
+    snapshot = engine.snapshot(uri)
+    table, jobs = jobs_run_by(spark, lambda: engine.read_on_driver(snapshot))
+    assert table is not None
+    assert jobs == []
+    expected = engine.read_snapshot(spark, snapshot).collect()
+    key = lambda row: repr(row)  # noqa: E731 - rows with None sort by their text
+    for as_bytes in ("true", "false"):
+        spark.conf.set("spark.sql.execution.pyspark.binaryAsBytes", as_bytes)
+        try:
+            got = arrow_rows(spark, table, snapshot.schema)
+            want = engine.read_snapshot(spark, snapshot).collect()
+        finally:
+            spark.conf.unset("spark.sql.execution.pyspark.binaryAsBytes")
+        assert sorted(got, key=key) == sorted(want, key=key)
+        assert {type(r.b) for r in got if r.b is not None} == {type(r.b) for r in want if r.b}
+    assert len(expected) == 2
+    some = engine.read_on_driver(snapshot, columns=["l", "p"], limit=1)
+    assert some is not None
+    assert (some.column_names, some.num_rows) == (["l", "p"], 1)
+
+
+def test_a_small_table_the_driver_cannot_read_exactly_is_left_to_spark(spark, tmp_path):
+    from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+    from dagster_sideinputs.delta.spark.engine import DeltaSparkEngine
+
+    uri = str(tmp_path / "small")
+    write_dataframe(spark.range(3), uri)
+    engine = DeltaRsEngine()
+    snapshot = engine.snapshot(uri)
+    assert engine.read_on_driver(snapshot, columns=["nope"]) is None
+    # A snapshot of another table than the one now at its location (deleted, created again).
+    import dataclasses
+
+    assert engine.read_on_driver(dataclasses.replace(snapshot, table_id="another")) is None
+    assert engine.read_on_driver(snapshot) is not None
+    assert DeltaSparkEngine().read_on_driver(snapshot) is None
+
+
+def test_a_missing_file_of_a_small_table_is_named_as_when_spark_reads_it(spark, tmp_path):
+    from dagster_sideinputs.delta.bridge.engine import DeltaRsEngine
+
+    uri = str(tmp_path / "small")
+    write_dataframe(spark.range(3).coalesce(1), uri)
+    engine = DeltaRsEngine()
+    snapshot = engine.snapshot(uri)
+    os.remove(snapshot.files[0].uri.removeprefix("file://"))
+    with pytest.raises(CorruptDataFileError, match="is missing"):
+        engine.read_on_driver(snapshot)

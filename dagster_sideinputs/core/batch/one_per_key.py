@@ -8,19 +8,20 @@ stage when the batch releases records (its view also refuses a duplicated key in
 Spark, whichever job computes it).
 
 A small map's keys (:data:`DRIVER_CHECK_ROWS`, of key types Arrow groups as Spark does)
-are counted on the driver; a larger one's, or duplicates found there (to name them), by
-a count per key in Spark.
+are counted on the driver, read by the engine itself where it can (the bridge's delta-rs:
+no Spark job), else by a Spark job; a larger map's keys, or duplicates found on the
+driver (to name them), by a count per key in Spark.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+import pyarrow as pa
 from pyspark.sql import types as T
 
 from dagster_sideinputs.core.batch.context import StageContext, Views
-from dagster_sideinputs.core.sideinputs.joins import duplicate_error
+from dagster_sideinputs.core.sideinputs.joins import JoinSpec, duplicate_error
 from dagster_sideinputs.core.sideinputs.side_data import SideData
 from dagster_sideinputs.core.spark_errors import translated
 from dagster_sideinputs.core.state.plan import BatchPlan, side_windows
@@ -61,7 +62,7 @@ def check_one_row_per_key(
         checked = (name, data.version, tuple(windows) if windows is not None else None)
         if checked in context.unique_checked:
             continue
-        keys = _driver_countable(data, join.key_columns)
+        keys = _driver_countable(data, join)
         if keys is not None:
             unique = translated(context, partial(_unique_on_driver, keys), views=views)
             if unique:
@@ -76,12 +77,13 @@ def check_one_row_per_key(
     return notes
 
 
-def _driver_countable(data: SideData, key_columns: Sequence[Column]) -> DataFrame | None:
-    """A map's join keys, one row per side row, when they are few enough (by its files'
-    statistics) and of types Arrow groups as Spark does to be counted on the driver;
-    None otherwise."""
+def _driver_countable(data: SideData, join: JoinSpec) -> Callable[[], pa.Table] | None:
+    """What reads a map's join keys (one row per side row) to the driver, when they are
+    few enough (by its files' statistics) and of types Arrow groups as Spark does; None
+    otherwise. The engine reads a table's key columns itself when it can (no Spark job,
+    :meth:`SideData.on_driver`); else a Spark job reads them."""
     snapshot = data.snapshot
-    if snapshot is None or not key_columns:
+    if snapshot is None or not join.key_columns:
         return None
     rows = 0
     for file in snapshot.files:
@@ -90,18 +92,34 @@ def _driver_countable(data: SideData, key_columns: Sequence[Column]) -> DataFram
         rows += file.num_records
     if rows > DRIVER_CHECK_ROWS:
         return None
-    keys = data.rows(None).select(*key_columns)
-    for field in keys.schema.fields:
-        kind = field.dataType
-        if isinstance(kind, T.StringType):
-            if kind != T.StringType():  # a collation groups strings Arrow sets apart
-                return None
-        elif not isinstance(kind, _DRIVER_KEY_TYPES):
+
+    def by_spark() -> pa.Table:
+        return data.rows(None).select(*join.key_columns).toArrow()
+
+    if join.key_names:
+        kinds = [snapshot.schema[name].dataType for name in join.key_names]
+        if not all(_grouped_as_by_spark(kind) for kind in kinds):
             return None
-    return keys
+        names = join.key_names
+
+        def by_engine() -> pa.Table:
+            table = data.on_driver(names)
+            return by_spark() if table is None else table
+
+        return by_engine
+    keys = data.rows(None).select(*join.key_columns)
+    if not all(_grouped_as_by_spark(f.dataType) for f in keys.schema.fields):
+        return None
+    return keys.toArrow
 
 
-def _unique_on_driver(keys: DataFrame) -> bool:
+def _grouped_as_by_spark(kind: T.DataType) -> bool:
+    if isinstance(kind, T.StringType):
+        return kind == T.StringType()  # a collation groups strings Arrow sets apart
+    return isinstance(kind, _DRIVER_KEY_TYPES)
+
+
+def _unique_on_driver(read: Callable[[], pa.Table]) -> bool:
     """Whether no key (nulls included: Spark groups them as one) holds several rows."""
-    table = keys.toArrow()
+    table = read()
     return table.group_by(table.column_names).aggregate([]).num_rows == table.num_rows

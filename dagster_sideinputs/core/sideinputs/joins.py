@@ -72,6 +72,8 @@ class JoinSpec:
             ``duplicates`` must be checked empty before any Spark job reads the join.
         key_columns: a checked-first view's join keys, as expressions over the side
             rows (the check reads them on the driver when the table is small).
+        key_names: the side table's columns those keys are, when each is one (not for a
+            windowed view, whose window is computed): the engine may read them itself.
     """
 
     view: DataFrame
@@ -84,6 +86,7 @@ class JoinSpec:
     valid: tuple[str, str, Column] | None = None
     checked_first: bool = False
     key_columns: tuple[Column, ...] = ()
+    key_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def build_join(
         keys.append(SIDE_NS)
         main_keys.append(main_side_ns)
         group.append(F.col(SIDE_NS))
+    names: list[str] = []
     if forward:
         column = side.forward_column
         assert column is not None
@@ -154,6 +158,7 @@ def build_join(
         keys.append(forward_key(bound.name))
         main_keys.append(F.col(quoted(column)))
         group.append(F.col(quoted(column)).alias(forward_key(bound.name)))
+        names.append(column)
     if joins_by_key:
         data.check_key_column()
         assert side.key is not None
@@ -161,6 +166,7 @@ def build_join(
         keys.append(side_key(bound.name))
         main_keys.append(expr)
         group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
+        names.append(side.key)
     plain = False
     if windowed and view.keyed and not joins_by_key and not forward:
         aggregated, duplicates, empty = view.aggregate_window(data, rows, group, keys)
@@ -184,6 +190,7 @@ def build_join(
         duplicates,
         checked_first=plain,
         key_columns=tuple(group) if plain else (),
+        key_names=tuple(names) if plain and not windowed else (),
     )
 
 

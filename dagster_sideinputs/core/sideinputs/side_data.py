@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.conversion import ArrowTableToRowsConversion
 
 from dagster_sideinputs.core.columns import NS_END, NS_START, SIDE_NS
 from dagster_sideinputs.core.sideinputs.declaration import SideInput
@@ -138,9 +140,25 @@ class SideData:
                 fix="fix key= in the declaration, or restore the side table's schema",
             )
 
+    def on_driver(
+        self, columns: Sequence[str] | None = None, limit: int | None = None
+    ) -> pa.Table | None:
+        """The rows :meth:`rows` ``(None)`` holds (``columns`` of them, the first ``limit``),
+        read on the driver by the engine without a Spark job (typed as Spark's ``toArrow``
+        types them); None when the engine reads with Spark, or for a windowed side input."""
+        if self.snapshot is None or self.side.window is not None:
+            return None
+        return self.engine.read_on_driver(
+            self.snapshot, columns=columns, limit=limit, name=self.side.asset
+        )
+
     def singleton_value(self, namespace: str = GLOBAL) -> Any:
         """The singleton's row (or declared default) for one namespace."""
-        found = self.rows(None).drop(SIDE_NS).limit(2).collect()
+        table = self.on_driver(limit=2)
+        if table is not None:
+            found = arrow_rows(self.spark, table, self.schema())
+        else:
+            found = self.rows(None).drop(SIDE_NS).limit(2).collect()
         return self.one(found, namespace)
 
     def one(self, found: list[Row], namespace: str) -> Any:
@@ -160,6 +178,17 @@ class SideData:
                 fix="materialize a row, or declare SideInput.singleton(..., default=<value>)",
             )
         return found[0]
+
+
+def arrow_rows(spark: SparkSession, table: pa.Table, schema: T.StructType) -> list[Row]:
+    """``table``'s rows as a classic ``collect`` gives them: PySpark's own Arrow-to-Row
+    conversion (Spark Connect's ``collect``), binary values as bytes or bytearray as the
+    session's ``binaryAsBytes`` says."""
+    as_bytes = True
+    if "binary" in schema.simpleString():  # a binary type anywhere (a column named so too)
+        setting = spark.conf.get("spark.sql.execution.pyspark.binaryAsBytes", "true")
+        as_bytes = str(setting).strip().lower() != "false"
+    return ArrowTableToRowsConversion.convert(table, schema, binary_as_bytes=as_bytes)
 
 
 def _may_overlap(file: DataFile, column: str, low: dt.datetime, high: dt.datetime) -> bool:

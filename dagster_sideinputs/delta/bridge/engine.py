@@ -23,7 +23,7 @@ from dagster_sideinputs.delta.bridge.commit import (
     commit_removals,
     committed_version,
 )
-from dagster_sideinputs.delta.bridge.read import read_changes
+from dagster_sideinputs.delta.bridge.read import read_changes, read_on_driver
 from dagster_sideinputs.delta.bridge.split import stage_split_dataframe
 from dagster_sideinputs.delta.bridge.table import (
     commit_timestamps,
@@ -148,6 +148,18 @@ class DeltaRsEngine:
     def read_rows(self, uri: str, *, columns: Sequence[str] | None = None) -> pa.Table:
         table = open_table(uri, storage_options=self.storage_options)
         return pa.table(table.to_pyarrow_table(columns=list(columns) if columns else None))
+
+    def read_on_driver(
+        self,
+        snapshot: TableSnapshot,
+        *,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> pa.Table | None:
+        return read_on_driver(
+            snapshot, columns=columns, limit=limit, storage_options=self._options, name=name
+        )
 
     # --- writes --------------------------------------------------------------------------
 

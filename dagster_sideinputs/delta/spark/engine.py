@@ -237,6 +237,16 @@ class DeltaSparkEngine:
             frame = frame.select(*[F.col(quoted(c)) for c in columns])
         return frame.toArrow()
 
+    def read_on_driver(
+        self,
+        snapshot: TableSnapshot,
+        *,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> pa.Table | None:
+        return None  # delta-spark reads every table through Spark
+
     # --- writes --------------------------------------------------------------------------
 
     def validate_append(
