@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
 from tests.core.catalogue import operator as catalogue_operator
-from tests.core.conftest import Lake
+from tests.core.conftest import Lake, stage_names
 
 GROUPS = 4
 PROFILES = "customer_id long, name string"
@@ -189,16 +189,19 @@ def write_profiles(lake: Lake, *, group_of=None, partition_by=("key_group",)) ->
 EXPECTED = sorted([(i, i % 37, f"n{i % 37}") for i in range(400)], key=repr)
 
 
+@pytest.mark.both_engines
 def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_exchange(lake):
+    """Under the bridge, the side rows' key groups are checked on the driver (delta-rs reads
+    the two columns, Spark's Murmur3 in numpy): no Spark job of its own."""
     write_pre_keyed(lake, 400)
     write_profiles(lake)
+    op = keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
     with no_broadcast(lake.spark):
-        batch = (
-            keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group"))
-            .run(lake.spark, explain=True)
-            .batches[0]
-        )
+        result, stages = stage_names(lake.spark, lambda: op.run(lake.spark, explain=True))
+    batch = result.batches[0]
     assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
+    checks = [name for name in stages if "keyed.py" in name]
+    assert checks == ([] if lake.engine_id == "rs" else checks), stages
     plan = batch.physical_plan
     assert plan.count("Bucketed: true") == 2
     assert "Exchange" not in plan  # neither side shuffled, nor the side's aggregation
@@ -215,6 +218,7 @@ def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_excha
     ],
     ids=["other-function", "more-groups", "more-partition-columns", "int-key"],
 )
+@pytest.mark.both_engines
 def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle(
     lake, group_of, partition_by, why
 ):
@@ -242,6 +246,7 @@ def test_a_side_input_not_in_the_main_inputs_key_groups_is_joined_with_a_shuffle
     assert lake.rows("enriched") == EXPECTED
 
 
+@pytest.mark.both_engines
 def test_a_new_side_version_is_checked_again(lake):
     """The rows' key groups are checked per side version: a version that breaks them is
     joined with a shuffle, and every record still meets its side row."""
@@ -332,3 +337,37 @@ def test_pre_keyed_inputs_whose_column_names_hold_backticks_and_dots_join_in_pla
     )
     assert op.run(spark).emitted("enriched") == 5  # appended to the existing table
     assert len(lake.rows("enriched")) == 405
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        ("long", [0, 1, -1, 2**63 - 1, -(2**63), 2**31, -(2**31) - 1, 42]),
+        ("int", [0, 1, -1, 2**31 - 1, -(2**31), 7]),
+        ("short", [0, -1, 32767, -32768]),
+        ("tinyint", [0, -1, 127, -128]),
+        ("date", ["1970-01-01", "1900-01-01", "2024-05-06", "9999-12-31"]),
+        ("timestamp", ["2024-01-01 00:00:00", "1960-01-01 01:02:03.000004"]),
+        ("timestamp_ntz", ["2024-01-01 00:00:00", "1960-01-01 01:02:03.000004"]),
+    ],
+)
+def test_the_driver_computes_sparks_hash_of_integer_keys(spark, kind, values):
+    """The side rows' key-group check on the driver agrees with Spark's own ``hash``, and
+    with Spark's key groups (random keys too)."""
+    import numpy as np
+
+    from dagster_sideinputs.core.keyed import hashable_on_driver, spark_hash
+
+    literals = ", ".join(f"(cast('{v}' as {kind}))" for v in values)
+    frame = spark.sql(f"SELECT * FROM VALUES {literals} AS t(k)")
+    if kind in ("long", "int"):
+        scale = 2**62 if kind == "long" else 2**30
+        signed = F.rand(7) * scale * F.when(F.col("id") % 2 == 0, 1).otherwise(-1)
+        randoms = spark.range(5000).select(signed.cast(kind).alias("k"))
+        frame = frame.unionByName(randoms)
+    kind_type = frame.schema["k"].dataType
+    assert hashable_on_driver(kind_type)
+    want = frame.select(F.hash("k").alias("h"), key_group("k", 16).alias("g")).toArrow()
+    got = spark_hash(frame.toArrow()["k"], kind_type)
+    assert got.tolist() == want["h"].to_pylist()
+    assert np.mod(got.astype(np.int64), 16).tolist() == want["g"].to_pylist()

@@ -18,7 +18,7 @@ from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.frame_split import one_pass as split_frames
 from dagster_sideinputs.errors import DuplicateKeyError
 from tests.conftest import table_files
-from tests.core.conftest import Lake
+from tests.core.conftest import Lake, stage_names
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
 
 DELTA_ENGINES = ("rs", "spark")
@@ -359,26 +359,6 @@ def test_a_split_write_keeps_one_file_per_table_open_only_while_it_writes(
         spark.conf.unset(key)
 
 
-def batch_stage_names(spark, action):
-    """``action()``'s result and the names of the Spark stages it ran (their call sites)."""
-    group = "one-pass-stages"
-    context = spark.sparkContext
-    context.setJobGroup(group, "batch")
-    try:
-        result = action()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-    tracker = context.statusTracker()
-    names = []
-    for job in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job)
-        for stage in info.stageIds if info else ():
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is not None:
-                names.append(stage_info.name)
-    return result, names
-
-
 def test_a_frames_batch_reads_its_small_side_tables_without_a_job_of_their_own(lake):
     """The map's one-row-per-key check and the singleton's row are read on the driver by
     the bridge's delta-rs (no Spark job); delta-spark reads them with Spark. The outputs
@@ -401,7 +381,7 @@ def test_a_frames_batch_reads_its_small_side_tables_without_a_job_of_their_own(l
         main_output="enriched",
         side_outputs=[LARGE],
     )
-    result, stages = batch_stage_names(lake.spark, lambda: lake.run(op))
+    result, stages = stage_names(lake.spark, lambda: lake.run(op))
     assert one_pass(result)
     assert lake.rows("big", "tx_id", "amount", "name", "label") == [
         (2, 500.0, "bob", "v1"),

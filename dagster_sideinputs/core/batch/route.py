@@ -17,11 +17,12 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
 from dagster_sideinputs.core.batch.invalid_records import check_invalid
-from dagster_sideinputs.core.batch.one_per_key import check_one_row_per_key
+from dagster_sideinputs.core.batch.one_per_key import DRIVER_CHECK_ROWS, check_one_row_per_key
 from dagster_sideinputs.core.batch.route_counts import count_routes, observe_routes
 from dagster_sideinputs.core.batch.route_rules import (
     lookup,
@@ -34,7 +35,9 @@ from dagster_sideinputs.core.keyed import (
     bucketed_scan,
     bucketing_obstacle,
     drop_bucketed_scan,
+    hashable_on_driver,
     key_groups_hold,
+    key_groups_hold_on_driver,
     side_splits,
 )
 from dagster_sideinputs.core.sideinputs.joins import Bucketing, JoinSpec, apply_join, build_join
@@ -229,8 +232,7 @@ def _key_group_scan(
     checked = (bound.uri, snapshot.version, snapshot.table_id, keyed, key)
     holds = context.key_groups_checked.get(checked)
     if holds is None:
-        rows = spec.engine.read_snapshot(context.spark, snapshot, name=bound.side.asset)
-        holds = translated(context, lambda: key_groups_hold(rows, key=key, groups=keyed))
+        holds = translated(context, lambda: _side_in_groups(context, bound, snapshot, key))
         context.key_groups_checked[checked] = holds
     if not holds:
         return None, (
@@ -249,6 +251,31 @@ def _key_group_scan(
     frame, table = scan
     context.on_cleanup(lambda: drop_bucketed_scan(context.spark, table))
     return frame, f"{label}: read as key-group buckets (no shuffle)"
+
+
+def _side_in_groups(
+    context: StageContext, bound: BoundSide, snapshot: TableSnapshot, key: str
+) -> bool:
+    """Whether each row of a side table with a key sits in its key's group. On the driver
+    when the table is small (:data:`DRIVER_CHECK_ROWS`), its key one Spark hashes as an
+    integer and the engine reads the two columns itself (the bridge: 200k profiles in
+    ~20 ms, where the Spark job took 0.10-0.15 s); else a Spark job checks them."""
+    engine, keyed = context.spec.engine, context.spec.main.pre_keyed
+    assert keyed is not None
+    kind, rows = snapshot.schema[key].dataType, snapshot.num_records
+    group_kind = snapshot.schema[keyed.column].dataType
+    if (
+        hashable_on_driver(kind)
+        and isinstance(group_kind, T.IntegralType)
+        and rows is not None
+        and rows <= DRIVER_CHECK_ROWS
+    ):
+        columns = [key, keyed.column]
+        table = engine.read_on_driver(snapshot, columns=columns, name=bound.side.asset)
+        if table is not None:
+            return key_groups_hold_on_driver(table, key=key, kind=kind, groups=keyed)
+    frame = engine.read_snapshot(context.spark, snapshot, name=bound.side.asset)
+    return key_groups_hold(frame, key=key, groups=keyed)
 
 
 def _bucketing(spec: OperatorSpec, plan: BatchPlan) -> Bucketing | None:
