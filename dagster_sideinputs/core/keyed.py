@@ -12,10 +12,12 @@ is already hash-partitioned by key, so a keyed join shuffles only the side input
 the main side's plan has no Exchange.
 
 A keyed side input joined on the main key whose Delta table is partitioned by the same
-key-group column is read as buckets too (:func:`side_splits`), once one Spark job has
-checked that each of its rows sits in its key's group at the pinned version
-(:func:`key_groups_hold`): the join then shuffles neither side. A side table that fails
-the check is read normally; nothing about it was promised.
+key-group column is read as buckets too (:func:`side_splits`), once it is checked that
+each of its rows sits in its key's group at the pinned version: on the driver for a
+small table with an integer key the engine reads itself (:func:`key_groups_hold_on_driver`,
+Spark's Murmur3 in numpy), else by one Spark job (:func:`key_groups_hold`). The join then
+shuffles neither side. A side table that fails the check is read normally; nothing about
+it was promised.
 
 Spark reads a file's bucket id from its name. The operator therefore exposes the
 batch's files to Spark through symbolic links named by key group, which needs a
