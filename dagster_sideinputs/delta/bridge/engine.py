@@ -1,5 +1,5 @@
 """The delta-rs bridge: Spark writes and reads parquet natively, delta-rs reads the log
-and commits.
+and commits (and a small table's few rows on the driver, :meth:`DeltaRsEngine.read_on_driver`).
 
 It needs no Delta JVM jars, so it runs on any Spark (and over Spark Connect); it is
 the fallback where delta-spark is not configured. It reads tables whose data files map
