@@ -16,6 +16,7 @@ from dagster_sideinputs.errors import (
     TableNotFoundError,
     UnsupportedTableFeatureError,
 )
+from tests.conftest import stage_names
 
 
 def ids(df) -> list[int]:
@@ -166,18 +167,6 @@ def driver_rows(spark):
     )  # fmt: skip
 
 
-def jobs_run_by(spark, action):
-    """``action()``'s result and the Spark jobs it ran (ids of its job group)."""
-    group = f"driver-read-{id(action)}"
-    context = spark.sparkContext
-    context.setJobGroup(group, "driver read")
-    try:
-        result = action()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-    return result, list(context.statusTracker().getJobIdsForGroup(group))
-
-
 @pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
 def test_the_bridge_reads_a_small_table_on_the_driver_as_spark_collects_it(
     spark, tmp_path, partitioned
@@ -189,9 +178,9 @@ def test_the_bridge_reads_a_small_table_on_the_driver_as_spark_collects_it(
     write_dataframe(driver_rows(spark), uri, partition_by=["p"] if partitioned else None)
     engine = DeltaRsEngine()
     snapshot = engine.snapshot(uri)
-    table, jobs = jobs_run_by(spark, lambda: engine.read_on_driver(snapshot))
+    table, stages = stage_names(spark, lambda: engine.read_on_driver(snapshot))
     assert table is not None
-    assert jobs == []
+    assert stages == []
     expected = engine.read_snapshot(spark, snapshot).collect()
     key = lambda row: repr(row)  # noqa: E731 - rows with None sort by their text
     for as_bytes in ("true", "false"):
@@ -224,6 +213,15 @@ def test_a_small_table_the_driver_cannot_read_exactly_is_left_to_spark(spark, tm
     assert engine.read_on_driver(dataclasses.replace(snapshot, table_id="another")) is None
     assert engine.read_on_driver(snapshot) is not None
     assert DeltaSparkEngine().read_on_driver(snapshot) is None
+    # A timestamp partition value: Spark reads it in the session's time zone.
+    stamped = str(tmp_path / "stamped")
+    import datetime as dt
+
+    at = pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)], pa.timestamp("us", "UTC"))
+    write_deltalake(stamped, pa.table({"x": [1], "at": at}), partition_by=["at"])
+    stamped_snapshot = engine.snapshot(stamped)
+    assert engine.read_on_driver(stamped_snapshot) is None
+    assert engine.read_on_driver(stamped_snapshot, columns=["x"]) is not None
 
 
 def test_a_missing_file_of_a_small_table_is_named_as_when_spark_reads_it(spark, tmp_path):

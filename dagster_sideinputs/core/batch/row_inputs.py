@@ -97,7 +97,9 @@ def lookup_table(data: SideData) -> LookupTable:
     side = data.side
     assert side.key is not None
     data.check_key_column()
-    arrow = data.rows(None).drop(SIDE_NS).toArrow()
+    arrow = data.on_driver()  # the engine's own read (no Spark job), where it has one
+    if arrow is None:
+        arrow = data.rows(None).drop(SIDE_NS).toArrow()
     multimap = side.view == "multimap"
     if not multimap and pc.count_distinct(arrow[side.key], mode="all").as_py() == len(arrow):
         # One row per key: ship as is.

@@ -115,6 +115,12 @@ def read_on_driver(
     wanted = list(columns) if columns is not None else snapshot.schema.fieldNames()
     if not set(wanted) <= set(snapshot.schema.fieldNames()):
         return None
+    if any(
+        isinstance(snapshot.schema[c].dataType, (T.TimestampType, T.TimestampNTZType))
+        for c in snapshot.partition_columns
+        if c in wanted
+    ):
+        return None  # a partition value's time zone: Spark's session's, delta-rs's UTC
     verify_files(snapshot.files, table=label)
     try:
         table = deltalake.DeltaTable(
