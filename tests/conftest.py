@@ -9,7 +9,7 @@ users get (delta-spark).
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -444,3 +444,23 @@ def table_files(uri: str) -> set[str]:
             if not relative.startswith("_delta_log"):
                 found.add(relative)
     return found
+
+
+def stage_names(spark: SparkSession, action: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``action()``'s result and the names (call sites) of the Spark stages it ran."""
+    group = f"stage-names-{id(action)}"
+    context = spark.sparkContext
+    context.setJobGroup(group, "stage names")
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    tracker = context.statusTracker()
+    names = []
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info else ():
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is not None:
+                names.append(stage_info.name)
+    return result, names

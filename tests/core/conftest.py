@@ -215,23 +215,3 @@ def lake(
 
 def passthrough(main: DataFrame, sides: dsi.SideInputs) -> DataFrame:
     return main
-
-
-def stage_names(spark: SparkSession, action: Callable[[], Any]) -> tuple[Any, list[str]]:
-    """``action()``'s result and the names (call sites) of the Spark stages it ran."""
-    group = f"stage-names-{id(action)}"
-    context = spark.sparkContext
-    context.setJobGroup(group, "stage names")
-    try:
-        result = action()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-    tracker = context.statusTracker()
-    names = []
-    for job in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job)
-        for stage in info.stageIds if info else ():
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is not None:
-                names.append(stage_info.name)
-    return result, names

@@ -9,8 +9,9 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.keyed import key_group
+from tests.conftest import stage_names
 from tests.core.catalogue import operator as catalogue_operator
-from tests.core.conftest import Lake, stage_names
+from tests.core.conftest import Lake
 
 GROUPS = 4
 PROFILES = "customer_id long, name string"

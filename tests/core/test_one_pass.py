@@ -17,8 +17,8 @@ import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch import write as write_stage
 from dagster_sideinputs.core.batch.frame_split import one_pass as split_frames
 from dagster_sideinputs.errors import DuplicateKeyError
-from tests.conftest import table_files
-from tests.core.conftest import Lake, stage_names
+from tests.conftest import stage_names, table_files
+from tests.core.conftest import Lake
 from tests.core.test_crash_safety import CrashingEngine, InjectedCrash
 
 DELTA_ENGINES = ("rs", "spark")
