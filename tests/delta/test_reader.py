@@ -181,7 +181,6 @@ def test_the_bridge_reads_a_small_table_on_the_driver_as_spark_collects_it(
     table, stages = stage_names(spark, lambda: engine.read_on_driver(snapshot))
     assert table is not None
     assert stages == []
-    expected = engine.read_snapshot(spark, snapshot).collect()
     key = lambda row: repr(row)  # noqa: E731 - rows with None sort by their text
     for as_bytes in ("true", "false"):
         spark.conf.set("spark.sql.execution.pyspark.binaryAsBytes", as_bytes)
@@ -190,9 +189,9 @@ def test_the_bridge_reads_a_small_table_on_the_driver_as_spark_collects_it(
             want = engine.read_snapshot(spark, snapshot).collect()
         finally:
             spark.conf.unset("spark.sql.execution.pyspark.binaryAsBytes")
+        assert len(want) == 2
         assert sorted(got, key=key) == sorted(want, key=key)
         assert {type(r.b) for r in got if r.b is not None} == {type(r.b) for r in want if r.b}
-    assert len(expected) == 2
     some = engine.read_on_driver(snapshot, columns=["l", "p"], limit=1)
     assert some is not None
     assert (some.column_names, some.num_rows) == (["l", "p"], 1)

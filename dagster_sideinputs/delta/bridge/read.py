@@ -6,13 +6,12 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import deltalake
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dagster_sideinputs.delta.bridge.table import load_snapshot
+from dagster_sideinputs.delta.bridge.table import load_snapshot, open_table
 from dagster_sideinputs.delta.engine import DataFile, TableSnapshot
 from dagster_sideinputs.delta.log.commits import added_files
 from dagster_sideinputs.delta.reader import read_snapshot, verify_files
@@ -123,10 +122,8 @@ def read_on_driver(
         return None  # a partition value's time zone: Spark's session's, delta-rs's UTC
     verify_files(snapshot.files, table=label)
     try:
-        table = deltalake.DeltaTable(
-            snapshot.uri,
-            version=snapshot.version,
-            storage_options=dict(storage_options or {}) or None,
+        table = open_table(
+            snapshot.uri, version=snapshot.version, storage_options=storage_options, name=label
         )
         if table.metadata().id != snapshot.table_id:
             return None  # the table was replaced since its snapshot was pinned
