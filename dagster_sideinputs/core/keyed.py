@@ -7,9 +7,11 @@ Spark job can compute it and Spark itself can rely on it.
 A pre-keyed main input promises that each data file holds one key group. The
 operator checks that promise from the Delta log (partition values or min/max
 statistics of the key-group column) before it writes anything. It then reads the
-batch's files as a *bucketed* table (bucket = key group): Spark knows the main side
-is already hash-partitioned by key, so a keyed join shuffles only the side input and
-the main side's plan has no Exchange.
+batch's files as a *bucketed* table (bucket = key group, or ``g % b`` when the shuffle
+has fewer partitions than there are groups: :func:`scan_buckets`): Spark knows the main
+side is already hash-partitioned by key, so a keyed join shuffles only the side input and
+the main side's plan has no Exchange. The bucketed relation is built in the JVM as Spark
+builds a bucketed table's, without a catalog table (one on Spark Connect).
 
 A keyed side input joined on the main key whose Delta table is partitioned by the same
 key-group column is read as buckets too (:func:`side_splits`), once it is checked that
@@ -25,6 +27,7 @@ local or shared filesystem; on object stores the operator reads normally (with a
 shuffle) and says so in the batch metrics.
 """
 
+import logging
 import os
 import re
 import uuid
@@ -46,6 +49,7 @@ from dagster_sideinputs.delta.store.files import is_local, normalize_uri
 from dagster_sideinputs.errors import PreKeyedViolationError, preview
 
 _SUFFIX = ".parquet"
+log = logging.getLogger(__name__)
 
 
 def key_group(key: str, max_key_groups: int) -> Column:
@@ -221,10 +225,30 @@ def bucketing_obstacle(snapshot: TableSnapshot, files: Sequence[DataFile]) -> st
 
 @dataclass(frozen=True)
 class BucketedTable:
-    """The temporary catalog table of a :func:`bucketed_scan` and its folder of links."""
+    """What a :func:`bucketed_scan` leaves to remove after the batch: its folder of links,
+    and the temporary catalog table over it (None: the relation was built without one)."""
 
-    name: str
+    name: str | None
     folder: str
+
+
+def scan_buckets(spark: SparkSession, groups: KeyGroups) -> int:
+    """How many buckets a pre-keyed scan reads the key groups as: the fewest that still
+    give the join the parallelism of a shuffle (the smallest divisor of ``max_key_groups``
+    not below ``spark.sql.shuffle.partitions``; all groups when none is). Groups ``g`` with
+    the same ``g % buckets`` share a bucket, which holds since
+    ``pmod(h, n) % b == pmod(h, b)`` for ``b`` dividing ``n``. Main and side scans of one
+    batch read the same setting, so both sides agree.
+
+    Measured (4M records joined with 200k profiles in 16 key groups, both outputs written
+    in one job, local[2], medians of 4): 16 buckets 3.75 s, 8 buckets 3.58 s, 4 buckets
+    3.33 s, a shuffled join 4.49 s; every bucket is a task and two files written."""
+    count = groups.max_key_groups
+    try:
+        wanted = int(spark.conf.get("spark.sql.shuffle.partitions") or count)
+    except (TypeError, ValueError):
+        return count
+    return next((d for d in range(max(1, wanted), count + 1) if count % d == 0), count)
 
 
 def bucketed_scan(
@@ -238,48 +262,96 @@ def bucketed_scan(
     label: str,
 ) -> tuple[DataFrame, BucketedTable]:
     """Files of a table (at ``snapshot``) as a bucketed table, in the snapshot's columns;
-    only for files :func:`bucketing_obstacle` finds no reason against.
+    only for files :func:`bucketing_obstacle` finds no reason against. The key groups are
+    read as :func:`scan_buckets` buckets.
 
     A key-group partition column gets the group each file declares (its partition value,
     which named its bucket link), not one recomputed from the key: a check comparing the
     two then finds a broken promise instead of rows joined in the wrong bucket.
 
     Returns:
-        (DataFrame, the table to drop after the batch: :func:`drop_bucketed_scan`).
+        (DataFrame, what to remove after the batch: :func:`drop_bucketed_scan`).
     """
     folder = os.path.join(normalize_uri(scratch_dir), uuid.uuid4().hex)
     os.makedirs(folder)
+    buckets = scan_buckets(spark, groups)
     width = max(5, len(str(groups.max_key_groups - 1)))
     for index, split in enumerate(splits):
-        # Spark parses the bucket id from the digits after the last underscore.
-        os.symlink(
-            normalize_uri(split.uri),
-            os.path.join(folder, f"f{index:07d}_{split.key_group:0{width}d}{_SUFFIX}"),
-        )
-    name = f"dsi_prekeyed_{_SAFE_NAME.sub('_', label)}_{uuid.uuid4().hex[:12]}"
-    spark.sql(
-        f"CREATE TABLE `{name}` ({_ddl(snapshot.data_schema)}) USING parquet "
-        f"CLUSTERED BY ({quoted(key)}) INTO {groups.max_key_groups} BUCKETS "
-        f"LOCATION 'file://{folder}'"
-    )
-    frame = spark.table(f"`{name}`")
+        # Spark parses the bucket id from the digits after the last underscore; the group
+        # sits before it, at a fixed width.
+        bucket = split.key_group % buckets
+        name = f"f{index:07d}g{split.key_group:0{width}d}_{bucket:0{width}d}{_SUFFIX}"
+        os.symlink(normalize_uri(split.uri), os.path.join(folder, name))
+    frame, table = _bucketed_relation(spark, snapshot, key, buckets, folder, label)
     if groups.column in snapshot.partition_columns:
-        # The group's fixed-width digits at the end of the name: a substring per row, where
-        # `regexp_extract` made a 4M-record pre-keyed write job ~0.7 s slower (2 cores).
-        declared = F.substring(F.col("_metadata.file_name"), -(width + len(_SUFFIX)), width)
+        # The group's fixed-width digits near the end of the name: a substring per row,
+        # where `regexp_extract` made a 4M-record pre-keyed write job ~0.7 s slower.
+        start = -(width + 1 + width + len(_SUFFIX))
+        declared = F.substring(F.col("_metadata.file_name"), start, width)
         frame = frame.withColumn(
             groups.column, declared.cast(snapshot.schema[groups.column].dataType)
         )
-    return frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]), BucketedTable(
-        name, folder
+    return frame.select(*[quoted(c) for c in snapshot.schema.fieldNames()]), table
+
+
+def _bucketed_relation(
+    spark: SparkSession,
+    snapshot: TableSnapshot,
+    key: str,
+    buckets: int,
+    folder: str,
+    label: str,
+) -> tuple[DataFrame, BucketedTable]:
+    """The parquet files of ``folder`` as a relation bucketed by ``key``: built in the JVM
+    as Spark builds a bucketed table's relation (``DataSource`` with a ``BucketSpec``),
+    without a catalog table; through a temporary catalog table on Spark Connect or
+    wherever that fails. Measured (two scans of 16 files, local[2]): 45-53 ms built in
+    the JVM, against 72-82 ms to create and read two catalog tables and 22-31 ms to drop
+    them."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is not None:
+        try:
+            from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+            session = spark._jsparkSession
+
+            def seq(items: list[str]) -> Any:
+                return jvm.PythonUtils.toSeq(items)
+
+            bucket_spec = jvm.org.apache.spark.sql.catalyst.catalog.BucketSpec(
+                buckets, seq([key]), seq([])
+            )
+            source = jvm.org.apache.spark.sql.execution.datasources.DataSource(
+                session,
+                "parquet",
+                seq([f"file://{folder}"]),
+                jvm.scala.Some(session.parseDataType(snapshot.data_schema.json())),
+                seq([]),
+                jvm.scala.Some(bucket_spec),
+                jvm.PythonUtils.toScalaMap({}),
+                jvm.scala.Option.empty(),
+            )
+            # resolveRelation(checkFilesExist=true, readOnly=false): its defaults.
+            relation = source.resolveRelation(True, False)
+            frame = ClassicDataFrame(session.baseRelationToDataFrame(relation), spark)
+            return frame, BucketedTable(None, folder)
+        except Exception as exc:  # another Spark's internals: the catalog way
+            log.debug("bucketed relation through the catalog: %s", exc)
+    name = f"dsi_prekeyed_{_SAFE_NAME.sub('_', label)}_{uuid.uuid4().hex[:12]}"
+    spark.sql(
+        f"CREATE TABLE `{name}` ({_ddl(snapshot.data_schema)}) USING parquet "
+        f"CLUSTERED BY ({quoted(key)}) INTO {buckets} BUCKETS "
+        f"LOCATION 'file://{folder}'"
     )
+    return spark.table(f"`{name}`"), BucketedTable(name, folder)
 
 
 def drop_bucketed_scan(spark: SparkSession, table: BucketedTable) -> None:
     """Forget the temporary table and remove its links (external: the data files are
     untouched)."""
     try:
-        spark.sql(f"DROP TABLE IF EXISTS `{table.name}`")
+        if table.name is not None:
+            spark.sql(f"DROP TABLE IF EXISTS `{table.name}`")
     finally:
         if os.path.isdir(table.folder):
             for entry in os.scandir(table.folder):

@@ -8,7 +8,8 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
-from dagster_sideinputs.core.keyed import key_group
+from dagster_sideinputs.core.keyed import key_group, scan_buckets
+from dagster_sideinputs.delta.session import session_setting
 from tests.conftest import stage_names
 from tests.core.catalogue import operator as catalogue_operator
 from tests.core.conftest import Lake
@@ -173,15 +174,17 @@ def test_a_key_group_partition_value_that_lies_fails_the_batch_before_writing(la
 # --- side inputs partitioned by the same key groups ---------------------------------------------
 
 
-def write_profiles(lake: Lake, *, group_of=None, partition_by=("key_group",)) -> None:
+def write_profiles(
+    lake: Lake, *, group_of=None, partition_by=("key_group",), groups: int = GROUPS
+) -> None:
     """Profiles of the 37 customers, partitioned by a key-group column (``group_of``: the
     column's expression; by default the customer's true key group)."""
     frame = lake.spark.createDataFrame([(k, f"n{k}") for k in range(37)], PROFILES)
     frame = frame.withColumn(
-        "key_group", group_of if group_of is not None else key_group("customer_id", GROUPS)
+        "key_group", group_of if group_of is not None else key_group("customer_id", groups)
     )
     dsi.tables.write_dataframe(
-        frame.repartition(GROUPS, "key_group"),
+        frame.repartition(groups, "key_group"),
         lake.storage.table_uri("profiles"),
         partition_by=list(partition_by),
     )
@@ -207,6 +210,49 @@ def test_a_side_input_partitioned_by_the_same_key_groups_joins_without_any_excha
     assert plan.count("Bucketed: true") == 2
     assert "Exchange" not in plan  # neither side shuffled, nor the side's aggregation
     assert lake.rows("enriched") == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("groups", "partitions", "buckets"),
+    [(16, 4, 4), (16, 5, 8), (16, 200, 16), (12, 5, 6), (7, 4, 7), (4, 1, 1)],
+)
+def test_key_groups_are_read_as_the_fewest_buckets_a_shuffle_would_have(
+    spark, groups, partitions, buckets
+):
+    with session_setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
+        assert scan_buckets(spark, dsi.KeyGroups(groups, "key_group")) == buckets
+
+
+@pytest.mark.both_engines
+def test_sixteen_key_groups_join_as_four_buckets_without_any_exchange(lake):
+    """Groups g and g + 4k share bucket g % 4 on both sides; still no shuffle, the same rows,
+    and a key-group column that lies about a coalesced group is still caught."""
+    write_pre_keyed(lake, 400, groups=16)
+    write_profiles(lake, groups=16)
+    op = keyed_operator(lake, dsi.KeyGroups(16, "key_group"))
+    with no_broadcast(lake.spark), session_setting(lake.spark, "spark.sql.shuffle.partitions", "4"):
+        batch = op.run(lake.spark, explain=True).batches[0]
+    assert "side input 'profile': read as key-group buckets (no shuffle)" in batch.notes
+    plan = batch.physical_plan
+    assert plan.count("SelectedBucketsCount: 4 out of 4") == 2, plan
+    assert "Exchange" not in plan
+    assert lake.rows("enriched") == EXPECTED
+    # A file of key group 1 holding a key of group 5 sits in bucket 1 either way: the
+    # declared group, not the bucket, is what the check compares.
+    groups = lake.spark.range(100).select("id", F.expr("pmod(hash(id), 16)").alias("g"))
+    key5 = groups.filter("g = 5").first()["id"]
+    lie = lake.spark.createDataFrame(
+        [(1000, key5, 1.0, 1)], "tx_id long, customer_id long, amount double, key_group int"
+    )
+    uri = lake.storage.table_uri("transactions")
+    dsi.tables.write_dataframe(lie, uri, mode="append", partition_by=["key_group"])
+    lies = rf"key {key5} in key group 1 hashes to 5\b"
+    with (
+        no_broadcast(lake.spark),
+        session_setting(lake.spark, "spark.sql.shuffle.partitions", "4"),
+        pytest.raises(dsi.errors.PreKeyedViolationError, match=lies),
+    ):
+        op.run(lake.spark)
 
 
 @pytest.mark.parametrize(
