@@ -399,3 +399,30 @@ def test_a_frames_batch_reads_its_small_side_tables_without_a_job_of_their_own(l
     with pytest.raises(DuplicateKeyError, match="10"):
         lake.run(op)
     assert lake.rows("big", "tx_id", "amount", "name", "label")[-1][0] == 3
+
+
+def test_a_batch_its_statistics_show_all_released_takes_the_route_without_a_rule(lake):
+    """No null key in the new files' statistics, one ready namespace, no rule that could
+    hold a record back: every record's route is the literal ``released`` (no expression
+    of rules to build and evaluate), and the function's input is not filtered on it. A
+    batch whose statistics show a null key evaluates the rules, and routes that record."""
+    fill(lake)
+    op = frames_operator(lake, split_by_filters)
+    batch = op.run(lake.spark, explain=True).batches[0]
+    assert "every record released: routes counted from file statistics" in batch.notes
+    assert "released AS _dsi_route" in batch.physical_plan
+    assert "THEN invalid" not in batch.physical_plan
+    assert frames_rows(lake) == FRAMES_ROWS
+    fill(lake, [(4, None, 700.0), (5, 11, 1.0)])
+    with_invalid = lake.operator(
+        main=dsi.MainInput("transactions", key="customer_id"),
+        side_inputs={"profile": dsi.SideInput.map("profiles", key="customer_id")},
+        fn=split_by_filters,
+        main_output="enriched",
+        side_outputs=[LARGE, FLAGGED, SMALL],
+        routes=dsi.Routes(invalid=dsi.OutputTag("invalid")),
+    )
+    batch = with_invalid.run(lake.spark, explain=True).batches[0]
+    assert "THEN invalid" in batch.physical_plan
+    assert lake.rows("invalid", "tx_id") == [(4,)]
+    assert frames_rows(lake)["enriched"] == [*FRAMES_ROWS["enriched"], (5, 1.0, "bob")]

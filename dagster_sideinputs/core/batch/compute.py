@@ -91,7 +91,9 @@ def function_input(
     """The released records as the function sees them: main columns, joined side inputs
     (one column each, named after the side input) and, when windowed, the ``window``."""
     assert batch.classified is not None
-    released = batch.classified.filter(F.col(ROUTE) == "released")
+    released = batch.classified
+    if not batch.all_released:
+        released = released.filter(F.col(ROUTE) == "released")
     local = lookups or {}
     joins = batch.views.joins
     columns = [F.col(quoted(c)) for c in batch.main_columns]

@@ -59,6 +59,8 @@ class Batch:
             partition checked against its key as it was read.
         views: route: side data and joins.
         classified: route: records with their route.
+        all_released: route: every record's route is the literal ``released`` (no rule,
+            no check in it): readers need not filter on it.
         counts: route: records per (route, origin), with oldest first-seen and max time.
         observed: route: the routes are counted by the job staging the outputs, and
             ``counts`` holds until then what they are expected to be (write takes them).
@@ -80,6 +82,7 @@ class Batch:
     partitions_checked: bool = False
     views: Views = field(default_factory=Views)
     classified: DataFrame | None = None
+    all_released: bool = False
     counts: Counts = field(default_factory=dict)
     observed: ObservedRoutes | None = None
     outputs: Mapping[OutputTag, DataFrame] = field(default_factory=dict)

@@ -70,7 +70,8 @@ def check_one_row_per_key(
                 context.unique_checked.add(checked)
                 continue
             # Duplicates: the Spark check below finds them, to name them.
-        found: list[Any] = translated(context, partial(join.duplicates.take, 1), views=views)
+        duplicates = join.duplicates()
+        found: list[Any] = translated(context, partial(duplicates.take, 1), views=views)
         if found:
             raise duplicate_error(data.bound, join, data.version)
         context.unique_checked.add(checked)

@@ -8,7 +8,7 @@ condition on the validity columns. Views that promise one row per key (maps,
 singletons) are checked before anything is written.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -63,9 +63,10 @@ class JoinSpec:
         empty_value: the value column for records without a match.
         broadcast: hint the view for a broadcast join.
         matched: column name set to true on matched records (per-key waiting).
-        duplicates: the join keys holding several rows where the view promises one (a
-            map, a singleton): the check of one row per key, and the keys listed when
-            the batch fails on them.
+        duplicates: builds the DataFrame of the join keys holding several rows where the
+            view promises one (a map, a singleton): the check of one row per key in
+            Spark, and the keys listed when the batch fails on them. Built only when
+            asked: most batches check their keys on the driver and never need it.
         valid: as-of maps: the view's validity columns (from, to) and the main records'
             event time; a row matches when ``from <= time < to`` (a null bound is open).
         checked_first: the view holds the side rows as they are (no aggregation), so
@@ -82,7 +83,7 @@ class JoinSpec:
     empty_value: Column | None
     broadcast: bool
     matched: str
-    duplicates: DataFrame | None = None
+    duplicates: Callable[[], DataFrame] | None = None
     valid: tuple[str, str, Column] | None = None
     checked_first: bool = False
     key_columns: tuple[Column, ...] = ()
@@ -168,13 +169,16 @@ def build_join(
         group.append(F.col(quoted(side.key)).alias(side_key(bound.name)))
         names.append(side.key)
     plain = False
+    duplicates: Callable[[], DataFrame] | None
     if windowed and view.keyed and not joins_by_key and not forward:
-        aggregated, duplicates, empty = view.aggregate_window(data, rows, group, keys)
+        aggregated, found, empty = view.aggregate_window(data, rows, group, keys)
+        duplicates = None if found is None else _ready(found)
     elif check_first and isinstance(view, MapView) and side.pick is None:
         aggregated, duplicates = view.as_rows(data, rows, group, keys)
         empty, plain = None, True
     else:
-        aggregated, duplicates, empty = view.aggregate(data, rows, group, keys)
+        aggregated, found, empty = view.aggregate(data, rows, group, keys)
+        duplicates = None if found is None else _ready(found)
     joined = aggregated.withColumn(matched(bound.name), F.lit(True))
     # Explicit broadcast, or a view without a key (per window / per forward value).
     broadcast = side.distribution == "broadcast" or (side.distribution is None and not joins_by_key)
@@ -272,9 +276,14 @@ def _as_of_join(
         None,
         side.distribution == "broadcast",
         matched(bound.name),
-        duplicates,
+        None if duplicates is None else _ready(duplicates),
         (valid_from, valid_to, F.col(quoted(event_time)).cast("timestamp")),
     )
+
+
+def _ready(frame: DataFrame) -> Callable[[], DataFrame]:
+    """A DataFrame already built, as :attr:`JoinSpec.duplicates` holds it."""
+    return lambda: frame
 
 
 def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
@@ -304,7 +313,7 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
 def duplicate_error(bound: BoundSide, spec: JoinSpec, version: int | None) -> SideInputError:
     """The error for a map (or singleton) holding several rows where it promises one."""
     assert spec.duplicates is not None
-    offenders = spec.duplicates.limit(6).collect()
+    offenders = spec.duplicates().limit(6).collect()
     if bound.side.as_of is not None:
         return overlap_error(bound, offenders, version)
     shown = [tuple(row) if len(row) > 1 else row[0] for row in offenders]

@@ -15,7 +15,7 @@ for a map or multimap without a key relation the window's whole map (a map colum
 value. How a view is joined to main records is :mod:`~dagster_sideinputs.core.sideinputs.joins`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pyspark.sql import Column, DataFrame, Row
@@ -150,17 +150,21 @@ class MapView(View):
 
     def as_rows(
         self, data: SideData, rows: DataFrame, group: list[Column], keys: list[str]
-    ) -> tuple[DataFrame, DataFrame]:
-        """(the side rows as they are, keyed; the duplicated keys), for a join whose keys
-        are checked unique before any job reads it. Without an aggregation per key Spark
+    ) -> tuple[DataFrame, Callable[[], DataFrame]]:
+        """(the side rows as they are, keyed; what builds the duplicated keys), for a join
+        whose keys are checked unique before any job reads it. Without an aggregation per key Spark
         reads only the value fields the function uses and joins the rows as a
         hand-written broadcast join does; aggregating them (a sort-based aggregation of
         every column: a struct value is no hash aggregation buffer) cost ~0.5 s of a 4M
         record batch against a 200k-row map. The check counts rows per key alone
         (:mod:`~dagster_sideinputs.core.batch.one_per_key`)."""
         view = rows.select(*group, value_struct(data.schema()).alias(data.bound.name))
-        counted = rows.groupBy(*group).agg(F.count(F.lit(1)).alias("_dsi_count"))
-        return view, counted.filter(F.col("_dsi_count") > 1).select(*keys)
+
+        def duplicates() -> DataFrame:  # built when the driver cannot count the keys
+            counted = rows.groupBy(*group).agg(F.count(F.lit(1)).alias("_dsi_count"))
+            return counted.filter(F.col("_dsi_count") > 1).select(*keys)
+
+        return view, duplicates
 
 
 class MultimapView(CollectedView):
