@@ -6,7 +6,7 @@ namespaces and key groups when the declaration changed since they were buffered.
 pre-keyed main input is read as a bucketed table, so keyed joins do not shuffle it.
 """
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -175,10 +175,16 @@ def with_bookkeeping(
     spec: OperatorSpec, raw: DataFrame, plan: BatchPlan, main_columns: tuple[str, ...]
 ) -> DataFrame:
     """New records with their namespace, key group, first-seen time, batch and fingerprint."""
-    frame = _namespaced(spec, raw, plan)
+    columns: dict[str, Column] = {}
+    if spec.window is None:  # the global namespace, in the same projection
+        no_time = F.lit(None).cast("timestamp")
+        frame, columns = raw, {NS_START: no_time, NS_END: no_time}
+    else:
+        frame = _namespaced(spec, raw, plan)
     # One projection (each withColumn is a plan analysis on the driver).
     return frame.withColumns(
         {
+            **columns,
             KEY_GROUP: _key_group(spec),
             FIRST_SEEN: F.lit(plan.now).cast("timestamp"),
             BATCH: F.lit(plan.batch_id).cast("long"),

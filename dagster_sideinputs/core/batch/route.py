@@ -60,8 +60,11 @@ from dagster_sideinputs.delta.store.files import join_uri
 def route(context: StageContext, batch: Batch) -> Batch:
     spec, plan = context.spec, batch.plan
     assert batch.records is not None
-    views = build_views(context, plan, batch.records)
-    records = batch.records.withColumn(NS_ID, namespace_id_column(F.col(NS_START)))
+    # Without a window every record's namespace is the global one (buffered records too:
+    # they are read back under the current declaration, ``read._rebuilt``).
+    ns_id = F.lit(GLOBAL) if spec.window is None else namespace_id_column(F.col(NS_START))
+    records = batch.records.withColumn(NS_ID, ns_id)
+    views = build_views(context, plan, records)
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
     key = spec.main.key
@@ -148,12 +151,13 @@ def route(context: StageContext, batch: Batch) -> Batch:
 
 
 def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> Views:
+    """The side data and joins of the batch's ``records`` (with their namespace id)."""
     spec = context.spec
     data: dict[str, SideData] = {}
     joins: dict[str, JoinSpec] = {}
     empty: dict[str, Column] = {}
     notes: list[str] = []
-    sample = records.withColumn(NS_ID, F.lit(GLOBAL))
+    sample = records
     for bound in spec.sides:
         version = plan.side_versions.get(bound.name)
         snapshot = (

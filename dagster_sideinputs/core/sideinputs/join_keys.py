@@ -87,7 +87,11 @@ def _cast_main_key(
     bound: BoundSide, expr: Column, main: DataFrame, side_type: T.DataType
 ) -> Column:
     try:
-        main_type = main.select(expr.alias("k")).schema["k"].dataType
+        key = bound.side.key
+        if bound.side.key_translator is None and key in main.columns:
+            main_type = main.schema[key].dataType  # the main's schema: no plan to analyse
+        else:
+            main_type = main.select(expr.alias("k")).schema["k"].dataType
     except Exception as exc:
         raise DeclarationError(
             f"{bound.label}: the main-record key expression cannot be evaluated on the main "
