@@ -38,6 +38,7 @@ from dagster_sideinputs.core.sideinputs.windows import (
     assign_global,
     assign_windows,
     check_time_column,
+    global_namespace,
     in_window,
 )
 from dagster_sideinputs.core.sources.kafka.keyed import (
@@ -177,8 +178,7 @@ def with_bookkeeping(
     """New records with their namespace, key group, first-seen time, batch and fingerprint."""
     columns: dict[str, Column] = {}
     if spec.window is None:  # the global namespace, in the same projection
-        no_time = F.lit(None).cast("timestamp")
-        frame, columns = raw, {NS_START: no_time, NS_END: no_time}
+        frame, columns = raw, global_namespace()
     else:
         frame = _namespaced(spec, raw, plan)
     # One projection (each withColumn is a plan analysis on the driver).

@@ -322,7 +322,8 @@ def plainly_released(spec: OperatorSpec, plan: BatchPlan, records: DataFrame) ->
     every record without a rule to evaluate: no decoder marks records corrupt and no late
     namespace routes records to a late table. Its records then take the route
     ``released`` as a literal, not :func:`with_routes`' expression (one DataFrame call
-    instead of building ~170 Spark expressions over py4j: ~30-50 ms a batch)."""
+    instead of ~170 py4j calls building it; with the map's duplicate-key frame built only
+    when needed, the frames bench's route stage went from 0.21 to 0.10 s)."""
     late_routed = spec.options.routes.late is not None and bool(plan.late_namespaces)
     return CORRUPT not in records.columns and not late_routed
 

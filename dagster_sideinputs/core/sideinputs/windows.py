@@ -358,10 +358,13 @@ def assign_windows(
     )
 
 
+def global_namespace() -> dict[str, Column]:
+    """The namespace columns of a record in the global namespace (no window)."""
+    return {NS_START: F.lit(None).cast("timestamp"), NS_END: F.lit(None).cast("timestamp")}
+
+
 def assign_global(df: DataFrame) -> DataFrame:
-    return df.withColumns(
-        {NS_START: F.lit(None).cast("timestamp"), NS_END: F.lit(None).cast("timestamp")}
-    )
+    return df.withColumns(global_namespace())
 
 
 def namespace_id_column(start: Column) -> Column:
