@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
+from dagster_sideinputs.core import keyed
 from dagster_sideinputs.core.keyed import key_group, scan_buckets
 from dagster_sideinputs.delta.session import session_setting
 from tests.conftest import stage_names
@@ -169,6 +170,62 @@ def test_a_key_group_partition_value_that_lies_fails_the_batch_before_writing(la
         keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
     assert "SQLSTATE" not in str(raised.value)  # Spark's suffix to raise_error, not ours
     assert not lake.exists("enriched")
+
+
+@pytest.mark.parametrize("way", ["jvm", "catalog"])
+def test_the_key_group_column_keeps_the_tables_own_values(lake, monkeypatch, way):
+    """A string key-group column written with a leading zero: the function sees the
+    table's values ('01', not 1), the declared group (a partition folder per file) is
+    still checked against the key, and the catalog table taken where the JVM relation is
+    not available (Spark Connect) reads the same."""
+    if way == "catalog":
+        monkeypatch.setattr(keyed, "_jvm_relation", lambda *args: None)
+    frame = lake.spark.range(40).select(
+        F.col("id").alias("tx_id"), (F.col("id") % 37).alias("customer_id")
+    )
+    frame = frame.withColumn(
+        "key_group", F.lpad(key_group("customer_id", GROUPS).cast("string"), 2, "0")
+    )
+    uri = lake.storage.table_uri("transactions")
+    dsi.tables.write_dataframe(frame, uri, partition_by=["key_group"])
+    lake.append("profiles", [(k, f"n{k}") for k in range(37)], PROFILES)
+    op = lake.operator(
+        main=dsi.MainInput(
+            "transactions", key="customer_id", pre_keyed=dsi.KeyGroups(GROUPS, "key_group")
+        ),
+        side_inputs={
+            "profile": dsi.SideInput.map("profiles", key="customer_id", distribution="keyed")
+        },
+        fn=lambda main, sides: main.select("tx_id", "key_group", F.col("profile.name")),
+        main_output="enriched",
+    )
+    with no_broadcast(lake.spark):
+        batch = op.run(lake.spark, explain=True).batches[0]
+    assert "pre-keyed: main files read as buckets (no shuffle)" in batch.notes
+    assert "Bucketed: true" in batch.physical_plan
+    hashes = {
+        r["k"]: r["g"]
+        for r in lake.spark.range(37)
+        .select(F.col("id").alias("k"), key_group("id", GROUPS).alias("g"))
+        .collect()
+    }
+    assert lake.rows("enriched") == sorted(
+        [(i, f"{hashes[i % 37]:02d}", f"n{i % 37}") for i in range(40)], key=repr
+    )
+    # A file whose folder says group 02 holding a key of another group: caught.
+    other = next(k for k, g in hashes.items() if g != 2)
+    lie = lake.spark.createDataFrame(
+        [(1000, other, "02")], "tx_id long, customer_id long, key_group string"
+    )
+    dsi.tables.write_dataframe(lie, uri, mode="append", partition_by=["key_group"])
+    with (
+        no_broadcast(lake.spark),
+        pytest.raises(
+            dsi.errors.PreKeyedViolationError,
+            match=rf"key {other} in key group 02 hashes to {hashes[other]}\b",
+        ),
+    ):
+        op.run(lake.spark)
 
 
 # --- side inputs partitioned by the same key groups ---------------------------------------------
