@@ -35,6 +35,7 @@ import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -90,20 +91,25 @@ def check_pre_keyed(
         raw = None
         if column in file.partition_values:
             raw = file.partition_values[column]
-            low = high = None if raw is None else int(raw)
+            low = high = raw
         else:
             low, high = _stat(file, "min", column), _stat(file, "max", column)
         keys = f"keys {_stat(file, 'min', key)!r}..{_stat(file, 'max', key)!r}"
         if low is None or high is None:
             problems.append(f"{file.path} has no key-group statistics for {column!r} ({keys})")
-        elif low != high:
+            continue
+        first, last = _group_number(low), _group_number(high)
+        if first is None or last is None:
+            shown = repr(low) if low == high else f"{low!r}..{high!r}"
+            problems.append(f"{file.path} has key-group value {shown}, not a whole number")
+        elif first != last:
             problems.append(f"{file.path} holds key groups {low}..{high} ({keys})")
-        elif not 0 <= int(low) < groups.max_key_groups:
+        elif not 0 <= first < groups.max_key_groups:
             problems.append(
                 f"{file.path} is in key group {low}, outside 0..{groups.max_key_groups - 1}"
             )
         else:
-            splits.append(KeyedSplit(file.uri, int(low), None if raw is None else str(raw)))
+            splits.append(KeyedSplit(file.uri, first, None if raw is None else str(raw)))
     if problems:
         raise PreKeyedViolationError(
             f"Main input {table} is declared pre-keyed (KeyGroups(max_key_groups="
@@ -115,6 +121,25 @@ def check_pre_keyed(
             "to let the operator shuffle",
         )
     return splits
+
+
+def _group_number(value: Any) -> int | None:
+    """A key-group value (a partition value or a statistic) as a whole number, or None:
+    a word, a fraction and a boolean are no group."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (float, Decimal)):
+        try:
+            whole = int(value)
+        except (OverflowError, ValueError):  # infinite, NaN
+            return None
+        return whole if whole == value else None
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def side_splits(snapshot: TableSnapshot, groups: KeyGroups) -> list[KeyedSplit] | None:

@@ -130,6 +130,33 @@ def test_input_breaking_the_pre_keyed_promise_is_refused_before_anything_is_writ
     assert not os.path.exists(os.path.join(op.state_uri, "plans"))
 
 
+@pytest.mark.parametrize(
+    ("value", "partitioned"), [("'x'", True), ("'1.5'", True), ("'x'", False), ("1.5D", False)]
+)
+def test_a_key_group_that_is_no_whole_number_is_refused_naming_it(lake, value, partitioned):
+    """A string or fractional key-group value, as a partition value or in the column's
+    statistics, is a broken promise named as such (it was a bare ValueError)."""
+    frame = lake.spark.range(4).select(
+        F.col("id").alias("tx_id"),
+        F.col("id").alias("customer_id"),
+        F.lit(1.0).alias("amount"),
+        F.expr(value).alias("key_group"),
+    )
+    dsi.tables.write_dataframe(
+        frame.coalesce(1),
+        lake.storage.table_uri("transactions"),
+        partition_by=["key_group"] if partitioned else None,
+    )
+    lake.append("profiles", [(1, "a")], PROFILES)
+    shown = re.escape(repr(lake.spark.range(1).select(F.expr(value)).first()[0]))
+    with pytest.raises(
+        dsi.errors.PreKeyedViolationError,
+        match=rf"(?s)has key-group value {shown}, not a whole number.*Nothing was written",
+    ):
+        keyed_operator(lake, dsi.KeyGroups(GROUPS, "key_group")).run(lake.spark)
+    assert not lake.exists("enriched")
+
+
 def test_a_key_group_column_that_lies_fails_the_batch_before_writing(lake):
     frame = lake.spark.range(20).select(
         F.col("id").alias("tx_id"),
