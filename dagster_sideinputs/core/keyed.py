@@ -150,11 +150,8 @@ def side_splits(snapshot: TableSnapshot, groups: KeyGroups) -> list[KeyedSplit] 
     splits: list[KeyedSplit] = []
     for file in snapshot.files:
         raw = file.partition_values.get(groups.column)
-        try:
-            group = int(raw) if raw is not None else -1
-        except ValueError:
-            return None
-        if not 0 <= group < groups.max_key_groups:
+        group = _group_number(raw) if raw is not None else None
+        if group is None or not 0 <= group < groups.max_key_groups:
             return None
         splits.append(KeyedSplit(file.uri, group, str(raw)))
     return splits

@@ -157,7 +157,6 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
     joins: dict[str, JoinSpec] = {}
     empty: dict[str, Column] = {}
     notes: list[str] = []
-    sample = records
     for bound in spec.sides:
         version = plan.side_versions.get(bound.name)
         snapshot = (
@@ -166,8 +165,8 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
             else spec.engine.snapshot(bound.uri, version=version, name=bound.side.asset)
         )
         scan = None
-        if snapshot is not None and co_partitioned(spec, bound, sample):
-            scan, note = _key_group_scan(context, bound, snapshot, sample)
+        if snapshot is not None and co_partitioned(spec, bound, records):
+            scan, note = _key_group_scan(context, bound, snapshot, records)
             notes.append(note)
         data[bound.name] = SideData(bound, snapshot, context.spark, spec.engine, scan)
         if snapshot is None:
@@ -181,7 +180,7 @@ def build_views(context: StageContext, plan: BatchPlan, records: DataFrame) -> V
         )
         join = build_join(
             data[bound.name],
-            sample,
+            records,
             windows=windows,
             main_side_ns=main_side_ns,
             bucketing=_bucketing(spec, plan),
