@@ -283,6 +283,26 @@ def test_a_small_maps_keys_are_counted_on_the_driver(lake, monkeypatch):
     assert lake.rows("enriched", "tx_id") == [(1,), (2,), (3,), (4,)]
 
 
+@pytest.mark.parametrize("limit", [1_000_000, 1], ids=["on-the-driver", "in-spark"])
+def test_null_keys_are_one_key_to_a_maps_promise_however_counted(lake, monkeypatch, limit):
+    """Spark's count per key groups null keys as one, and so does the count on the driver
+    (Arrow's distinct count takes null as a value): one null-key row keeps the promise,
+    counted on the driver with no Spark check; a second one breaks it, refused and named
+    whichever way the keys are counted."""
+    monkeypatch.setattr(one_per_key, "DRIVER_CHECK_ROWS", limit)
+    lake.append("profiles", [(None, "a"), (10, "c")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    op = operator(lake)
+    [batch] = lake.run(op).batches
+    on_the_driver = "side input 'profile': one row per key checked on the driver"
+    assert (on_the_driver in batch.notes) == (limit > 1)
+    lake.append("profiles", [(None, "b")], PROFILES)
+    lake.append("transactions", [(2, 10, 1.0)], TX)
+    with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[None\]"):
+        lake.run(op)
+    assert lake.rows("enriched", "tx_id") == [(1,)]
+
+
 def test_float_keys_spark_makes_one_are_duplicates(lake):
     """-0.0 and 0.0 are one key to Spark's join (every NaN too), two to Arrow's grouping:
     a map of such keys is checked in Spark, and refused."""

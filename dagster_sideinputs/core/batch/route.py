@@ -22,7 +22,11 @@ from pyspark.sql import types as T
 from dagster_sideinputs.core.batch.buffer import Counts, enforce_limits
 from dagster_sideinputs.core.batch.context import Batch, StageContext, Views, explain
 from dagster_sideinputs.core.batch.invalid_records import check_invalid
-from dagster_sideinputs.core.batch.one_per_key import DRIVER_CHECK_ROWS, check_one_row_per_key
+from dagster_sideinputs.core.batch.one_per_key import (
+    DRIVER_CHECK_ROWS,
+    check_one_row_per_key,
+    count_keys_early,
+)
 from dagster_sideinputs.core.batch.route_counts import count_routes, observe_routes
 from dagster_sideinputs.core.batch.route_rules import (
     lookup,
@@ -65,6 +69,8 @@ def route(context: StageContext, batch: Batch) -> Batch:
     ns_id = F.lit(GLOBAL) if spec.window is None else namespace_id_column(F.col(NS_START))
     records = batch.records.withColumn(NS_ID, ns_id)
     views = build_views(context, plan, records)
+    # The maps' keys read and counted on the driver while the rest is planned below.
+    early = count_keys_early(context, plan, views)
     for name, join in views.joins.items():
         records = apply_join(records, join, name)
     key = spec.main.key
@@ -114,7 +120,7 @@ def route(context: StageContext, batch: Batch) -> Batch:
     if observed is None:  # a job counts, and others write
         context.share(batch.decoded)
     if counts != {}:  # a batch without records joins nothing: no duplicate can matter
-        notes.extend(check_one_row_per_key(context, plan, views, first=True))
+        notes.extend(check_one_row_per_key(context, plan, views, first=True, early=early))
     if counts is None:
         checked = with_pre_keyed_check(
             spec, classified, plan, partitions_checked=batch.partitions_checked

@@ -289,9 +289,8 @@ def _ready(frame: DataFrame) -> Callable[[], DataFrame]:
 def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
     """Left-join a view to main records; unmatched records get the view's empty value."""
     aliases = [f"_dsi_mk_{name}_{i}" for i in range(len(spec.keys))]
-    keyed = main
-    for alias, expr in zip(aliases, spec.main_keys, strict=True):
-        keyed = keyed.withColumn(alias, expr)
+    # One projection per step (each DataFrame call is a plan analysed on the driver).
+    keyed = main.withColumns(dict(zip(aliases, spec.main_keys, strict=True)))
     view = F.broadcast(spec.view) if spec.broadcast else spec.view
     condition = [keyed[alias] == view[key] for alias, key in zip(aliases, spec.keys, strict=True)]
     dropped = [*aliases, *spec.keys]
@@ -304,10 +303,10 @@ def apply_join(main: DataFrame, spec: JoinSpec, name: str) -> DataFrame:
         condition.append((start <= at) & (end.isNull() | (at < end)))
         dropped += [alias, valid_from, valid_to]
     joined = keyed.join(view, condition, "left").drop(*dropped)
-    joined = joined.withColumn(spec.matched, F.coalesce(F.col(spec.matched), F.lit(False)))
+    filled = {spec.matched: F.coalesce(F.col(spec.matched), F.lit(False))}
     if spec.empty_value is not None:
-        joined = joined.withColumn(name, F.coalesce(F.col(quoted(name)), spec.empty_value))
-    return joined
+        filled[name] = F.coalesce(F.col(quoted(name)), spec.empty_value)
+    return joined.withColumns(filled)
 
 
 def duplicate_error(bound: BoundSide, spec: JoinSpec, version: int | None) -> SideInputError:
