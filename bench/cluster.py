@@ -22,10 +22,15 @@ and the same for two hand-written jobs timed alternately with the operator: the
 operator's own job by hand (the same join, both outputs in one tag-partitioned pass:
 what the deployment costs the very job the operator runs, against which its ratio is
 read), and the batch job of ``bench/operator.py`` (read, join, persist, write both
-outputs: slower, so the same cost in seconds is a smaller share of it).
+outputs: slower, so the same cost in seconds is a smaller share of it). Each repeat runs
+the three jobs back to back, a different one first each time; the operator's ratio over
+a job's is printed from the medians and from those pairs (per deployment, the median of
+the job's seconds over the operator's within a repeat: drift in load between repeats
+slows both of a pair alike).
 """
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -159,11 +164,19 @@ def measure(args: argparse.Namespace) -> None:
             run(f"warmup_{variant}")
             by_hand(f"warmup_hand_{variant}")
             one_pass(f"warmup_one_pass_{variant}")
-            timed, hand, same = [], [], []
-            for _ in range(args.repeats):  # alternating: drift in load hits all alike
-                timed.append(run(variant))
-                same.append(one_pass(f"one_pass_{variant}"))
-                hand.append(by_hand(f"hand_{variant}"))
+            timed: list[tuple[float, tuple[int, int]]] = []
+            hand: list[tuple[float, tuple[int, int]]] = []
+            same: list[tuple[float, tuple[int, int]]] = []
+            jobs = [
+                (timed, functools.partial(run, variant)),
+                (same, functools.partial(one_pass, f"one_pass_{variant}")),
+                (hand, functools.partial(by_hand, f"hand_{variant}")),
+            ]
+            for repeat in range(args.repeats):
+                # Alternating, and each job first in turn: drift in load hits all alike.
+                shift = repeat % len(jobs)
+                for times, job in jobs[shift:] + jobs[:shift]:
+                    times.append(job())
             results[variant] = {
                 "seconds": [s for s, _ in timed],
                 "counts": sorted({c for _, c in timed}),
@@ -335,6 +348,21 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
                 continue
             hand["ratio"] = hand["local"]["median_s"] / hand["standalone"]["median_s"]
             hand["operator_over_it"] = entry["ratio"] / hand["ratio"]
+            # The same figure from the pairs that ran back to back: per deployment, the
+            # median of the job's seconds over the operator's within each repeat (a
+            # drift in load slows both of a pair alike); cluster over local.
+            pairs = {
+                name: statistics.median(
+                    h / o
+                    for r in results
+                    for o, h in zip(
+                        r[variant]["seconds"], r[variant][f"{kind}_seconds"], strict=True
+                    )
+                )
+                for name, results in runs.items()
+            }
+            hand["paired"] = pairs
+            hand["operator_over_it_paired"] = pairs["standalone"] / pairs["local"]
             hand_counts = {
                 tuple(c)
                 for results in runs.values()
@@ -344,7 +372,10 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
             wanted = f" (goal >= {goal})" if goal else ""
             print(
                 f"    its cluster / local {hand['ratio']:5.2f}x; the operator's ratio over it "
-                f"{hand['operator_over_it']:5.2f}{wanted}; rows {sorted(hand_counts)}"
+                f"{hand['operator_over_it']:5.2f}{wanted}; from the back-to-back pairs "
+                f"{hand['operator_over_it_paired']:5.2f} (it / the operator: local "
+                f"{pairs['local']:.2f}, cluster {pairs['standalone']:.2f}); "
+                f"rows {sorted(hand_counts)}"
             )
             entry["one_pass" if kind == "one_pass" else "hand_written"] = hand
         # The deployment's cost in seconds: about the same for every job of this size, so
