@@ -169,11 +169,19 @@ TIMES: dict[str, list[float]] = {}
 def interleaved(
     actions: dict[str, Callable[[int], Any]], repeats: int
 ) -> tuple[dict[str, float], dict[str, list[Any]]]:
-    """Median seconds of each action, run in turn so drift hits all alike; and results."""
+    """Median seconds of each action, run in turn so drift hits all alike; and results.
+
+    Every other repeat runs them in reverse order (actions given side by side stay side by
+    side). A fixed order put the first action always earliest: on this machine a job keeps
+    getting faster for several runs after the warm-up (the JVM still compiling; a
+    hand-written job measured 2.5 s at its first of ten runs and 1.75 s at its last), so
+    the first of each repeat paid for it; reversed, the drift falls on all alike."""
     times: dict[str, list[float]] = {name: [] for name in actions}
     results: dict[str, list[Any]] = {name: [] for name in actions}
+    names = list(actions)
     for i in range(repeats):
-        for name, action in actions.items():
+        for name in names if i % 2 == 0 else reversed(names):
+            action = actions[name]
             seconds, result = timed(functools.partial(action, i))
             times[name].append(seconds)
             results[name].append(result)
@@ -184,7 +192,7 @@ def interleaved(
 
 def paired_ratios() -> list[float]:
     """Baseline / operator seconds within each repeat of the last ``interleaved`` call:
-    a pair ran back to back, so a noisy neighbour slows both of it alike."""
+    a pair ran in the same repeat, so a noisy neighbour slows both of it alike."""
     return [b / o for o, b in zip(TIMES["operator"], TIMES["baseline"], strict=True)]
 
 
