@@ -23,7 +23,7 @@ operator's own job by hand (the same join, both outputs in one tag-partitioned p
 what the deployment costs the very job the operator runs, against which its ratio is
 read), and the batch job of ``bench/operator.py`` (read, join, persist, write both
 outputs: slower, so the same cost in seconds is a smaller share of it). Each repeat runs
-the three jobs back to back, a different one first each time; the operator's ratio over
+the three jobs back to back, every other repeat in reverse order; the operator's ratio over
 a job's is printed from the medians and from those pairs (per deployment, the median of
 the job's seconds over the operator's within a repeat: drift in load between repeats
 slows both of a pair alike).
@@ -173,9 +173,11 @@ def measure(args: argparse.Namespace) -> None:
                 (hand, functools.partial(by_hand, f"hand_{variant}")),
             ]
             for repeat in range(args.repeats):
-                # Alternating, and each job first in turn: drift in load hits all alike.
-                shift = repeat % len(jobs)
-                for times, job in jobs[shift:] + jobs[:shift]:
+                # Alternating, every other repeat in reverse order (the next round starting
+                # reversed): drift in load, and the JVM still getting faster after its
+                # warm-up, hit all alike.
+                forward = (repeat + args.round) % 2 == 0
+                for times, job in jobs if forward else reversed(jobs):
                     times.append(job())
             results[variant] = {
                 "seconds": [s for s, _ in timed],
@@ -259,6 +261,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                     out,
                     master=masters[name],
                     manifest=str(work / "manifest.json"),
+                    round=str(round_),
                 )
                 runs[name].append(result)
                 seconds = time.perf_counter() - started
@@ -429,6 +432,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.command == "_prepare":

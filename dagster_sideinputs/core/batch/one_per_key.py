@@ -10,7 +10,9 @@ Spark, whichever job computes it).
 A small map's keys (:data:`DRIVER_CHECK_ROWS`, of key types Arrow groups as Spark does)
 are counted on the driver, read by the engine itself where it can (the bridge's delta-rs:
 no Spark job), else by a Spark job; a larger map's keys, or duplicates found on the
-driver (to name them), by a count per key in Spark.
+driver (to name them), by a count per key in Spark. The engine's read and count start in
+a thread as soon as the route has built its views (:func:`count_keys_early`), so they
+overlap the rest of its planning; the check still waits for them before any job runs.
 """
 
 from collections.abc import Callable, Iterator, Mapping
