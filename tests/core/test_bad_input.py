@@ -4,6 +4,7 @@ goes to a declared tag; buffered and already-written data is intact afterwards."
 import datetime as dt
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from pyspark.sql import functions as F
 
 import dagster_sideinputs as dsi
 from dagster_sideinputs.core.batch import one_per_key, route
+from dagster_sideinputs.core.sideinputs.side_data import SideData
 from dagster_sideinputs.delta.engine import DeltaEngine
 from tests.core.conftest import T0, Clock, Lake, hours
 
@@ -300,6 +302,35 @@ def test_null_keys_are_one_key_to_a_maps_promise_however_counted(lake, monkeypat
     lake.append("transactions", [(2, 10, 1.0)], TX)
     with pytest.raises(dsi.errors.DuplicateKeyError, match=r"\[None\]"):
         lake.run(op)
+    assert lake.rows("enriched", "tx_id") == [(1,)]
+
+
+def test_a_maps_keys_are_read_beside_the_planning_and_its_fault_is_raised_there(lake, monkeypatch):
+    """The map's keys are read and counted in a thread of their own while the route plans
+    the batch; what that read meets (here a damaged file's error, injected into the key
+    read) reaches the user as the same error, before any Spark job, nothing written."""
+    read_on_driver = SideData.on_driver
+    readers: list[str] = []
+
+    def on_driver(self: SideData, columns: Any = None, limit: Any = None) -> Any:
+        if columns is not None:  # the key columns, not the singleton's row
+            readers.append(threading.current_thread().name)
+            if len(readers) > 1:
+                raise dsi.errors.CorruptDataFileError("profiles: a data file went bad")
+        return read_on_driver(self, columns, limit)
+
+    monkeypatch.setattr(SideData, "on_driver", on_driver)
+    lake.append("profiles", [(10, "a"), (11, "b")], PROFILES)
+    lake.append("transactions", [(1, 10, 1.0)], TX)
+    op = operator(lake)
+    [batch] = lake.run(op).batches
+    assert "side input 'profile': one row per key checked on the driver" in batch.notes
+    lake.append("profiles", [(12, "c")], PROFILES)  # a new version: counted again
+    lake.append("transactions", [(2, 12, 1.0)], TX)
+    with pytest.raises(dsi.errors.CorruptDataFileError, match="a data file went bad"):
+        lake.run(op)
+    assert len(readers) == 2
+    assert all(r.startswith("dsi-key-count") for r in readers)
     assert lake.rows("enriched", "tx_id") == [(1,)]
 
 

@@ -47,22 +47,26 @@ _DRIVER_KEY_TYPES = (
 Early = dict[str, "Future[bool | None]"]
 """Side input name -> whether the engine found its keys unique (None: it cannot read them)."""
 
-# Two threads: a batch rarely checks more maps first, and the counts wait on I/O and Arrow
-# (neither holds the GIL), not on the route's planning.
-_COUNTERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsi-key-count")
-
 
 def count_keys_early(context: StageContext, plan: BatchPlan, views: Views) -> Early:
     """Start counting, in a thread, the keys of each map :func:`check_one_row_per_key`
     (``first=True``) will check whose keys the engine reads on the driver (no Spark job):
     the read and the count then overlap the route's planning instead of following it.
     What the thread finds is only used, errors included, when the check asks for it."""
-    early: Early = {}
+    reads = {}
     for name, join, data, _ in _maps_to_check(context, plan, views, first=True, skip=None):
         readers = _key_readers(data, join)
         if readers is not None and readers.engine is not None:
-            early[name] = _COUNTERS.submit(_engine_unique, readers.engine)
-    return early
+            reads[name] = readers.engine
+    if not reads:
+        return {}
+    # A pool of the batch's own (a process-wide one would hang in a forked child whose
+    # parent's threads it believes idle); its threads end with their counts.
+    pool = ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="dsi-key-count")
+    try:
+        return {name: pool.submit(_engine_unique, read) for name, read in reads.items()}
+    finally:
+        pool.shutdown(wait=False)
 
 
 def check_one_row_per_key(
